@@ -1,0 +1,164 @@
+"""Exercise checkers: run the reader's code on real processes and say what passed.
+
+Each chapter has a module `labkit.check.chNN` with an `EXERCISES` table
+({"1.1": ("ring reduce-scatter", points), ...}) and one function per exercise, called from the
+exercise notebook's checker cell with the reader's function. A checker is a list of cases:
+
+    def ring_all_reduce(fn):
+        c = Checker("1.3", "ring all-reduce", points=4)
+        for world, numel in [(2, 8), (3, 10)]:
+            with c.case(f"{world} ranks, {numel} elements"):
+                out = c.launch(_job, world, args=(fn, numel))
+                assert ..., "a hint the learner can act on"
+        return c.finish()
+
+A case fails on an AssertionError (its message is the hint), on a rank's exception (the rank's
+last traceback lines), or on a hang (where each rank was stuck). A stub that still raises
+NotImplementedError fails every case at once. `finish()` prints the table and, when the notebook
+runs under `labkit grade`, records the score in the file named by $LABKIT_GRADE_FILE.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+
+from labkit.launch import HangError, RankError, run
+
+GRADE_FILE_ENV = "LABKIT_GRADE_FILE"
+CHECK_TIMEOUT = 30.0  # seconds per launched case before it is called a hang
+
+
+class _Skip(Exception):
+    pass
+
+
+class Checker:
+    def __init__(self, exercise: str, title: str, points: float):
+        self.exercise, self.title, self.points = exercise, title, float(points)
+        self.cases: list[dict] = []
+        self._stop_reason = None
+
+    # -- running cases
+    @contextlib.contextmanager
+    def case(self, name: str):
+        record = {"name": name, "passed": False, "message": ""}
+        self.cases.append(record)
+        if self._stop_reason:
+            record["message"] = self._stop_reason
+            yield
+            return
+        start = time.perf_counter()
+        try:
+            yield
+            record["passed"] = True
+        except _Skip as skip:
+            record["message"] = str(skip)
+        except AssertionError as err:
+            record["message"] = str(err) or "the result is wrong"
+        except NotImplementedError as err:
+            record["message"] = f"not implemented yet: {err}"
+            self._stop_reason = "skipped: the exercise is not implemented yet"
+        except HangError as err:
+            record["message"] = "HANG: " + _shorten_hang(err)
+            self._stop_reason = "skipped after a hang (fix the hang first)"
+        except RankError as err:
+            record["message"] = _rank_failure(err)
+            if "NotImplementedError" in err.remote_traceback:
+                record["message"] = "not implemented yet: " + err.remote_traceback.strip().splitlines()[-1]
+                self._stop_reason = "skipped: the exercise is not implemented yet"
+        except Exception as err:  # noqa: BLE001 - any other failure of the reader's code
+            record["message"] = f"{type(err).__name__}: {err}"
+        record["seconds"] = round(time.perf_counter() - start, 2)
+
+    def launch(self, fn, nprocs: int, args=(), kwargs=None, timeout: float = CHECK_TIMEOUT):
+        """labkit.launch.run with a checker's timeout and without echoing the ranks' prints."""
+        return run(fn, nprocs, args, kwargs, timeout=timeout, echo=False)
+
+    # -- results
+    @property
+    def score(self) -> float:
+        if not self.cases:
+            return 0.0
+        return round(self.points * sum(c["passed"] for c in self.cases) / len(self.cases), 2)
+
+    def finish(self) -> "Result":
+        result = Result(self.exercise, self.title, self.score, self.points, list(self.cases))
+        print(result.table())
+        path = os.environ.get(GRADE_FILE_ENV)
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(result.as_dict()) + "\n")
+        return result
+
+
+class Result:
+    def __init__(self, exercise, title, score, points, cases):
+        self.exercise, self.title, self.score, self.points, self.cases = (
+            exercise, title, score, points, cases)
+
+    @property
+    def passed(self) -> bool:
+        return all(c["passed"] for c in self.cases) and bool(self.cases)
+
+    def as_dict(self) -> dict:
+        return {"exercise": self.exercise, "title": self.title, "score": self.score,
+                "points": self.points,
+                "failures": [f"{c['name']}: {c['message']}" for c in self.cases if not c["passed"]]}
+
+    def table(self) -> str:
+        lines = [f"Exercise {self.exercise}: {self.title}"]
+        for c in self.cases:
+            mark = "PASS" if c["passed"] else "FAIL"
+            lines.append(f"  [{mark}] {c['name']}")
+            if not c["passed"] and c["message"]:
+                lines += ["         " + m for m in c["message"].splitlines()]
+        lines.append(f"  score: {self.score:g} / {self.points:g}")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return f"<Result {self.exercise}: {self.score:g}/{self.points:g}>"
+
+
+def _rank_failure(err: RankError) -> str:
+    lines = err.remote_traceback.strip().splitlines()
+    # the reader's own frames matter most: keep the last few lines of the rank's traceback
+    return f"rank {err.rank} raised:\n" + "\n".join(lines[-6:])
+
+
+def _shorten_hang(err: HangError) -> str:
+    parts = []
+    for rank, stack in sorted(err.stacks.items()):
+        note = err.notes.get(rank) or ""
+        if stack == "(finished)":
+            parts.append(f"rank {rank} finished" + (f" (last: {note})" if note else ""))
+            continue
+        frames = [ln for ln in stack.splitlines() if ln.strip()]
+        parts.append(f"rank {rank} stuck" + (f" at {note}" if note else "") + ":\n"
+                     + "\n".join(frames[-4:]))
+    return ("the ranks stopped making progress (a send without a matching recv, or ranks that "
+            "disagree on the order of sends and receives).\n" + "\n".join(parts))
+
+
+def fail(hint: str):
+    """Fail the current case with a hint (same as `assert False, hint`)."""
+    raise AssertionError(hint)
+
+
+def tensors_close(actual, expected, *, rtol=1e-5, atol=1e-6, what="the result") -> None:
+    """Assert two tensors match, with a hint that says where and by how much they differ."""
+    import torch
+
+    if not isinstance(actual, torch.Tensor):
+        fail(f"{what} should be a torch.Tensor, got {type(actual).__name__}")
+    if actual.shape != expected.shape:
+        fail(f"{what} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        fail(f"{what} has dtype {actual.dtype}, expected {expected.dtype}")
+    a, e = actual.double(), expected.double()
+    if not torch.allclose(a, e, rtol=rtol, atol=atol):
+        bad = (~torch.isclose(a, e, rtol=rtol, atol=atol)).nonzero()
+        i = tuple(bad[0].tolist())
+        fail(f"{what} differs at {len(bad)} of {a.numel()} positions; first at index {i}: "
+             f"got {a[i].item():.6g}, expected {e[i].item():.6g}")

@@ -1,0 +1,110 @@
+"""Generate exercises/ from solutions/: every solution region becomes a stub.
+
+In a solution notebook, code between the marker lines
+
+    ### BEGIN SOLUTION            (optionally followed by a hint: ### BEGIN SOLUTION send right)
+    ...
+    ### END SOLUTION
+
+is replaced, at the marker's indentation, by
+
+    raise NotImplementedError("Exercise N.M: <hint or 'write your code here'>")
+
+where N is the chapter (the notebook's NN_ prefix) and M counts regions through the notebook.
+Outputs and execution counts are dropped. `labkit exercises` writes the files;
+`labkit exercises --check` (and the tests) fail when exercises/ is out of date.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import nbformat
+
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\b[ :]*(?P<hint>.*)$")
+END = re.compile(r"^[ \t]*### END SOLUTION\b")
+
+
+class ExerciseError(ValueError):
+    pass
+
+
+def chapter_of(path: Path) -> int:
+    m = re.match(r"(\d+)_", Path(path).name)
+    if not m:
+        raise ExerciseError(f"{path}: notebook names start with the chapter number, e.g. 01_collectives.ipynb")
+    return int(m.group(1))
+
+
+def strip_source(source: str, chapter: int, counter: list, where: str = "") -> str:
+    out, inside = [], False
+    for lineno, line in enumerate(source.splitlines(), 1):
+        m = BEGIN.match(line)
+        if m:
+            if inside:
+                raise ExerciseError(f"{where}line {lineno}: BEGIN SOLUTION inside another region")
+            inside = True
+            counter[0] += 1
+            hint = m["hint"].strip() or "write your code here"
+            msg = f"Exercise {chapter}.{counter[0]}: {hint}".replace('"', "'")
+            out.append(f'{m["indent"]}raise NotImplementedError("{msg}")')
+            continue
+        if END.match(line):
+            if not inside:
+                raise ExerciseError(f"{where}line {lineno}: END SOLUTION without BEGIN")
+            inside = False
+            continue
+        if not inside:
+            out.append(line)
+    if inside:
+        raise ExerciseError(f"{where}BEGIN SOLUTION without END SOLUTION")
+    return "\n".join(out)
+
+
+def exercise_notebook(solution_path: Path):
+    """The exercise notebook generated from one solution notebook (nbformat node)."""
+    nb = nbformat.read(str(solution_path), as_version=4)
+    chapter = chapter_of(solution_path)
+    out = copy.deepcopy(nb)
+    counter = [0]
+    for i, cell in enumerate(out.cells):
+        if cell.cell_type == "code":
+            cell.source = strip_source(cell.source, chapter, counter,
+                                       where=f"{solution_path.name} cell {i + 1}: ")
+            cell.outputs = []
+            cell.execution_count = None
+        cell.get("metadata", {}).pop("execution", None)
+    if counter[0] == 0:
+        raise ExerciseError(f"{solution_path}: no ### BEGIN SOLUTION region found")
+    out.metadata.pop("widgets", None)
+    return out
+
+
+def generate(solutions: Path = Path("solutions"), exercises: Path = Path("exercises")) -> list:
+    exercises.mkdir(parents=True, exist_ok=True)
+    written = []
+    for src in sorted(Path(solutions).glob("*.ipynb")):
+        dst = Path(exercises) / src.name
+        nbformat.write(exercise_notebook(src), str(dst))
+        written.append(dst)
+    return written
+
+
+def out_of_sync(solutions: Path = Path("solutions"), exercises: Path = Path("exercises")) -> list:
+    """Problems, one line each: a missing, stale or extra exercise notebook."""
+    problems = []
+    sol = {p.name: p for p in Path(solutions).glob("*.ipynb")}
+    ex = {p.name: p for p in Path(exercises).glob("*.ipynb")}
+    for name in sorted(set(ex) - set(sol)):
+        problems.append(f"exercises/{name} has no solution notebook")
+    for name, src in sorted(sol.items()):
+        if name not in ex:
+            problems.append(f"exercises/{name} is missing: run `labkit exercises`")
+            continue
+        want = [c.source for c in exercise_notebook(src).cells]
+        have = [c.source for c in nbformat.read(str(ex[name]), as_version=4).cells]
+        if want != have:
+            problems.append(f"exercises/{name} differs from what solutions/{name} generates: "
+                            f"run `labkit exercises` (never edit exercises by hand)")
+    return problems

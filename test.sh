@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Run every test: labkit's unit tests, the notebooks under nbval, grading of exercises.
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/env.sh
+exec python -m pytest tests chapters solutions --nbval-lax -p no:cacheprovider "$@"
