@@ -134,6 +134,8 @@ def _child(rundir: str, rank: int) -> None:
 
     spec = pickle.loads((rundir / "spec.pkl").read_bytes())
     world, backend, timeout = spec["world"], spec["backend"], spec["timeout"]
+    # Functions of importable modules travel by reference: see the modules the parent sees.
+    sys.path += [p for p in spec["sys_path"] if p not in sys.path]
     _die_with_parent(spec["parent"])
     stack_file = open(rundir / f"stack{rank}.txt", "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
@@ -233,7 +235,8 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
     procs, outs = [], []
     try:
         (rundir / "spec.pkl").write_bytes(pickle.dumps(dict(
-            world=nprocs, backend=backend, timeout=timeout, parent=os.getpid(), payload=payload)))
+            world=nprocs, backend=backend, timeout=timeout, parent=os.getpid(), payload=payload,
+            sys_path=list(sys.path))))
         (rundir / "notes.bin").write_bytes(bytes(nprocs * _NOTE_BYTES))
         env = dict(os.environ, **_CHILD_ENV)
         env["PYTHONPATH"] = os.pathsep.join(p for p in [_PACKAGE_ROOT, env.get("PYTHONPATH")] if p)
@@ -327,7 +330,10 @@ def _rank_error(procs, rundir: Path) -> RankError:
         elif p.poll() not in (None, 0):
             code = p.poll()
             why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            failures.append((float("inf"), r, f"rank {r} died ({why}) without a Python traceback"))
+            # A rank killed by a signal is almost always the cause: its peers' errors
+            # ("connection reset") are the effect, so it sorts first.
+            failures.append((float("-inf") if code < 0 else float("inf"), r,
+                             f"rank {r} died ({why}) without a Python traceback"))
     failures.sort()
     _, rank, text = failures[0]
     last = text.strip().splitlines()[-1] if text.strip() else "died"

@@ -1,0 +1,127 @@
+"""labkit.collectives against torch.distributed's built-ins, world sizes 1 to 5, uneven sizes."""
+import pytest
+
+from labkit.collectives import chunk_bounds, ring_schedule
+from labkit.costs import comm
+from labkit.launch import run
+
+SIZES = (1, 7, 64, 1001)  # 1 and 7 are smaller than / not a multiple of most world sizes
+
+
+def _compare_all(sizes, dtype_name, op):
+    """On every rank: each labkit collective vs the built-in on the same integer-valued data."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit.collectives import (Traffic, chunk_bounds, parameter_server_all_reduce,
+                                    ring_all_gather, ring_all_reduce, ring_reduce_scatter)
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dtype = getattr(torch, dtype_name)
+    report = []
+    for numel in sizes:
+        g = torch.Generator().manual_seed(1000 * numel + rank)
+        x = torch.randint(-8, 9, (numel,), generator=g).to(dtype)  # exact in bf16 and fp32
+        ref = x.clone()
+        dist.all_reduce(ref)
+        if op == "avg":
+            ref = ref / n
+        lo, hi = chunk_bounds(numel, n)[rank]
+        t = Traffic()
+        ring = ring_all_reduce(x.clone(), op=op, traffic=t)
+        ps = parameter_server_all_reduce(x.clone(), op=op)
+        rs = ring_reduce_scatter(x.clone(), op=op)
+        sizes_ = [b - a for a, b in chunk_bounds(numel, n)]
+        ag = ring_all_gather(ref[lo:hi].clone(), sizes=sizes_)
+        # the built-in all-gather on equal chunks, as a cross-check of the gather itself
+        chunk = x[: max(numel // n, 1)].clone()
+        outs = [torch.empty_like(chunk) for _ in range(n)]
+        dist.all_gather(outs, chunk)
+        ag_equal = ring_all_gather(chunk)
+        close = (lambda a, b: torch.allclose(a.double(), b.double(), rtol=1e-2, atol=1e-2)) \
+            if op == "avg" else torch.equal
+        report.append({"numel": numel, "ring": close(ring, ref), "ps": close(ps, ref),
+                       "rs": close(rs, ref[lo:hi]), "ag": torch.equal(ag, ref),
+                       "ag_builtin": torch.equal(ag_equal, torch.cat(outs)),
+                       "dtype_kept": ring.dtype == dtype and rs.dtype == dtype,
+                       "sent": t.sent, "received": t.received,
+                       "elt": x.element_size()})
+    return report
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_ring_and_parameter_server_match_builtins_float32(n):
+    for rank_report in run(_compare_all, n, args=(SIZES, "float32", "sum")):
+        for row in rank_report:
+            assert row["ring"] and row["ps"] and row["rs"] and row["ag"] and row["ag_builtin"], row
+            assert row["dtype_kept"]
+
+
+@pytest.mark.parametrize("n,dtype,op", [(3, "bfloat16", "sum"), (4, "float32", "avg"),
+                                        (3, "bfloat16", "avg")])
+def test_dtypes_and_average(n, dtype, op):
+    for rank_report in run(_compare_all, n, args=((7, 64), dtype, op)):
+        for row in rank_report:
+            assert row["ring"] and row["ps"] and row["rs"] and row["ag"] and row["dtype_kept"], row
+
+
+def test_ring_traffic_matches_the_formula():
+    """Each ring rank sends exactly its 2(N-1) chunk transfers: 2(N-1)/N * D when N divides D."""
+    n, numel = 4, 1000
+    for rank, rank_report in enumerate(run(_compare_all, n, args=((numel,), "float32", "sum"))):
+        row = rank_report[0]
+        d = numel * row["elt"]
+        assert row["sent"] == comm.ring_bytes_sent_per_rank("all_reduce", d, n) == 1500 * 4
+        assert row["received"] == row["sent"]
+
+
+def _ps_traffic():
+    import torch
+    import torch.distributed as dist
+
+    from labkit.collectives import Traffic, parameter_server_all_reduce
+
+    t = Traffic()
+    parameter_server_all_reduce(torch.ones(100), traffic=t)
+    return dist.get_rank(), t.sent, t.received
+
+
+def test_parameter_server_root_receives_n_minus_one_buffers():
+    n, d = 4, 400
+    for rank, sent, received in run(_ps_traffic, n):
+        expect = comm.parameter_server_bytes(d, n)
+        if rank == 0:
+            assert received == expect["root_received"] == 3 * d and sent == expect["root_sent"]
+        else:
+            assert sent == expect["other_sent"] == d and received == d
+
+
+def test_ring_schedule_ends_with_rank_owning_its_chunk():
+    for n in range(2, 7):
+        owned = {r: {r} for r in range(n)}  # which ranks' contributions chunk c holds, per rank
+        holds = [[{r} for _ in range(n)] for r in range(n)]  # holds[rank][chunk]
+        for plan in ring_schedule(n, "reduce_scatter"):
+            sent = [holds[r][plan[r][0]] for r in range(n)]
+            for r in range(n):
+                left = (r - 1) % n
+                assert plan[left][0] == plan[r][1]  # I receive the chunk my left neighbour sends
+                holds[r][plan[r][1]] = holds[r][plan[r][1]] | sent[left]
+        for r in range(n):
+            assert holds[r][r] == set(range(n))
+        del owned
+
+
+def test_chunk_bounds_cover_uneven_sizes():
+    assert chunk_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert chunk_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+
+
+def test_bad_input():
+    import torch
+
+    from labkit.collectives import ring_all_reduce
+
+    with pytest.raises(ValueError, match="op must be"):
+        ring_all_reduce(torch.ones(4), op="max")
+    with pytest.raises(ValueError, match="contiguous"):
+        ring_all_reduce(torch.ones(4, 4).t(), op="sum")
