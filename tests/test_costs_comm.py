@@ -20,7 +20,7 @@ def test_bandwidth_term_does_not_grow_with_n_but_latency_does():
     t8, t64 = comm.ring_allreduce_time(d, 8, a, bw), comm.ring_allreduce_time(d, 64, a, bw)
     assert t8 == pytest.approx(14 * a + 2 * 7 / 8 * d / bw)
     assert t64 == pytest.approx(126 * a + 2 * 63 / 64 * d / bw)
-    assert t64 / t8 < 1.15  # nearly flat: 2D/bw bound
+    assert t64 / t8 < 1.2  # nearly flat: the bandwidth term is bounded by 2D/bw
     # latency-dominated small message: the ring grows ~linearly, the tree ~log
     small = 1e3
     assert comm.ring_allreduce_time(small, 64, a, bw) > 5 * comm.tree_allreduce_time(small, 64, a, bw)
