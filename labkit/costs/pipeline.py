@@ -1,0 +1,138 @@
+"""The pipeline bubble and the activation memory of pipeline schedules: pure math.
+
+P stages, K micro-batches per step, v model chunks per stage (v = 1: GPipe or 1F1B; v > 1:
+interleaved 1F1B). Times are per micro-batch for a whole stage: t_f forward, t_b backward
+(with v chunks, each chunk takes t_f / v and t_b / v).
+
+    from labkit import costs
+    costs.pipeline.bubble_fraction(P=8, K=32)            # 7/39 = 0.179
+    costs.pipeline.micro_batches_for_bubble(P=8, target=0.05)   # 134 (strictly under 5%)
+
+Where the formula comes from. Every stage does K forwards and K backwards: K (t_f + t_b) of
+work. The last stage cannot start before P - 1 forwards have passed through the stages before
+it, and the first stage's last backward waits for P - 1 backwards after it: (P - 1)(t_f + t_b) of idle time per stage, whatever the order of work in
+between. So a step takes (K + P - 1)(t_f + t_b) and the idle share is
+
+    bubble = (P - 1) / (K + P - 1)                  GPipe (Huang et al., 2019) and 1F1B alike
+
+1F1B (PipeDream-Flush, Narayanan et al., 2021) reorders the same work so that a stage holds the
+activations of at most P - p micro-batches instead of K: it changes the memory, not the bubble.
+Interleaving v chunks per stage (Megatron-LM, Narayanan et al., SC'21) makes each ramp step a
+chunk, t/v, so the idle time is divided by v:
+
+    bubble time  = (P - 1)(t_f + t_b) / v
+    bubble       = (P - 1) / (v K + P - 1)          of the step, interleaved
+
+paid for with v times as many point-to-point sends. Fractions are of the whole step
+(idle / (work + idle)); `bubble_overhead` gives idle / work = (P - 1) / (v K), the ratio the
+Megatron paper quotes.
+"""
+from __future__ import annotations
+
+import math
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def _check(P: int, K: int, v: int = 1) -> None:
+    if int(P) != P or P < 1:
+        raise ValueError(f"P={P} stages: need a whole number >= 1")
+    if int(K) != K or K < 1:
+        raise ValueError(f"K={K} micro-batches: need a whole number >= 1")
+    if int(v) != v or v < 1:
+        raise ValueError(f"v={v} chunks per stage: need a whole number >= 1")
+
+
+def _schedule_v(schedule: str, v: int) -> int:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: choose one of {SCHEDULES}")
+    if schedule != "interleaved" and v != 1:
+        raise ValueError(f"v={v} chunks only makes sense for schedule='interleaved'; "
+                         f"use v=1 with {schedule!r}")
+    return v
+
+
+def bubble_fraction(P: int, K: int, v: int = 1) -> float:
+    """Idle share of a pipeline step: (P-1)/(vK + P-1). v=1: GPipe and 1F1B (the same)."""
+    _check(P, K, v)
+    return (P - 1) / (v * K + P - 1)
+
+
+def bubble_overhead(P: int, K: int, v: int = 1) -> float:
+    """Idle time over useful time, (P-1)/(vK): the 'bubble time fraction' of the Megatron paper."""
+    _check(P, K, v)
+    return (P - 1) / (v * K)
+
+
+def bubble_fraction_for(schedule: str, P: int, K: int, v: int = 1) -> float:
+    """The formula's bubble for a named schedule ('gpipe', '1f1b', 'interleaved')."""
+    return bubble_fraction(P, K, _schedule_v(schedule, v))
+
+
+def step_time(P: int, K: int, t_f: float, t_b: float, v: int = 1, t_p2p: float = 0.0) -> float:
+    """Ideal step time in the units of t_f, t_b: (K + (P-1)/v)(t_f + t_b).
+
+    t_p2p (optional) is one activation transfer between neighbouring stages; each of the
+    2(vP - 1) boundary crossings on the critical path of the ramp costs one (a rough model:
+    transfers in the steady state overlap with compute on real hardware)."""
+    _check(P, K, v)
+    return (K + (P - 1) / v) * (t_f + t_b) + 2 * (v * P - 1) * t_p2p
+
+
+def micro_batches_for_bubble(P: int, target: float, v: int = 1) -> int:
+    """Fewest micro-batches K with a bubble strictly under `target` (a fraction, e.g. 0.05).
+
+    (P-1)/(vK + P-1) < target  <=>  K > (P-1)(1 - target) / (v target)."""
+    _check(P, 1, v)
+    if not 0 < target < 1:
+        raise ValueError(f"target={target}: give the bubble as a fraction between 0 and 1 "
+                         f"(5% is 0.05)")
+    if P == 1:
+        return 1
+    bound = (P - 1) * (1 - target) / (v * target)
+    K = max(1, math.floor(bound) + 1)
+    while K > 1 and bubble_fraction(P, K - 1, v) < target:  # guard against float rounding
+        K -= 1
+    while bubble_fraction(P, K, v) >= target:
+        K += 1
+    return K
+
+
+def peak_in_flight(schedule: str, P: int, K: int, stage: int = 0, v: int = 1) -> float:
+    """Most micro-batches whose activations stage `stage` holds at once, in whole-stage units.
+
+    GPipe: all K (every forward runs before any backward). 1F1B: min(K, P - stage): stage p
+    runs P - p - 1 warm-up forwards, then one more before its first backward. Interleaved
+    1F1B (Megatron's order): stage p holds min(vK, 2(P - p - 1) + (v - 1)P + 1) chunk
+    activations, each 1/v of a stage's, so a bit more than 1F1B at stage 0."""
+    _check(P, K, v)
+    v = _schedule_v(schedule, v)
+    if not 0 <= stage < P:
+        raise ValueError(f"stage={stage}: stages are numbered 0 .. {P - 1} for P={P}")
+    if schedule == "gpipe":
+        return float(K)
+    if schedule == "1f1b":
+        return float(min(K, P - stage))
+    chunks = min(v * K, 2 * (P - stage - 1) + (v - 1) * P + 1)
+    return chunks / v
+
+
+def peak_activation_bytes(schedule: str, P: int, K: int, bytes_per_micro_batch: float,
+                          stage: int = 0, v: int = 1) -> float:
+    """Peak activation bytes on a stage: peak_in_flight * one micro-batch's activations there.
+
+    bytes_per_micro_batch: what one micro-batch's forward through the whole stage keeps for
+    its backward (for a transformer roughly layers_per_stage * b * s * h * 34 bytes in 16-bit,
+    Korthikanti et al. 2022, without attention-score storage)."""
+    return peak_in_flight(schedule, P, K, stage, v) * bytes_per_micro_batch
+
+
+def p2p_bytes_per_step(P: int, K: int, micro_batch: int, seq: int, hidden: int,
+                       bytes_per_element: int = 2, v: int = 1) -> int:
+    """Bytes sent between stages in one step, all boundaries together.
+
+    Each of the vP - 1 chunk boundaries carries one activation (b*s*h elements) forward and
+    one gradient of the same size backward, per micro-batch. Compare tensor parallelism, which
+    all-reduces b*s*h elements twice per layer in each direction inside every stage."""
+    _check(P, K, v)
+    return 2 * (v * P - 1) * K * micro_batch * seq * hidden * bytes_per_element
