@@ -1,0 +1,204 @@
+"""Where every rank sits: the parallel dimensions, checked once, and the groups along each.
+
+    from labkit.topology import Topology
+    topo = Topology(world=8, dp=2, tp=2, pp=2, zero=1, gpus_per_node=4)
+    topo.coords(5)                   # {'pp': 1, 'dp': 0, 'tp': 1}
+    topo.groups("tp")                # [[0, 1], [2, 3], [4, 5], [6, 7]]
+    print(topo.picture())            # which rank sits on which node, GPU and group
+    # inside a launched rank (every rank calls it, in the same order):
+    groups = build_groups(topo)      # groups.tp, groups.dp, groups.pp: this rank's groups
+
+The dimensions (the order of Megatron-LM and torchtitan, outermost first):
+  pp  pipeline stages: consecutive blocks of layers; neighbours exchange activations
+  dp  data-parallel replicas (the ZeRO stage 0-3 shards model states over this dimension)
+  tp  tensor-parallel shards of every layer; the innermost dimension, so a TP group is made of
+      consecutive ranks, which a launcher places on the same node (the fast links)
+
+    rank = (pp_index * dp + dp_index) * tp + tp_index
+
+Their product must equal the world size: that is checked here, once, with an error that prints
+every factor, so no later code has to wonder. Process groups are returned and passed as
+arguments, never kept in a global.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+DIMS = ("pp", "dp", "tp")  # outermost first: TP varies fastest, PP slowest
+
+
+class TopologyError(ValueError):
+    """The parallel dimensions do not fit the world (the message says what to change)."""
+
+
+def factorizations(world: int) -> list:
+    """Every (pp, dp, tp) with pp * dp * tp == world, in order of tp then pp."""
+    out = []
+    for tp in _divisors(world):
+        for pp in _divisors(world // tp):
+            out.append((pp, world // (tp * pp), tp))
+    return out
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Topology:
+    world: int
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0                    # ZeRO stage over the DP dimension: 0 (plain DP), 1, 2, 3
+    gpus_per_node: int | None = None  # None: one node holds every rank
+    sizes: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        for name in ("world", "dp", "tp", "pp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise TopologyError(f"{name} must be a positive integer, got {v!r}")
+        product = self.dp * self.tp * self.pp
+        if product != self.world:
+            near = [f"pp={p} x dp={d} x tp={t}" for p, d, t in factorizations(self.world)
+                    if t == self.tp or (p == self.pp and d * t == self.world // p)][:4]
+            raise TopologyError(
+                f"pp x dp x tp = {self.pp} x {self.dp} x {self.tp} = {product}, but the world has "
+                f"{self.world} ranks: the three factors must multiply to {self.world}. "
+                f"For example: {'; '.join(near) or 'pp=1 x dp=%d x tp=1' % self.world}.")
+        if self.zero not in (0, 1, 2, 3):
+            raise TopologyError(f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.zero and self.dp == 1:
+            raise TopologyError(f"ZeRO stage {self.zero} shards over the data-parallel dimension, "
+                                f"but dp=1: nothing to shard over. Use zero=0 or dp > 1.")
+        g = self.gpus_per_node
+        if g is not None:
+            if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+                raise TopologyError(f"gpus_per_node must be a positive integer, got {g!r}")
+            if self.world > g and self.world % g:
+                raise TopologyError(f"world={self.world} ranks do not fill whole nodes of "
+                                    f"gpus_per_node={g}: use a multiple of {g}.")
+        object.__setattr__(self, "sizes", {"pp": self.pp, "dp": self.dp, "tp": self.tp})
+
+    # -- the rank grid
+    def coords(self, rank: int) -> dict:
+        """{'pp': i, 'dp': j, 'tp': k} of `rank`."""
+        self._check_rank(rank)
+        rest, tp = divmod(rank, self.tp)
+        pp, dp = divmod(rest, self.dp)
+        return {"pp": pp, "dp": dp, "tp": tp}
+
+    def rank_of(self, pp: int = 0, dp: int = 0, tp: int = 0) -> int:
+        for name, v in (("pp", pp), ("dp", dp), ("tp", tp)):
+            if not 0 <= v < self.sizes[name]:
+                raise TopologyError(f"{name} index {v} is outside 0..{self.sizes[name] - 1}")
+        return (pp * self.dp + dp) * self.tp + tp
+
+    def groups(self, dim: str) -> list:
+        """The ranks of every group along `dim` (ranks that differ only in that coordinate)."""
+        if dim not in DIMS:
+            raise TopologyError(f"dimension must be one of {DIMS}, got {dim!r}")
+        others = [d for d in DIMS if d != dim]
+        out = []
+        for a in range(self.sizes[others[0]]):
+            for b in range(self.sizes[others[1]]):
+                fixed = {others[0]: a, others[1]: b}
+                out.append([self.rank_of(**fixed, **{dim: i}) for i in range(self.sizes[dim])])
+        return out
+
+    def group_of(self, rank: int, dim: str) -> list:
+        return next(g for g in self.groups(dim) if rank in g)
+
+    # -- nodes
+    def node_of(self, rank: int) -> int:
+        self._check_rank(rank)
+        return 0 if self.gpus_per_node is None else rank // self.gpus_per_node
+
+    def nodes_spanned(self, dim: str) -> int:
+        """The most nodes any one group along `dim` spans (1: it stays inside a node)."""
+        return max(len({self.node_of(r) for r in g}) for g in self.groups(dim))
+
+    def advice(self) -> list:
+        """Rules of thumb this layout breaks (empty when it follows them)."""
+        out = []
+        if self.tp > 1 and self.nodes_spanned("tp") > 1:
+            out.append(f"TP={self.tp} spans {self.nodes_spanned('tp')} nodes: tensor parallelism "
+                       f"all-reduces activations 4 times per layer and belongs inside a node "
+                       f"(gpus_per_node={self.gpus_per_node}).")
+        if self.tp == 1 and self.pp > 1 and self.gpus_per_node and self.nodes_spanned("pp") == 1:
+            out.append("PP inside one node while TP=1: usually TP (or plain DP) uses the fast "
+                       "links better; PP is the dimension to stretch across nodes.")
+        return out
+
+    def describe(self, rank: int) -> str:
+        c = self.coords(rank)
+        return (f"rank {rank}: node {self.node_of(rank)}, pp stage {c['pp']}, dp replica {c['dp']}, "
+                f"tp shard {c['tp']}")
+
+    def picture(self) -> str:
+        """A text map: one row per node, one cell per GPU (rank and its pp/dp/tp coordinates),
+        then the groups along each dimension."""
+        per_node = self.gpus_per_node or self.world
+        lines = [f"world={self.world} = pp {self.pp} x dp {self.dp} x tp {self.tp}"
+                 + (f", ZeRO-{self.zero} over dp" if self.zero else "")
+                 + (f"; {math.ceil(self.world / per_node)} node(s) of {per_node} GPUs")]
+        for node in range(math.ceil(self.world / per_node)):
+            cells = []
+            for r in range(node * per_node, min((node + 1) * per_node, self.world)):
+                c = self.coords(r)
+                cells.append(f"r{r}(p{c['pp']} d{c['dp']} t{c['tp']})")
+            lines.append(f"  node {node}: " + "  ".join(cells))
+        for dim in DIMS:
+            if self.sizes[dim] > 1:
+                lines.append(f"  {dim} groups: " + " ".join(str(g) for g in self.groups(dim)))
+        lines += ["  note: " + a for a in self.advice()]
+        return "\n".join(lines)
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.world:
+            raise TopologyError(f"rank {rank} is outside 0..{self.world - 1}")
+
+
+# ----------------------------------------------------------------------------- inside a rank
+@dataclass
+class Groups:
+    """This rank's process groups along each dimension (and its coordinates)."""
+    topology: Topology
+    rank: int
+    coords: dict
+    pp: object
+    dp: object
+    tp: object
+
+    def __getitem__(self, dim: str):
+        return getattr(self, dim)
+
+
+def build_groups(topo: Topology, backend: str | None = None) -> Groups:
+    """Create every group with dist.new_group and return this rank's.
+
+    Every rank must create every group, in the same order (new_group is collective over the
+    world), even groups it is not in; that is why this loops over all of them."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world != topo.world:
+        raise TopologyError(f"the topology is for world={topo.world} ranks but "
+                            f"torch.distributed has {world}: launch {topo.world} processes.")
+    mine = {}
+    for dim in DIMS:
+        for ranks in topo.groups(dim):
+            g = dist.new_group(ranks, backend=backend)
+            if rank in ranks:
+                mine[dim] = g
+    return Groups(topo, rank, topo.coords(rank), mine["pp"], mine["dp"], mine["tp"])
+
+
+def device_mesh(topo: Topology, device_type: str = "cpu"):
+    """The same grid as a torch DeviceMesh with dims ('pp', 'dp', 'tp'): mesh['tp'] is a
+    1-D mesh whose .get_group() is this rank's TP group (torchtitan's way)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (topo.pp, topo.dp, topo.tp), mesh_dim_names=DIMS)
