@@ -1,0 +1,141 @@
+"""Pipeline schedules as data: for each stage, the ordered list of actions it runs.
+
+    from labkit.pipeline import schedules
+    s = schedules.one_f_one_b(P=4, K=8)
+    s.stages[0]        # [F0, F1, F2, F3, B0, F4, B1, F5, B2, F6, B3, F7, B4, B5, B6, B7]
+
+An action is the forward (F) or backward (B) of one micro-batch on one model chunk. A stage
+holds v chunks (v = 1 unless interleaved); local chunk j of stage p is global chunk j*P + p, so
+a micro-batch's forward visits stages 0, 1, ..., P-1, then 0, 1, ... again for the next chunk
+(Megatron's round-robin placement). Three schedules:
+
+- GPipe (Huang et al., 2019, arXiv:1811.06965): all K forwards, then all K backwards. A stage
+  holds the activations of all K micro-batches at once.
+- 1F1B (PipeDream-Flush; Narayanan et al., 2021, arXiv:2006.09503): stage p runs P-p-1 warm-up
+  forwards, then alternates one forward and one backward, then drains the backwards. Same work,
+  same bubble; a stage never holds more than P-p micro-batches.
+- Interleaved 1F1B (Narayanan et al., SC'21, arXiv:2104.04473): v chunks per stage, 1F1B over
+  (micro-batch, chunk) units in groups of P micro-batches; bubble divided by v.
+
+A schedule is only data: `labkit.pipeline.validate` checks it, `simulate` times it, and
+`executor` runs it on real processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    kind: str       # "F" (forward) or "B" (backward)
+    mb: int         # micro-batch index, 0 .. K-1
+    chunk: int = 0  # local model chunk on this stage, 0 .. v-1
+
+    def __repr__(self):
+        return f"{self.kind}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
+
+
+def F(mb: int, chunk: int = 0) -> Action:
+    """Forward of micro-batch `mb` (on local chunk `chunk`)."""
+    return Action("F", mb, chunk)
+
+
+def B(mb: int, chunk: int = 0) -> Action:
+    """Backward of micro-batch `mb` (on local chunk `chunk`)."""
+    return Action("B", mb, chunk)
+
+
+@dataclass
+class Schedule:
+    name: str
+    P: int                      # stages (processes)
+    K: int                      # micro-batches per step
+    v: int = 1                  # model chunks per stage
+    stages: list = field(default_factory=list)  # stages[p] = [Action, ...] in run order
+
+    @property
+    def n_chunks(self) -> int:
+        return self.P * self.v
+
+    def global_chunk(self, stage: int, chunk: int) -> int:
+        return chunk * self.P + stage
+
+    def stage_of(self, global_chunk: int) -> int:
+        return global_chunk % self.P
+
+    def __repr__(self):
+        rows = "\n".join(f"  stage {p}: {' '.join(map(repr, a))}" for p, a in enumerate(self.stages))
+        return f"Schedule({self.name}, P={self.P}, K={self.K}, v={self.v})\n{rows}"
+
+
+def _check(P, K, v=1):
+    for name, val in (("P", P), ("K", K), ("v", v)):
+        if int(val) != val or val < 1:
+            raise ValueError(f"{name}={val}: need a whole number >= 1")
+
+
+def gpipe(P: int, K: int) -> Schedule:
+    """GPipe: every stage runs F0..F(K-1), then B(K-1)..B0 (newest activations first)."""
+    _check(P, K)
+    stage = [F(k) for k in range(K)] + [B(k) for k in reversed(range(K))]
+    return Schedule("gpipe", P, K, 1, [list(stage) for _ in range(P)])
+
+
+def one_f_one_b_stage(p: int, P: int, K: int) -> list:
+    """The 1F1B order for stage p: warm-up forwards, steady F/B pairs, cool-down backwards."""
+    warmup = min(P - p - 1, K)           # forwards in flight before the first backward arrives
+    order = [F(k) for k in range(warmup)]
+    for i in range(K - warmup):          # steady state: one forward, then the oldest backward
+        order += [F(warmup + i), B(i)]
+    order += [B(k) for k in range(K - warmup, K)]  # cool-down: drain the rest
+    return order
+
+
+def one_f_one_b(P: int, K: int) -> Schedule:
+    """1F1B (PipeDream-Flush): same bubble as GPipe, at most P - p micro-batches held on stage p."""
+    _check(P, K)
+    return Schedule("1f1b", P, K, 1, [one_f_one_b_stage(p, P, K) for p in range(P)])
+
+
+def interleaved_1f1b(P: int, K: int, v: int = 2) -> Schedule:
+    """Interleaved 1F1B with v chunks per stage (Megatron-LM's order; needs K a multiple of P).
+
+    Units are (micro-batch, chunk) pairs taken in groups of P micro-batches: forward unit i is
+    chunk (i // P) % v of micro-batch (i // (P v)) P + i % P; backward units walk the chunks in
+    reverse. Stage p runs 2(P - p - 1) + (v - 1) P warm-up units, then alternates."""
+    _check(P, K, v)
+    if K % P:
+        raise ValueError(f"interleaved 1F1B needs K a multiple of P: K={K}, P={P} "
+                         f"(try K={(K // P + 1) * P})")
+    total = v * K
+
+    def unit(i, backward):
+        chunk = (i // P) % v
+        return Action("B" if backward else "F", (i // (P * v)) * P + i % P,
+                      v - 1 - chunk if backward else chunk)
+
+    stages = []
+    for p in range(P):
+        warmup = min(total, 2 * (P - p - 1) + (v - 1) * P)
+        order = [unit(i, False) for i in range(warmup)]
+        for i in range(total - warmup):
+            order += [unit(warmup + i, False), unit(i, True)]
+        order += [unit(i, True) for i in range(total - warmup, total)]
+        stages.append(order)
+    return Schedule("interleaved", P, K, v, stages)
+
+
+def make(name: str, P: int, K: int, v: int = 1) -> Schedule:
+    """A schedule by name: 'gpipe', '1f1b' or 'interleaved' (v chunks per stage)."""
+    if name == "gpipe":
+        return gpipe(P, K)
+    if name == "1f1b":
+        return one_f_one_b(P, K)
+    if name == "interleaved":
+        return interleaved_1f1b(P, K, v)
+    raise ValueError(f"schedule {name!r}: choose 'gpipe', '1f1b' or 'interleaved'")
+
+
+def from_stage_fn(fn, P: int, K: int, name: str = "custom") -> Schedule:
+    """Build a schedule from a function fn(p, P, K) -> list of actions for stage p."""
+    return Schedule(name, P, K, 1, [list(fn(p, P, K)) for p in range(P)])

@@ -1,0 +1,141 @@
+"""Is a pipeline schedule runnable? Dependencies and deadlock, with the first bad action named.
+
+    from labkit.pipeline import schedules, validate
+    validate.validate(schedules.one_f_one_b(4, 8))      # passes silently
+    validate.validate(my_schedule)                      # ScheduleError: stage 1, action #0 (B0): ...
+
+The rules (what the executor needs to run it on real processes):
+1. every stage runs the forward and the backward of every (micro-batch, chunk) it owns, once;
+2. on a stage, the backward of a micro-batch comes after its forward (it needs the activations);
+3. a forward needs the previous chunk's output (from the stage before), a backward needs the
+   next chunk's input gradient (from the stage after): these arrive as messages;
+4. no deadlock. Sends are posted without waiting (isend) and a receive blocks until its message
+   has been sent, so the schedule deadlocks exactly when every unfinished stage waits for a
+   message that its sender will only send after an action that is itself waiting.
+
+Rule 4 is checked by replaying the schedule (`replay`), which `simulate` also uses for times.
+"""
+from __future__ import annotations
+
+from labkit.pipeline.schedules import Action, Schedule
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run; the message names the first bad action."""
+
+
+def needs(s: Schedule, stage: int, a: Action):
+    """The message key action `a` on `stage` waits for, or None (first/last chunk)."""
+    g = s.global_chunk(stage, a.chunk)
+    if a.kind == "F":
+        return ("F", a.mb, g - 1) if g > 0 else None
+    return ("B", a.mb, g + 1) if g < s.n_chunks - 1 else None
+
+
+def produces(s: Schedule, stage: int, a: Action):
+    """The message key action `a` sends when done, or None."""
+    g = s.global_chunk(stage, a.chunk)
+    if a.kind == "F":
+        return ("F", a.mb, g) if g < s.n_chunks - 1 else None
+    return ("B", a.mb, g) if g > 0 else None
+
+
+def _describe(key, s: Schedule) -> str:
+    kind, mb, g = key
+    what = "activation" if kind == "F" else "gradient"
+    return f"the {what} of micro-batch {mb} from stage {s.stage_of(g)}"
+
+
+def check_structure(s: Schedule) -> None:
+    """Rules 1 and 2: right actions, each once, backward after forward on the same stage."""
+    if len(s.stages) != s.P:
+        raise ScheduleError(f"the schedule has {len(s.stages)} stage lists, expected P={s.P}")
+    for p, actions in enumerate(s.stages):
+        seen = {}
+        for i, a in enumerate(actions):
+            where = f"stage {p}, action #{i} ({a!r})"
+            if not isinstance(a, Action) or a.kind not in ("F", "B"):
+                raise ScheduleError(f"stage {p}, action #{i}: {a!r} is not an action; use "
+                                    f"F(mb) or B(mb) from labkit.pipeline.schedules")
+            if not 0 <= a.mb < s.K:
+                raise ScheduleError(f"{where}: micro-batch {a.mb} is out of range 0..{s.K - 1} "
+                                    f"for K={s.K}")
+            if not 0 <= a.chunk < s.v:
+                raise ScheduleError(f"{where}: chunk {a.chunk} is out of range 0..{s.v - 1} "
+                                    f"for v={s.v}")
+            if a in seen:
+                raise ScheduleError(f"{where}: {a!r} runs twice on stage {p} (first at "
+                                    f"#{seen[a]}); each forward and backward runs once")
+            if a.kind == "B" and Action("F", a.mb, a.chunk) not in seen:
+                raise ScheduleError(f"{where}: the backward of micro-batch {a.mb} comes before "
+                                    f"its forward on stage {p}; it needs that forward's "
+                                    f"activations")
+            seen[a] = i
+        for k in range(s.K):
+            for c in range(s.v):
+                for kind in ("F", "B"):
+                    if Action(kind, k, c) not in seen:
+                        raise ScheduleError(f"stage {p} never runs {Action(kind, k, c)!r}: every "
+                                            f"stage runs F and B of all K={s.K} micro-batches")
+
+
+def replay(s: Schedule, duration=lambda stage, a: 1.0, t_p2p: float = 0.0):
+    """Run the schedule on paper: each stage in its own order; an action starts when the stage
+    is free and its message has arrived (sent at the producer's end, + t_p2p).
+
+    Returns (records, stuck): records[p] = [(action, start, end), ...]; stuck = {p: index of the
+    action stage p is blocked at} ({} when every stage finished)."""
+    arrived = {}                        # message key -> time it is available at the receiver
+    pos = [0] * s.P
+    free = [0.0] * s.P
+    records = [[] for _ in range(s.P)]
+    progress = True
+    while progress:
+        progress = False
+        for p in range(s.P):
+            while pos[p] < len(s.stages[p]):
+                a = s.stages[p][pos[p]]
+                key = needs(s, p, a)
+                if key is not None and key not in arrived:
+                    break
+                start = max(free[p], arrived.get(key, 0.0))
+                end = start + duration(p, a)
+                records[p].append((a, start, end))
+                out = produces(s, p, a)
+                if out is not None:
+                    arrived[out] = end + t_p2p
+                free[p], pos[p], progress = end, pos[p] + 1, True
+    stuck = {p: pos[p] for p in range(s.P) if pos[p] < len(s.stages[p])}
+    return records, stuck
+
+
+def validate(s: Schedule) -> None:
+    """Raise ScheduleError naming the first bad action; return None when the schedule is valid."""
+    check_structure(s)
+    _, stuck = replay(s)
+    if not stuck:
+        return
+    sender = {}  # message key -> (stage, index) of the action that sends it
+    for p, actions in enumerate(s.stages):
+        for i, a in enumerate(actions):
+            out = produces(s, p, a)
+            if out is not None:
+                sender[out] = (p, i)
+    lines = []
+    for p, i in sorted(stuck.items()):
+        a = s.stages[p][i]
+        key = needs(s, p, a)
+        q, j = sender[key]
+        lines.append(f"stage {p}, action #{i} ({a!r}) waits for {_describe(key, s)}, which stage "
+                     f"{q} sends only at its action #{j} ({s.stages[q][j]!r}), after #{stuck[q]} "
+                     f"({s.stages[q][stuck[q]]!r}) where it is itself waiting")
+    raise ScheduleError("deadlock: every unfinished stage waits for a message that is never "
+                        "sent.\n" + "\n".join(lines))
+
+
+def is_valid(s: Schedule) -> bool:
+    try:
+        validate(s)
+        return True
+    except ScheduleError:
+        return False

@@ -1,0 +1,120 @@
+"""labkit.pipeline and labkit.costs.pipeline: schedules, validator, simulator, executor."""
+import pytest
+
+from labkit import costs
+from labkit.pipeline import schedules as S
+from labkit.pipeline.schedules import B, F
+from labkit.pipeline.simulate import simulate
+from labkit.pipeline.validate import ScheduleError, validate
+
+CASES = [(P, K) for P in (1, 2, 3, 4, 5) for K in (1, 2, 3, 4, 7, 8)]
+
+
+# ----------------------------------------------------------------------------- costs
+def test_notes_worked_example():
+    assert costs.pipeline.bubble_fraction(8, 32) == pytest.approx(7 / 39)
+    assert round(100 * costs.pipeline.bubble_fraction(8, 32), 1) == 17.9
+    # the notes say K = 133 gives "< 5%": it gives exactly 5%; strictly under needs 134
+    assert costs.pipeline.bubble_fraction(8, 133) == pytest.approx(0.05)
+    assert costs.pipeline.micro_batches_for_bubble(8, 0.05) == 134
+
+
+@pytest.mark.parametrize("P,target,v", [(2, 0.1, 1), (4, 0.05, 1), (8, 0.2, 2), (16, 0.01, 4)])
+def test_micro_batches_for_bubble_is_the_smallest(P, target, v):
+    K = costs.pipeline.micro_batches_for_bubble(P, target, v)
+    assert costs.pipeline.bubble_fraction(P, K, v) < target
+    assert K == 1 or costs.pipeline.bubble_fraction(P, K - 1, v) >= target
+
+
+def test_interleaving_divides_bubble_time_by_v():
+    P, K, v = 8, 32, 4
+    assert costs.pipeline.bubble_overhead(P, K, v) == pytest.approx(costs.pipeline.bubble_overhead(P, K) / v)
+    t1 = costs.pipeline.step_time(P, K, 1.0, 2.0) - K * 3.0
+    tv = costs.pipeline.step_time(P, K, 1.0, 2.0, v=v) - K * 3.0
+    assert tv == pytest.approx(t1 / v)
+
+
+def test_costs_bad_input_names_the_numbers():
+    with pytest.raises(ValueError, match="K=0"):
+        costs.pipeline.bubble_fraction(4, 0)
+    with pytest.raises(ValueError, match="0.05"):
+        costs.pipeline.micro_batches_for_bubble(4, 5)
+    with pytest.raises(ValueError, match="v=2"):
+        costs.pipeline.peak_in_flight("1f1b", 4, 8, v=2)
+    with pytest.raises(ValueError, match="stage=4"):
+        costs.pipeline.peak_in_flight("1f1b", 4, 8, stage=4)
+
+
+# ----------------------------------------------------------------------------- simulator
+@pytest.mark.parametrize("P,K", CASES)
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_simulated_bubble_and_peak_match_formulas(name, P, K):
+    r = simulate(S.make(name, P, K), t_f=1.0, t_b=2.0)
+    assert r.bubble == pytest.approx(costs.pipeline.bubble_fraction(P, K))
+    assert r.makespan == pytest.approx(costs.pipeline.step_time(P, K, 1.0, 2.0))
+    assert r.peak_in_flight == [costs.pipeline.peak_in_flight(name, P, K, p) for p in range(P)]
+
+
+@pytest.mark.parametrize("P,K,v", [(2, 2, 2), (2, 6, 3), (3, 6, 2), (4, 8, 2), (4, 12, 3)])
+def test_interleaved_bubble_is_divided_by_v(P, K, v):
+    r = simulate(S.interleaved_1f1b(P, K, v), t_f=1.0, t_b=2.0)
+    assert r.bubble == pytest.approx(costs.pipeline.bubble_fraction(P, K, v))
+    assert r.bubble < costs.pipeline.bubble_fraction(P, K)
+    assert r.peak_in_flight == [costs.pipeline.peak_in_flight("interleaved", P, K, p, v)
+                                for p in range(P)]
+
+
+def test_1f1b_same_bubble_as_gpipe_with_unequal_times():
+    # the bubble is set by the ramp, not by the order of work in between
+    for tf, tb in [(1.0, 1.0), (1.0, 3.0), (2.0, 1.0)]:
+        g = simulate(S.gpipe(4, 8), tf, tb)
+        o = simulate(S.one_f_one_b(4, 8), tf, tb)
+        assert g.makespan == pytest.approx(o.makespan)
+
+
+def test_p2p_time_lengthens_the_step():
+    r0 = simulate(S.one_f_one_b(4, 8), 1.0, 2.0)
+    r1 = simulate(S.one_f_one_b(4, 8), 1.0, 2.0, t_p2p=0.5)
+    assert r1.makespan > r0.makespan and r1.bubble > r0.bubble
+
+
+# ----------------------------------------------------------------------------- validator
+@pytest.mark.parametrize("P,K", CASES)
+def test_generated_schedules_are_valid(P, K):
+    validate(S.gpipe(P, K))
+    validate(S.one_f_one_b(P, K))
+    if K % P == 0:
+        validate(S.interleaved_1f1b(P, K, 2))
+
+
+def _with_stage(s, p, actions):
+    s.stages[p] = actions
+    return s
+
+
+def test_backward_before_forward_is_named():
+    s = _with_stage(S.one_f_one_b(2, 2), 1, [B(0), F(0), F(1), B(1)])
+    with pytest.raises(ScheduleError, match=r"stage 1, action #0 \(B0\).*before its forward"):
+        validate(s)
+
+
+def test_missing_and_duplicate_actions_are_named():
+    with pytest.raises(ScheduleError, match=r"stage 0 never runs B1"):
+        validate(_with_stage(S.gpipe(2, 2), 0, [F(0), F(1), B(0)]))
+    with pytest.raises(ScheduleError, match=r"action #1 \(F0\): F0 runs twice"):
+        validate(_with_stage(S.gpipe(2, 2), 0, [F(0), F(0), B(0), B(1)]))
+    with pytest.raises(ScheduleError, match=r"micro-batch 5 is out of range 0..1 for K=2"):
+        validate(_with_stage(S.gpipe(2, 2), 0, [F(0), F(5), B(0), B(1)]))
+
+
+def test_deadlock_is_found_and_named():
+    # stage 0 waits for B0's gradient before it sends F1; stage 1 wants F1 before it runs B0
+    s = S.Schedule("bad", 2, 2, 1, [[F(0), B(0), F(1), B(1)], [F(0), F(1), B(0), B(1)]])
+    with pytest.raises(ScheduleError, match=r"deadlock(.|\n)*stage 0, action #1 \(B0\) waits for "
+                                            r"the gradient of micro-batch 0 from stage 1"):
+        validate(s)
+
+
+def test_interleaved_needs_k_multiple_of_p():
+    with pytest.raises(ValueError, match="K=6, P=4"):
+        S.interleaved_1f1b(4, 6, 2)
