@@ -1,0 +1,360 @@
+"""Bytes per GPU of training: model states under ZeRO, activations, and whether it fits.
+
+    from labkit.costs import memory, models
+    memory.model_states(7e9, recipe="mixed").total / 1e9                      # 112.0 GB
+    memory.model_states(13e9, recipe="no_master", zero_stage=2, dp=8).total   # 42.25e9
+    p = memory.plan("llama2-7b", recipe="mixed", zero_stage=3, dp=8, seq_len=4096, micro_batch=1,
+                    recompute="selective")
+    p.total, p.fits("H100 80GB")
+
+Units: bytes everywhere. GB = 1e9 bytes, GiB = 2**30 bytes (GPU "80GB" is in fact 80 GiB).
+Psi (Ψ) is the number of parameters.
+
+Model states (ZeRO, Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models"). A precision recipe says how many bytes each parameter costs in weights,
+gradients and optimizer states; it is always an explicit argument, because write-ups that quote
+12, 16 or 18 bytes/param disagree only in this choice (see RECIPES). With p, g, o bytes/param and
+N data-parallel ranks:
+
+    stage 0 (DDP)      (p + g + o) Ψ                 every rank holds everything
+    stage 1            (p + g) Ψ + o Ψ / N           optimizer states sharded
+    stage 2            p Ψ + (g + o) Ψ / N           ... and gradients
+    stage 3            (p + g + o) Ψ / N             ... and parameters (FSDP's FULL_SHARD)
+
+For the ZeRO paper's mixed precision (2 + 2 + 12): 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+Tensor (tp) and pipeline (pp) parallelism first divide Ψ by tp*pp (an approximation: it ignores
+the small replicated norms and an embedding that sits on one stage).
+
+Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models"), per layer, 16-bit activations, GPT layer with a 4h MLP and dropout, s = sequence
+length, b = micro-batch, h = hidden, a = heads, t = tensor-parallel degree:
+
+    no parallelism          s b h (34 + 5 a s / h)
+    tensor parallel         s b h (10 + 24/t + 5 a s / (h t))
+    tensor + sequence par.  s b h (34 + 5 a s / h) / t
+    selective recompute     drops the 5 a s / h term (attention scores, softmax, its dropout)
+    full recompute          keeps only the layer's input, 2 s b h (/ t with sequence parallel)
+
+A pipeline stage holds L/pp layers for every micro-batch still waiting for its backward: pp of
+them at the first stage under 1F1B, K under GPipe (microbatches_alive).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from labkit.costs import models as _models
+
+GB = 1e9
+GiB = 2**30
+
+
+# ----------------------------------------------------------------------------- precision recipes
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of weights, gradients and optimizer states (Adam) under one recipe."""
+    name: str
+    weights: float
+    grads: float
+    optimizer: float   # everything the optimizer keeps: master weights, momentum, variance, ...
+    detail: str = ""
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+    def __str__(self):
+        return (f"{self.name}: {self.weights:g} + {self.grads:g} + {self.optimizer:g} = "
+                f"{self.total:g} bytes/param ({self.detail})")
+
+
+RECIPES = {
+    "fp32": Precision("fp32", 4, 4, 8,
+                      "fp32 weights and gradients; Adam momentum and variance in fp32"),
+    "mixed": Precision("mixed", 2, 2, 12,
+                       "bf16/fp16 weights and gradients; fp32 master weights, momentum and "
+                       "variance: the ZeRO paper's 16 bytes, K = 12"),
+    "no_master": Precision("no_master", 2, 2, 8,
+                           "bf16 weights and gradients, fp32 momentum and variance, no fp32 "
+                           "master copy of the weights"),
+    "fp32_grads": Precision("fp32_grads", 2, 4, 12,
+                            "bf16 weights, gradients accumulated in fp32, fp32 master weights, "
+                            "momentum and variance (Megatron's bf16 default)"),
+    "fp16_fp32_grad_copy": Precision("fp16_fp32_grad_copy", 2, 2, 16,
+                                     "fp16 weights and gradients, plus fp32 master weights, an "
+                                     "fp32 copy of the gradients, momentum and variance "
+                                     "(Megatron's fp16)"),
+}
+
+
+def get_recipe(r) -> Precision:
+    """A Precision from a name in RECIPES (or a Precision, returned as is)."""
+    if isinstance(r, Precision):
+        return r
+    if r not in RECIPES:
+        raise KeyError(f"unknown precision recipe {r!r}; choose one of {', '.join(RECIPES)} "
+                       f"or pass Precision(name, weights, grads, optimizer) in bytes/param")
+    return RECIPES[r]
+
+
+# ----------------------------------------------------------------------------- model states
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes of parameters, gradients and optimizer states on one GPU (and in CPU memory)."""
+    params: float
+    grads: float
+    optimizer: float
+    cpu_params: float = 0.0
+    cpu_grads: float = 0.0
+    cpu_optimizer: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def cpu_total(self) -> float:
+        return self.cpu_params + self.cpu_grads + self.cpu_optimizer
+
+
+def _check_degrees(**degrees):
+    for name, v in degrees.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def zero_bytes_per_param(recipe, zero_stage: int, dp: int) -> float:
+    """Bytes per parameter per GPU: (p+g+o), (p+g)+o/N, p+(g+o)/N, (p+g+o)/N for stages 0..3."""
+    r = get_recipe(recipe)
+    _check_degrees(dp=dp)
+    p, g, o = r.weights, r.grads, r.optimizer
+    forms = {0: p + g + o, 1: p + g + o / dp, 2: p + (g + o) / dp, 3: (p + g + o) / dp}
+    if zero_stage not in forms:
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    return forms[zero_stage]
+
+
+def model_states(n_params: float, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1,
+                 pp: int = 1, offload_optimizer: bool = False,
+                 offload_params: bool = False) -> ModelStates:
+    """Bytes of model states per GPU for Ψ = n_params under a ZeRO stage over `dp` ranks.
+
+    `recipe` is required (a name in RECIPES or a Precision): 12, 16 and 18 bytes/param are
+    different assumptions, and the caller must say which one. tp and pp divide Ψ first.
+    offload_optimizer (ZeRO-Offload, stage >= 1): optimizer states live in CPU memory, and from
+    stage 2 the gradient shards too, since the CPU runs the update. offload_params (ZeRO-Infinity
+    style, stage 3 only): the parameter shards live in CPU memory as well.
+    """
+    r = get_recipe(recipe)
+    _check_degrees(dp=dp, tp=tp, pp=pp)
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    if offload_optimizer and zero_stage == 0:
+        raise ValueError("offload_optimizer needs zero_stage >= 1 (ZeRO-Offload partitions the "
+                         "optimizer first); set zero_stage=1, 2 or 3")
+    if offload_params and not (zero_stage == 3 and offload_optimizer):
+        raise ValueError("offload_params needs zero_stage=3 and offload_optimizer=True "
+                         f"(got zero_stage={zero_stage}, offload_optimizer={offload_optimizer})")
+    psi = n_params / (tp * pp)
+    params = r.weights * psi / (dp if zero_stage >= 3 else 1)
+    grads = r.grads * psi / (dp if zero_stage >= 2 else 1)
+    optim = r.optimizer * psi / (dp if zero_stage >= 1 else 1)
+    cpu = dict(cpu_params=0.0, cpu_grads=0.0, cpu_optimizer=0.0)
+    if offload_optimizer:
+        cpu["cpu_optimizer"], optim = optim, 0.0
+        if zero_stage >= 2:
+            cpu["cpu_grads"], grads = grads, 0.0
+    if offload_params:
+        cpu["cpu_params"], params = params, 0.0
+    return ModelStates(params, grads, optim, **cpu)
+
+
+# ----------------------------------------------------------------------------- activations
+RECOMPUTE = ("none", "selective", "full")
+
+
+def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_heads: int, *,
+                               tp: int = 1, sequence_parallel: bool = False,
+                               recompute: str = "none") -> float:
+    """Korthikanti et al.'s activation bytes of one transformer layer for one micro-batch."""
+    _check_degrees(seq_len=seq_len, micro_batch=micro_batch, tp=tp)
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    s, b, h, a, t = seq_len, micro_batch, hidden, n_heads, tp
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sequence_parallel else 1)   # only the layer's input
+    scores = 0.0 if recompute == "selective" else 5 * a * s / h
+    if sequence_parallel:
+        return sbh * (34 + scores) / t
+    return sbh * (10 + 24 / t + scores / t)
+
+
+def activation_bytes(spec, *, seq_len: int, micro_batch: int, tp: int = 1, pp: int = 1,
+                     sequence_parallel: bool = False, recompute: str = "none",
+                     microbatches_alive: int | None = None, logits: bool = True) -> dict:
+    """Peak activation bytes on one GPU: {"layers", "recompute_work", "logits", "total"}.
+
+    layers: ceil(L/pp) layers x micro-batches alive (default pp, the first stage under 1F1B).
+    recompute_work: under full recomputation, one layer's activations rebuilt during backward.
+    logits: 4 s b V / t bytes (fp32 logits kept for the cross-entropy). With pp > 1 the layers
+    peak at the first stage and the logits at the last, so their sum is an upper bound."""
+    spec = _spec(spec)
+    alive = pp if microbatches_alive is None else microbatches_alive
+    _check_degrees(pp=pp, microbatches_alive=alive)
+    per_layer = activation_bytes_per_layer(seq_len, micro_batch, spec.hidden, spec.n_heads, tp=tp,
+                                           sequence_parallel=sequence_parallel,
+                                           recompute=recompute)
+    layers = math.ceil(spec.n_layers / pp) * alive * per_layer
+    work = 0.0
+    if recompute == "full":
+        work = activation_bytes_per_layer(seq_len, micro_batch, spec.hidden, spec.n_heads, tp=tp,
+                                          sequence_parallel=sequence_parallel, recompute="none")
+    out = 4.0 * seq_len * micro_batch * spec.vocab_size / tp if logits else 0.0
+    return {"layers": layers, "recompute_work": work, "logits": out,
+            "total": layers + work + out}
+
+
+# ----------------------------------------------------------------------------- one GPU's plan
+GPUS = {  # capacity in bytes; the marketing "GB" of HBM are GiB
+    "A100 40GB": 40 * GiB,
+    "A100 80GB": 80 * GiB,
+    "H100 80GB": 80 * GiB,
+    "H200 141GB": 141 * GB,  # NVIDIA quotes 141 GB (nvidia-smi shows about 140 GiB)
+}
+
+
+def gpu_capacity(gpu) -> float:
+    """Bytes of a GPU by name in GPUS, or a number of bytes as given."""
+    if isinstance(gpu, (int, float)):
+        return float(gpu)
+    if gpu not in GPUS:
+        raise KeyError(f"unknown GPU {gpu!r}; choose one of {', '.join(GPUS)} or give bytes")
+    return GPUS[gpu]
+
+
+@dataclass
+class MemoryPlan:
+    """Peak bytes on one GPU, by component, with the inputs that produced them."""
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    gathered: float          # ZeRO-3: one layer's full parameters, all-gathered just in time
+    cpu: float
+    settings: dict = field(default_factory=dict)
+
+    COMPONENTS = ("params", "grads", "optimizer", "activations", "gathered")
+    LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states",
+              "activations": "activations", "gathered": "ZeRO-3 gathered layer"}
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, c) for c in self.COMPONENTS)
+
+    def fits(self, gpu) -> bool:
+        return self.total <= gpu_capacity(gpu)
+
+    def rows(self, unit: str = "GB") -> list:
+        """[(label, value in unit)] for each component and the total."""
+        scale = {"GB": GB, "GiB": GiB}[unit]
+        rows = [(self.LABELS[c], getattr(self, c) / scale) for c in self.COMPONENTS]
+        return rows + [("total per GPU", self.total / scale), ("CPU memory per GPU", self.cpu / scale)]
+
+
+def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: int = 1,
+         seq_len: int | None = None, micro_batch: int = 1, recompute: str = "none",
+         sequence_parallel: bool = False, offload_optimizer: bool = False,
+         offload_params: bool = False, microbatches_alive: int | None = None) -> MemoryPlan:
+    """Peak memory on one GPU for a model (a ModelSpec or a preset name) under a configuration."""
+    spec = _spec(model)
+    r = get_recipe(recipe)
+    n = _models.num_params(spec)
+    states = model_states(n, recipe=r, zero_stage=zero_stage, dp=dp, tp=tp, pp=pp,
+                          offload_optimizer=offload_optimizer, offload_params=offload_params)
+    seq = spec.seq_len if seq_len is None else seq_len
+    act = activation_bytes(spec, seq_len=seq, micro_batch=micro_batch, tp=tp, pp=pp,
+                           sequence_parallel=sequence_parallel, recompute=recompute,
+                           microbatches_alive=microbatches_alive)["total"]
+    gathered = r.weights * _models.layer_params(spec) / tp if zero_stage == 3 else 0.0
+    settings = dict(model=spec.name, n_params=n, recipe=str(r), zero_stage=zero_stage, dp=dp,
+                    tp=tp, pp=pp, seq_len=seq, micro_batch=micro_batch, recompute=recompute,
+                    sequence_parallel=sequence_parallel, offload_optimizer=offload_optimizer,
+                    offload_params=offload_params)
+    return MemoryPlan(states.params, states.grads, states.optimizer, act, gathered,
+                      states.cpu_total, settings)
+
+
+def _spec(model):
+    if isinstance(model, _models.ModelSpec):
+        return model
+    if isinstance(model, str):
+        return _models.preset(model)
+    raise TypeError(f"expected a ModelSpec or a preset name ({', '.join(_models.PRESETS)}), "
+                    f"got {type(model).__name__}")
+
+
+# ----------------------------------------------------------------------------- communication
+def zero_comm_per_rank(n_params: float, zero_stage: int, dp: int,
+                       bytes_per_value: float = 2) -> dict:
+    """Bytes each rank sends per step (ring collectives) for a ZeRO stage: the ZeRO paper's 2Ψ/3Ψ.
+
+    Stages 0-2 move the gradients once through a reduce-scatter and the (updated) parameters once
+    through an all-gather: 2(N-1)/N Ψ values, the same as DDP's all-reduce (which is those two
+    phases). Stage 3 all-gathers the parameters twice (forward, and again in backward because
+    they were freed) and reduce-scatters the gradients: 3(N-1)/N Ψ, 1.5x DDP."""
+    _check_degrees(dp=dp)
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    one = (dp - 1) / dp * n_params * bytes_per_value   # one reduce-scatter or all-gather
+    parts = ({"reduce_scatter": one, "all_gather": one} if zero_stage < 3 else
+             {"reduce_scatter": one, "all_gather": 2 * one})
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def offload_transfer_bytes(n_params: float, *, recipe, dp: int = 1) -> dict:
+    """PCIe bytes per step per GPU under ZeRO-Offload: gradient shard out, weight shard back."""
+    r = get_recipe(recipe)
+    _check_degrees(dp=dp)
+    out = {"gpu_to_cpu_grads": r.grads * n_params / dp, "cpu_to_gpu_weights": r.weights * n_params / dp}
+    out["total"] = out["gpu_to_cpu_grads"] + out["cpu_to_gpu_weights"]
+    return out
+
+
+# ----------------------------------------------------------------------------- DeepSpeed's estimates
+def deepspeed_zero2_estimate(total_params: float, *, gpus_per_node: int = 1, nodes: int = 1,
+                             cpu_offload: bool = False, buffer_factor: float = 1.5) -> dict:
+    """DeepSpeed's estimate_zero2_model_states_mem_needs: {"gpu": bytes, "cpu": bytes}.
+
+    Without offload each GPU holds 4Ψ + 16Ψ/N: DeepSpeed counts fp16 weights and gradients (4Ψ,
+    the full gradient buffer during backward) and 16 bytes/param of sharded fp32 state."""
+    n = gpus_per_node * nodes
+    if cpu_offload:
+        return {"gpu": 2 * total_params,
+                "cpu": total_params * max(4 * n, 16) * buffer_factor}
+    return {"gpu": 4 * total_params + int(16 * total_params / n),
+            "cpu": total_params * 4 * gpus_per_node * buffer_factor}
+
+
+def deepspeed_zero3_estimate(total_params: float, largest_layer_params: float, *,
+                             gpus_per_node: int = 1, nodes: int = 1, cpu_offload: bool = False,
+                             cpu_offload_params: bool = False, zero_init: bool = True,
+                             buffer_factor: float = 1.5) -> dict:
+    """DeepSpeed's estimate_zero3_model_states_mem_needs: {"gpu": bytes, "cpu": bytes}.
+
+    Without offload: 18Ψ/N per GPU plus 4 bytes x the largest layer (gathered whole)."""
+    n = gpus_per_node * nodes
+    per_node = 1 / nodes
+    largest = 4 * largest_layer_params
+    if cpu_offload and cpu_offload_params:
+        gpu = largest
+        k = 18 * per_node if zero_init else max(4 * gpus_per_node, 18 * per_node)
+        return {"gpu": gpu, "cpu": total_params * k * buffer_factor}
+    if cpu_offload:
+        gpu = largest + int(2 * total_params / n)
+        k = 16 * per_node if zero_init else max(4 * gpus_per_node, 16 * per_node)
+        return {"gpu": gpu, "cpu": total_params * k * buffer_factor}
+    gpu = largest + int(18 * total_params / n)
+    cpu = (largest_layer_params if zero_init else total_params) * 4 * gpus_per_node * buffer_factor
+    return {"gpu": gpu, "cpu": cpu}

@@ -1,0 +1,190 @@
+"""labkit.costs.models and labkit.costs.memory: counts, ZeRO bytes, activations, cross-checks."""
+import pytest
+
+from labkit.costs import memory, models
+from labkit.costs.memory import GB, GiB
+
+
+# ----------------------------------------------------------------------------- parameter counts
+@pytest.mark.parametrize("name, expected", [
+    ("gpt2-124m", 124_439_808),          # the Hugging Face checkpoint's count
+    ("llama2-7b", 6_738_415_616),        # "6.74B"
+    ("llama2-13b", 13_015_864_320),
+    ("llama3-8b", 8_030_261_248),        # "8.03B"
+    ("llama2-70b", 68_976_648_192),      # "70B" (68.98B)
+    ("gpt3-175b", 174_604_259_328),      # "175B" (174.6B)
+    ("llama3-405b", 405_853_388_800),    # "405B" (405.85B)
+])
+def test_presets_reproduce_published_sizes(name, expected):
+    assert models.num_params(models.preset(name)) == expected
+
+
+def test_breakdown_adds_up_and_gated_mlp_has_three_matrices():
+    spec = models.preset("llama2-7b")
+    parts = models.breakdown(spec)
+    assert parts["total"] == models.num_params(spec)
+    assert models.mlp_params(spec) == 3 * 4096 * 11008
+    assert models.mlp_params(spec.with_(gated_mlp=False)) == 2 * 4096 * 11008
+
+
+@pytest.mark.parametrize("kw", [{}, dict(bias=False, tie_weights=False, n_kv_head=2),
+                                dict(n_layer=3, n_embd=24, n_head=3, ffn_mult=2)])
+def test_count_matches_the_books_gpt(kw):
+    from labkit.model import GPT, GPTConfig, num_parameters
+
+    cfg = GPTConfig(**kw)
+    assert models.num_params(models.from_gpt_config(cfg)) == num_parameters(GPT(cfg))
+
+
+def test_bad_specs_say_what_to_change():
+    with pytest.raises(ValueError, match="hidden=100 must be divisible by n_heads=3"):
+        models.ModelSpec("x", vocab_size=10, hidden=100, n_layers=1, n_heads=3)
+    with pytest.raises(KeyError, match="llama2-7b"):
+        models.preset("llama-9000")
+
+
+# ----------------------------------------------------------------------------- model states
+def test_recipes_are_the_named_byte_counts():
+    totals = {k: memory.get_recipe(k).total for k in memory.RECIPES}
+    assert totals == {"fp32": 16, "mixed": 16, "no_master": 12, "fp32_grads": 18,
+                      "fp16_fp32_grad_copy": 20}
+    with pytest.raises(KeyError, match="mixed"):
+        memory.get_recipe("bf16")
+
+
+def test_recipe_is_required():
+    with pytest.raises(TypeError):
+        memory.model_states(1e9)  # no silent default: 12 vs 16 vs 18 is the caller's choice
+
+
+def test_seven_billion_times_sixteen_bytes():
+    assert memory.model_states(7e9, recipe="mixed").total == pytest.approx(112 * GB)
+
+
+def test_notes_13b_example_under_the_12_byte_recipe():
+    psi = 13e9
+    assert memory.model_states(psi, recipe="no_master").total == pytest.approx(156 * GB)
+    z2 = memory.model_states(psi, recipe="no_master", zero_stage=2, dp=8)
+    assert (z2.params, z2.grads, z2.optimizer) == pytest.approx((26 * GB, 3.25 * GB, 13 * GB))
+    assert z2.total == pytest.approx(42.25 * GB)
+    assert memory.model_states(psi, recipe="no_master", zero_stage=3, dp=8).total == \
+        pytest.approx(19.5 * GB)
+
+
+def test_13b_example_under_the_zero_papers_16_bytes():
+    psi = 13e9
+    got = [memory.model_states(psi, recipe="mixed", zero_stage=s, dp=8).total / GB
+           for s in range(4)]
+    # 16Ψ, 4Ψ + 12Ψ/8, 2Ψ + 14Ψ/8, 16Ψ/8
+    assert got == pytest.approx([208, 52 + 19.5, 26 + 22.75, 26])
+
+
+@pytest.mark.parametrize("stage, per_param", [(0, 16), (1, 4 + 12 / 64), (2, 2 + 14 / 64),
+                                              (3, 16 / 64)])
+def test_zero_paper_formulas(stage, per_param):
+    assert memory.zero_bytes_per_param("mixed", stage, 64) == pytest.approx(per_param)
+    ms = memory.model_states(1e9, recipe="mixed", zero_stage=stage, dp=64)
+    assert ms.total == pytest.approx(per_param * 1e9)
+
+
+def test_tp_and_pp_divide_before_zero():
+    a = memory.model_states(8e9, recipe="mixed", zero_stage=1, dp=4, tp=2, pp=4)
+    b = memory.model_states(1e9, recipe="mixed", zero_stage=1, dp=4)
+    assert a.total == pytest.approx(b.total)
+
+
+def test_offload_moves_states_to_cpu():
+    on = memory.model_states(1e9, recipe="mixed", zero_stage=2, dp=4, offload_optimizer=True)
+    assert (on.params, on.grads, on.optimizer) == (2e9, 0.0, 0.0)
+    assert on.cpu_total == pytest.approx(14e9 / 4)
+    all_off = memory.model_states(1e9, recipe="mixed", zero_stage=3, dp=4,
+                                  offload_optimizer=True, offload_params=True)
+    assert all_off.total == 0 and all_off.cpu_total == pytest.approx(4e9)
+    with pytest.raises(ValueError, match="zero_stage=3"):
+        memory.model_states(1e9, recipe="mixed", zero_stage=2, offload_params=True)
+
+
+def test_bad_degrees_are_named():
+    with pytest.raises(ValueError, match="dp must be a positive integer, got 0"):
+        memory.model_states(1e9, recipe="mixed", zero_stage=1, dp=0)
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1, 2 or 3, got 4"):
+        memory.model_states(1e9, recipe="mixed", zero_stage=4)
+
+
+# ----------------------------------------------------------------------------- DeepSpeed's tables
+def test_deepspeed_zero2_estimate_for_t5_3b():
+    # DeepSpeed's docs (memory.html): t5-3b, 2851M params, 1 node x 8 GPUs
+    psi = 2_851_598_336
+    no = memory.deepspeed_zero2_estimate(psi, gpus_per_node=8)
+    off = memory.deepspeed_zero2_estimate(psi, gpus_per_node=8, cpu_offload=True)
+    assert round(no["gpu"] / GiB, 2) == 15.93
+    assert round(off["gpu"] / GiB, 2) == 5.31
+    assert round(off["cpu"] / GiB, 2) == 127.48
+    # 4Ψ (fp16 weights + the full fp16 gradient buffer) + 16Ψ/N (fp32 master, m, v, fp32 grads)
+    assert no["gpu"] == pytest.approx(4 * psi + 16 * psi / 8)
+
+
+def test_deepspeed_zero3_estimate_for_t5_small():
+    # DeepSpeed's example output: t5-small, 60M params, 16M largest layer, 1 GPU
+    psi, largest = 60_506_624, 16_449_536
+    rows = {
+        (True, True, True): (1.52, 0.06), (True, True, False): (1.52, 0.06),
+        (True, False, True): (1.35, 0.17), (True, False, False): (1.35, 0.17),
+        (False, False, True): (0.09, 1.08), (False, False, False): (0.34, 1.08)}
+    for (off, off_p, init), (cpu, gpu) in rows.items():
+        est = memory.deepspeed_zero3_estimate(psi, largest, cpu_offload=off,
+                                              cpu_offload_params=off_p, zero_init=init)
+        assert (round(est["cpu"] / GiB, 2), round(est["gpu"] / GiB, 2)) == (cpu, gpu)
+
+
+def test_largest_module_is_the_embedding_for_big_vocabularies():
+    spec = models.preset("llama3-8b")
+    assert models.largest_module_params(spec) == 128256 * 4096
+
+
+# ----------------------------------------------------------------------------- activations
+def test_korthikanti_per_layer_formula():
+    s, b, h, a = 2048, 1, 12288, 96
+    none = memory.activation_bytes_per_layer(s, b, h, a)
+    assert none == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    tp = memory.activation_bytes_per_layer(s, b, h, a, tp=8)
+    assert tp == pytest.approx(s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8)))
+    sp = memory.activation_bytes_per_layer(s, b, h, a, tp=8, sequence_parallel=True)
+    assert sp == pytest.approx(none / 8)
+    sel = memory.activation_bytes_per_layer(s, b, h, a, tp=8, sequence_parallel=True,
+                                            recompute="selective")
+    assert sel == pytest.approx(s * b * h * 34 / 8)
+    full = memory.activation_bytes_per_layer(s, b, h, a, recompute="full")
+    assert full == 2 * s * b * h
+    assert full < sel < sp < tp < none
+
+
+def test_pipeline_keeps_micro_batches_alive():
+    spec = models.preset("gpt3-175b")
+    one = memory.activation_bytes(spec, seq_len=2048, micro_batch=1, pp=8, microbatches_alive=1,
+                                  logits=False)["total"]
+    f1b = memory.activation_bytes(spec, seq_len=2048, micro_batch=1, pp=8, logits=False)["total"]
+    gpipe = memory.activation_bytes(spec, seq_len=2048, micro_batch=1, pp=8,
+                                    microbatches_alive=32, logits=False)["total"]
+    assert f1b == pytest.approx(8 * one) and gpipe == pytest.approx(32 * one)
+
+
+def test_plan_adds_up_and_fits():
+    p = memory.plan("llama2-7b", recipe="mixed", zero_stage=3, dp=8, seq_len=4096,
+                    micro_batch=1, recompute="full")
+    parts = p.params + p.grads + p.optimizer + p.activations + p.gathered
+    assert p.total == pytest.approx(parts)
+    assert p.params == pytest.approx(2 * 6_738_415_616 / 8)
+    assert p.fits("H100 80GB")
+    big = memory.plan("llama2-70b", recipe="mixed", zero_stage=0, seq_len=4096)
+    assert not big.fits("H200 141GB")
+    labels = [r[0] for r in p.rows()]
+    assert labels[0] == "parameters" and labels[-2] == "total per GPU"
+
+
+# ----------------------------------------------------------------------------- communication
+def test_zero3_moves_one_and_a_half_times_dp():
+    psi, n = 1e9, 8
+    z = [memory.zero_comm_per_rank(psi, s, n)["total"] for s in range(4)]
+    assert z[0] == z[1] == z[2] == pytest.approx(2 * (n - 1) / n * psi * 2)
+    assert z[3] == pytest.approx(1.5 * z[0])
