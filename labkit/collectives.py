@@ -85,13 +85,24 @@ def _pieces(start: int, end: int, pieces: int) -> list:
     return [(start + a, start + b) for a, b in chunk_bounds(end - start, pieces) if b > a]
 
 
+_SCRATCH: dict = {}
+
+
+def _scratch(numel: int, dtype, device) -> torch.Tensor:
+    """A receive buffer kept between calls: fresh memory every call costs page faults, which
+    on a CPU is a large share of the time of a big all-reduce."""
+    key = (dtype, str(device))
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _SCRATCH[key] = torch.empty(numel, dtype=dtype, device=device)
+    return buf[:numel]
+
+
 def _ring_phase(flat, n, rank, group, phase, pieces, traffic, reduce: bool):
     """Run the n-1 steps of one ring phase on the flat buffer, in place."""
     right, left = (rank + 1) % n, (rank - 1) % n
     bounds = chunk_bounds(flat.numel(), n)
-    # One scratch buffer for the whole phase: fresh allocations every step cost page faults.
-    scratch = torch.empty(bounds[0][1] - bounds[0][0], dtype=flat.dtype, device=flat.device) \
-        if reduce else None
+    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device) if reduce else None
     for step, plan in enumerate(ring_schedule(n, phase)):
         send_chunk, recv_chunk = plan[rank]
         send_parts = _pieces(*bounds[send_chunk], pieces)
@@ -186,7 +197,7 @@ def parameter_server_all_reduce(tensor: torch.Tensor, op: str = "sum", group=Non
         raise ValueError(f"root={root} is not a rank of this group of {n}")
     nbytes = tensor.numel() * tensor.element_size()
     if rank == root:
-        buf = torch.empty_like(tensor)
+        buf = _scratch(tensor.numel(), tensor.dtype, tensor.device).view_as(tensor)
         for step, src in enumerate(r for r in range(n) if r != root):  # reduce: N-1 receives
             dist.recv(buf, group=group, group_src=src)
             tensor.add_(buf)

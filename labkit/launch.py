@@ -43,7 +43,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-DEFAULT_TIMEOUT = 60.0  # seconds a run may take before it is reported as a hang
+DEFAULT_TIMEOUT = 60.0  # seconds a run may take, once every rank is up, before it is a hang
+STARTUP_TIMEOUT = 120.0  # seconds for every rank to start and join the process group
 _NOTE_BYTES = 512
 _GRACE = 1.5  # seconds to let the other ranks report their own errors after the first one
 
@@ -154,6 +155,7 @@ def _child(rundir: str, rank: int) -> None:
         store = dist.FileStore(str(rundir / "store"), world)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=max(timeout, 1.0) + 30))
+        (rundir / f"ready{rank}").touch()  # the timeout counts from here: start-up is not a hang
         result = fn(*args, **kwargs)
         _write_atomic(rundir / f"result{rank}.pkl", cloudpickle.dumps(_to_cpu(result)))
     except BaseException:  # noqa: BLE001 - everything is reported to the parent
@@ -205,6 +207,7 @@ MAX_PROCS = 64
 def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
         backend: str = "auto", timeout: float = DEFAULT_TIMEOUT, echo: bool = True):
     """Run `fn(*args, **kwargs)` on `nprocs` ranks; return the list of return values by rank.
+    The timeout counts from the moment every rank has joined the process group.
 
     backend: 'auto' | 'gloo' | 'nccl'.  timeout: seconds before the run is called a hang.
     echo: show what the ranks print, each line marked with its rank.
@@ -293,7 +296,8 @@ _NOISE = re.compile(r"^\s*$|^\[Gloo\] Rank \d+ is connected to|ProcessGroupGloo"
 def _wait(procs, rundir: Path, timeout: float, n: int, echo):
     import cloudpickle
 
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = None  # set once every rank is up: a slow start on a busy machine is not a hang
     first_failure = None
     try:
         while True:
@@ -311,9 +315,15 @@ def _wait(procs, rundir: Path, timeout: float, n: int, echo):
             if all(done):
                 return [cloudpickle.loads((rundir / f"result{r}.pkl").read_bytes())
                         for r in range(n)]
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is None:
+                if all((rundir / f"ready{r}").exists() for r in range(n)):
+                    deadline = now + timeout
+                elif now - started > STARTUP_TIMEOUT:
+                    raise _hang_error(procs, rundir, STARTUP_TIMEOUT, done, starting=True)
+            elif now > deadline:
                 raise _hang_error(procs, rundir, timeout, done)
-            time.sleep(0.005 if time.monotonic() - deadline + timeout < 1 else 0.02)
+            time.sleep(0.005 if now - started < 1 else 0.02)
     finally:
         if echo:
             _kill_all(procs)
@@ -367,7 +377,7 @@ def _format_stack(raw: str) -> str:
     return "\n".join(out) if out else "  (no Python frame: the rank was starting or exiting)"
 
 
-def _hang_error(procs, rundir: Path, timeout: float, done) -> HangError:
+def _hang_error(procs, rundir: Path, timeout: float, done, starting=False) -> HangError:
     notes_raw = (rundir / "notes.bin").read_bytes()
     for p in procs:
         if p.poll() is None:
@@ -388,9 +398,13 @@ def _hang_error(procs, rundir: Path, timeout: float, done) -> HangError:
         if notes[r]:
             head += f" (last note: {notes[r]})"
         parts.append(head + ("" if done[r] else "\n" + stacks[r]))
-    msg = (f"the run did not finish within timeout={timeout:g}s: a hang. Most often a send "
-           f"without its matching recv, or a collective some rank never called. Where each "
-           f"rank was:\n\n" + "\n\n".join(parts))
+    if starting:
+        msg = (f"the ranks did not all start within {timeout:g}s (a very busy machine, or an "
+               f"import that blocks). Where each rank was:\n\n" + "\n\n".join(parts))
+    else:
+        msg = (f"the run did not finish within timeout={timeout:g}s: a hang. Most often a send "
+               f"without its matching recv, or a collective some rank never called. Where each "
+               f"rank was:\n\n" + "\n\n".join(parts))
     return HangError(msg, stacks, notes)
 
 

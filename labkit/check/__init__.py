@@ -45,9 +45,12 @@ class Checker:
     def case(self, name: str):
         record = {"name": name, "passed": False, "message": ""}
         self.cases.append(record)
-        if self._stop_reason:
-            record["message"] = self._stop_reason
-            yield
+        if self._stop_reason:  # the body still runs (a with-block cannot be skipped), but
+            record["message"] = self._stop_reason  # launch() refuses at once; nothing counts
+            try:
+                yield
+            except Exception:  # noqa: BLE001
+                pass
             return
         start = time.perf_counter()
         try:
@@ -74,6 +77,8 @@ class Checker:
 
     def launch(self, fn, nprocs: int, args=(), kwargs=None, timeout: float = CHECK_TIMEOUT):
         """labkit.launch.run with a checker's timeout and without echoing the ranks' prints."""
+        if self._stop_reason:
+            raise _Skip(self._stop_reason)
         return run(fn, nprocs, args, kwargs, timeout=timeout, echo=False)
 
     # -- results

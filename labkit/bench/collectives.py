@@ -1,0 +1,97 @@
+"""Benchmark: labkit's ring all-reduce vs the built-in vs the parameter server.
+
+    labkit bench collectives [--ranks 2 4] [--sizes-mib 1 4 16 64] [--repeats 5]
+
+Times each algorithm on the same buffer in the same run, interleaved, and reports bus bandwidth
+(nccl-tests' convention, labkit.costs.comm.busbw) and the ratio to `dist.all_reduce`. The
+notebook of chapter 01 calls `measure` directly.
+"""
+from __future__ import annotations
+
+import argparse
+
+from labkit.costs import comm
+from labkit.launch import run
+
+ALGORITHMS = ("builtin", "ring", "parameter_server")
+
+
+def _time_on_ranks(sizes_bytes, algorithms, repeats, dtype_name="float32"):
+    """Rank side: min-of-repeats seconds per (size, algorithm), plus bytes this rank moved."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit.collectives import Traffic, parameter_server_all_reduce, ring_all_reduce
+
+    fns = {"builtin": lambda x, t: dist.all_reduce(x),
+           "ring": lambda x, t: ring_all_reduce(x, traffic=t),
+           "parameter_server": lambda x, t: parameter_server_all_reduce(x, traffic=t)}
+    dtype = getattr(torch, dtype_name)
+    out = []
+    for nbytes in sizes_bytes:
+        numel = max(1, int(nbytes) // (torch.finfo(dtype).bits // 8))
+        x = torch.ones(numel, dtype=dtype)
+        best = {a: float("inf") for a in algorithms}
+        traffic = {}
+        for a in algorithms:  # warm-up: connections, allocations
+            fns[a](x, None)
+        for _ in range(repeats):
+            for a in algorithms:  # interleaved, so drifting load hits every algorithm alike
+                t = Traffic()
+                dist.barrier()
+                start = time.perf_counter()
+                fns[a](x, t)
+                dist.barrier()
+                best[a] = min(best[a], time.perf_counter() - start)
+                traffic[a] = (t.sent, t.received)
+        for a in algorithms:
+            out.append({"bytes": numel * x.element_size(), "algorithm": a, "seconds": best[a],
+                        "sent": traffic[a][0], "received": traffic[a][1]})
+    return out
+
+
+def measure(nprocs: int, sizes_bytes, algorithms=ALGORITHMS, repeats: int = 3,
+            timeout: float = 600) -> list:
+    """Rows {ranks, bytes, algorithm, seconds, busbw, ratio_to_builtin, root_received, sent}."""
+    per_rank = run(_time_on_ranks, nprocs, args=(list(sizes_bytes), tuple(algorithms), repeats),
+                   timeout=timeout)
+    rows = []
+    for i, row in enumerate(per_rank[0]):
+        # a collective is as slow as its slowest rank
+        seconds = max(r[i]["seconds"] for r in per_rank)
+        rows.append({"ranks": nprocs, "bytes": row["bytes"], "algorithm": row["algorithm"],
+                     "seconds": seconds,
+                     "busbw": comm.busbw("all_reduce", row["bytes"], nprocs, seconds),
+                     "max_received": max(r[i]["received"] for r in per_rank),
+                     "max_sent": max(r[i]["sent"] for r in per_rank)})
+    builtin = {r["bytes"]: r["seconds"] for r in rows if r["algorithm"] == "builtin"}
+    for r in rows:
+        if r["bytes"] in builtin:
+            r["busbw_ratio_to_builtin"] = builtin[r["bytes"]] / r["seconds"]
+    return rows
+
+
+def table(rows) -> str:
+    head = f"{'ranks':>5} {'size':>9} {'algorithm':>17} {'time ms':>9} {'busbw GB/s':>10} {'vs built-in':>11}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        ratio = r.get("busbw_ratio_to_builtin")
+        lines.append(f"{r['ranks']:>5} {r['bytes'] / comm.MiB:>6.3g} MiB {r['algorithm']:>17} "
+                     f"{r['seconds'] * 1e3:>9.2f} {r['busbw'] / comm.GB:>10.3f} "
+                     f"{'' if ratio is None else f'{ratio:.2f}x':>11}")
+    return "\n".join(lines)
+
+
+def main(argv=()) -> dict:
+    p = argparse.ArgumentParser(prog="labkit bench collectives")
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(list(argv))
+    rows = []
+    for n in args.ranks:
+        rows += measure(n, [int(s * comm.MiB) for s in args.sizes_mib], repeats=args.repeats)
+    print(table(rows), flush=True)
+    return {"rows": rows, "units": {"bytes": "bytes", "seconds": "s", "busbw": "bytes/s"}}
