@@ -1,0 +1,135 @@
+"""Chapter 06: exact resume, atomic writes, bad-input errors, sharded resharding, async save."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from labkit.checkpoint import atomic
+from labkit.checkpoint.errors import (CorruptCheckpointError, MissingShardError, TopologyError,
+                                      WrongModelError)
+from labkit.checkpoint.full import load_full, save_full
+from labkit.checkpoint.resume import RunConfig, build, resume_jobs, train
+from labkit.launch import run
+
+CFG = RunConfig()
+
+
+def _resume_all(world, root):
+    """Straight, interrupted+resumed, and resumed-without-RNG runs at one world size."""
+    first = run(resume_jobs, world, args=(CFG, 10, 4, root, ("straight", "first")), echo=False)
+    # a fresh set of processes resumes, as after a crash
+    later = run(resume_jobs, world, args=(CFG, 10, 4, root, ("resume", "resume-no-rng")),
+                echo=False)
+    return ([f[0] for f in first], [l[0] for l in later], [l[1] for l in later])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_resume_is_bitwise_identical_and_diverges_without_rng(world, tmp_path):
+    straight, resumed, no_rng = _resume_all(world, str(tmp_path))
+    for r in range(world):
+        assert torch.equal(straight[r][0], resumed[r][0]), f"rank {r}: resumed params differ"
+        assert not torch.equal(straight[r][0], no_rng[r][0]), "resume without RNG should diverge"
+    assert straight[0][1][4:] == resumed[0][1], "losses after the resume differ"
+    if world == 2:
+        assert torch.equal(straight[0][0], straight[1][0]), "replicas drifted apart"
+
+
+def test_bad_inputs_raise_clear_errors_and_keep_files(tmp_path):
+    model, opt, data = build(CFG)
+    train(model, opt, data, CFG, 2)
+    save_full(tmp_path, 2, model, opt, data_state=data.state_dict())
+    ckpt = atomic.latest(tmp_path)
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    other, other_opt, _ = build(RunConfig(n_embd=24))
+    with pytest.raises(WrongModelError, match="another model"):
+        load_full(tmp_path, other, other_opt)
+    with pytest.raises(TopologyError, match="random state of 1 rank"):
+        _fake_world(tmp_path, model, opt)
+    # truncated and corrupted copies of the checkpoint, in their own roots
+    for how, match in [("truncate", "truncated"), ("flip", "corrupted")]:
+        bad_root = tmp_path / how
+        bad = bad_root / ckpt.name
+        bad.mkdir(parents=True)
+        for n, b in before.items():
+            (bad / n).write_bytes(b)
+        atomic.write_bytes_atomic(bad_root / "latest", ckpt.name.encode())
+        raw = bytearray(before["model.pt"])
+        if how == "truncate":
+            raw = raw[: len(raw) // 2]
+        else:
+            raw[len(raw) // 2] ^= 0xFF
+        (bad / "model.pt").write_bytes(bytes(raw))
+        with pytest.raises(CorruptCheckpointError, match=match):
+            load_full(bad_root, model, opt)
+    # a file that is not a weights-only torch file at all (even with no checksum to compare)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CorruptCheckpointError, match="cannot be read"):
+        atomic.load_file(tmp_path / "junk.pt")
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before, "a failed load touched files"
+
+
+def _fake_world(root, model, opt):
+    """load_full as rank 0 of a 2-rank job, without starting one: the world check comes first."""
+    import labkit.checkpoint.full as full
+
+    real = full.rank_world
+    full.rank_world = lambda group=None: (0, 2)
+    try:
+        return load_full(root, model, opt)
+    finally:
+        full.rank_world = real
+
+
+_SAVER = textwrap.dedent("""
+    import sys, time, torch
+    from labkit.checkpoint import atomic
+    from labkit.checkpoint.full import save_full
+    from labkit.checkpoint.resume import RunConfig, build
+    root = sys.argv[1]
+    model, opt, data = build(RunConfig())
+    save_full(root, 1, model, opt)
+    print("saved 1", flush=True)
+    real = atomic.save_file
+    def slow(obj, path):  # write the file, then hang: the kill lands in the middle of a save
+        info = real(obj, path)
+        print("wrote", path.name, flush=True)
+        time.sleep(60)
+        return info
+    atomic.save_file = slow
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    save_full(root, 2, model, opt)
+""")
+
+
+def test_sigkill_during_save_leaves_previous_checkpoint(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith("wrote"):
+                break
+        assert any(l.startswith("wrote") for l in lines), f"saver never got mid-save: {lines}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / ".step_00000002.tmp").is_dir(), "the killed save should leave its temp folder"
+    assert atomic.latest(tmp_path).name == "step_00000001"
+    model, opt, _ = build(CFG)
+    info = load_full(tmp_path, model, opt)
+    fresh, _, _ = build(CFG)
+    assert info["step"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
