@@ -1,0 +1,283 @@
+"""Run a pipeline schedule on real processes: labkit.model's GPT split into stages.
+
+    from labkit.launch import run
+    from labkit.model import GPTConfig
+    from labkit.pipeline import executor, schedules
+    cfg = GPTConfig(n_layer=4, n_embd=32)
+    out = run(executor.train_step_job, 2, args=(schedules.one_f_one_b(2, 4), cfg, 8))
+    out[-1]["loss"]            # equals the one-process reference's loss
+
+Rank p of the group is stage p and holds v model chunks; local chunk j is global chunk j*P + p.
+The GPT's blocks are split over the P*v chunks as evenly as possible (earlier chunks get the
+extra block); chunk 0 also holds the embeddings, the last chunk ln_f and the output head.
+The global batch (B rows) is split into K micro-batches of rows (uneven splits allowed).
+
+A forward receives the previous chunk's activations (B_k, T, h) with a blocking recv, runs the
+chunk and posts the output with isend (never waits, so 1F1B's send-while-the-neighbour-sends
+cannot deadlock); a backward receives the output's gradient, runs autograd and posts the input's
+gradient. Tags name (micro-batch, chunk, direction), so a message can never be taken for
+another. Parameter gradients accumulate over the K micro-batches (each micro-batch's loss is
+its token-sum divided by all B*T tokens, so the sum is the whole batch's mean loss).
+
+The embedding is tied to the output head (GPT-2), but they live on the first and last stage:
+as in Megatron-LM, the two copies' gradients are summed after the step (a send/recv pair).
+
+Every action is timed (a shared monotonic clock on one machine), and each stage counts the
+micro-batches and the bytes of saved activations it holds, to measure the peak.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from labkit.launch import note
+from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.pipeline.schedules import Schedule
+from labkit.pipeline.validate import validate
+
+
+def split_blocks(n_layer: int, n_chunks: int) -> list:
+    """Block indices of each chunk: contiguous, as even as possible, earlier chunks larger."""
+    if n_layer < n_chunks:
+        raise ValueError(f"n_layer={n_layer} blocks cannot fill {n_chunks} pipeline chunks "
+                         f"(P*v); use n_layer >= {n_chunks} or fewer stages/chunks")
+    base, extra = divmod(n_layer, n_chunks)
+    out, start = [], 0
+    for c in range(n_chunks):
+        n = base + (1 if c < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+class PipelineChunk(nn.Module):
+    """A contiguous slice of the GPT: [embeddings] + blocks[ids] + [ln_f, head]."""
+
+    def __init__(self, model: GPT, block_ids, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        self.wte, self.wpe = (model.wte, model.wpe) if first else (None, None)
+        self.blocks = nn.ModuleList(model.blocks[i] for i in block_ids)
+        self.ln_f, self.lm_head = (model.ln_f, model.lm_head) if last else (None, None)
+
+    def forward(self, x):                          # first: (B, T) int64; else (B, T, h)
+        if self.first:
+            T = x.shape[1]
+            x = self.wte(x) + self.wpe(torch.arange(T, device=x.device))  # (B, T, h)
+        for block in self.blocks:
+            x = block(x)                           # (B, T, h)
+        if self.last:
+            x = self.lm_head(self.ln_f(x))         # (B, T, V) logits
+        return x
+
+
+def build_chunks(model: GPT, s: Schedule, stage: int) -> dict:
+    """This stage's chunks {local j: PipelineChunk}, cut from a full model built on every rank."""
+    n = s.n_chunks
+    ids = split_blocks(model.config.n_layer, n)
+    return {j: PipelineChunk(model, ids[s.global_chunk(stage, j)],
+                             first=s.global_chunk(stage, j) == 0,
+                             last=s.global_chunk(stage, j) == n - 1) for j in range(s.v)}
+
+
+def owned_parameters(model: GPT, chunks: dict) -> dict:
+    """{name: parameter} for the parameters this stage's chunks use, named as in the full GPT."""
+    mine = {id(p) for c in chunks.values() for p in c.parameters()}
+    return {name: p for name, p in model.named_parameters() if id(p) in mine}
+
+
+def _tag(s: Schedule, kind: str, mb: int, g: int) -> int:
+    return (mb * s.n_chunks + g) * 2 + (0 if kind == "F" else 1)
+
+
+class _ActivationMeter:
+    """Bytes of tensors autograd saves for backward, per micro-batch (parameters excluded)."""
+
+    def __init__(self, params):
+        self.param_ptrs = {p.data_ptr() for p in params}
+        self.current = None
+        self.per_mb = {}
+
+    def pack(self, t):
+        ptr = t.data_ptr() if t.layout == torch.strided else None
+        if self.current is not None and ptr not in self.param_ptrs:
+            seen = self.per_mb.setdefault(self.current, {})
+            seen[ptr] = t.numel() * t.element_size()  # a tensor saved twice counts once
+        return t
+
+    @staticmethod
+    def unpack(t):
+        return t
+
+    def bytes_of(self, key) -> int:
+        return sum(self.per_mb.pop(key, {}).values())
+
+
+def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, group=None,
+                 pad=None, check: bool = True) -> dict:
+    """Run one training step of schedule `s` as this rank's stage. Call on every rank of `group`.
+
+    x, y: the whole batch (B, T) (every rank passes the same; only the first and last chunks
+    read it). pad: optional (seconds per forward, per backward) slept after each action's
+    compute: a stand-in for each stage having its own accelerator when many ranks share few
+    CPU cores. Returns loss (last stage; None elsewhere), grads {name: tensor} of the parameters
+    this stage owns, timeline (absolute perf_counter times), peaks."""
+    if check:
+        validate(s)
+    group = group or dist.group.WORLD
+    P, stage = dist.get_world_size(group), dist.get_rank(group)
+    if P != s.P:
+        raise ValueError(f"the schedule has P={s.P} stages but the process group has {P} ranks")
+    if x.shape[0] < s.K:
+        raise ValueError(f"batch of {x.shape[0]} rows cannot make K={s.K} micro-batches; "
+                         f"use batch_size >= K")
+    dev = next(model.parameters()).device
+    chunks = build_chunks(model, s, stage)
+    params = owned_parameters(model, chunks)
+    for p in params.values():
+        p.grad = None
+    xs = [shard_rows(x, k, s.K).to(dev) for k in range(s.K)]  # K x (B_k, T)
+    ys = [shard_rows(y, k, s.K).to(dev) for k in range(s.K)]
+    n_tokens, h = y.numel(), model.config.n_embd
+    peer = lambda g: dist.get_global_rank(group, s.stage_of(g)) if group is not dist.group.WORLD else s.stage_of(g)  # noqa: E731
+
+    meter = _ActivationMeter(params.values())
+    saved, sends, timeline = {}, [], []
+    held = held_bytes = peak = peak_bytes = 0.0
+    loss_total = torch.zeros((), device=dev)
+    for i, a in enumerate(s.stages[stage]):
+        g = s.global_chunk(stage, a.chunk)
+        chunk = chunks[a.chunk]
+        note(f"stage {stage}: action #{i} {a!r}")
+        if a.kind == "F":
+            if chunk.first:
+                inp = xs[a.mb]                                           # (B_k, T) tokens
+            else:
+                inp = torch.empty(xs[a.mb].shape + (h,), device=dev)     # (B_k, T, h)
+                dist.recv(inp, src=peer(g - 1), group=group, tag=_tag(s, "F", a.mb, g - 1))
+                inp.requires_grad_(True)
+            t0 = time.perf_counter()
+            meter.current = (a.mb, a.chunk)
+            with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+                out = chunk(inp)                                         # (B_k, T, h) or logits
+                if chunk.last:  # token-sum / all tokens: the K losses add up to the batch mean
+                    out = F.cross_entropy(out.flatten(0, 1), ys[a.mb].flatten(), reduction="sum") / n_tokens
+            meter.current = None
+            if chunk.last:
+                loss_total += out.detach()
+            else:
+                sends.append((out_d := out.detach(),
+                              dist.isend(out_d, dst=peer(g + 1), group=group, tag=_tag(s, "F", a.mb, g))))
+            nbytes = meter.bytes_of((a.mb, a.chunk))
+            saved[(a.mb, a.chunk)] = (inp, out, nbytes)
+            held, held_bytes = held + 1 / s.v, held_bytes + nbytes
+            peak, peak_bytes = max(peak, held), max(peak_bytes, held_bytes)
+        else:
+            inp, out, nbytes = saved.pop((a.mb, a.chunk))
+            grad_out = None
+            if not chunk.last:
+                grad_out = torch.empty_like(out)                         # (B_k, T, h)
+                dist.recv(grad_out, src=peer(g + 1), group=group, tag=_tag(s, "B", a.mb, g + 1))
+            t0 = time.perf_counter()
+            torch.autograd.backward(out, grad_out)
+            if not chunk.first:
+                sends.append((inp.grad, dist.isend(inp.grad, dst=peer(g - 1), group=group,
+                                                   tag=_tag(s, "B", a.mb, g))))
+            held, held_bytes = held - 1 / s.v, held_bytes - nbytes
+        if pad is not None:
+            time.sleep(pad[0] if a.kind == "F" else pad[1])
+        timeline.append(dict(stage=stage, kind=a.kind, mb=a.mb, chunk=a.chunk,
+                             start=t0, end=time.perf_counter()))
+    for _, work in sends:
+        work.wait()
+    note(f"stage {stage}: tied embedding gradient")
+    _sum_tied_embedding(s, model, stage, group, peer)
+    return {"stage": stage, "loss": loss_total if s.stage_of(s.n_chunks - 1) == stage else None,
+            "grads": {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None},
+            "timeline": timeline, "peak_in_flight": peak, "peak_activation_bytes": peak_bytes}
+
+
+def _sum_tied_embedding(s: Schedule, model: GPT, stage: int, group, peer) -> None:
+    """wte is used by chunk 0 (embedding) and by the last chunk (head): add the two gradients."""
+    first, last = s.stage_of(0), s.stage_of(s.n_chunks - 1)
+    if not model.config.tie_weights or first == last or stage not in (first, last):
+        return
+    mine = model.wte.weight.grad
+    other = torch.empty_like(mine)
+    work = dist.isend(mine.clone(), dst=peer(s.n_chunks - 1 if stage == first else 0), group=group, tag=1 << 20)
+    dist.recv(other, src=peer(s.n_chunks - 1 if stage == first else 0), group=group, tag=1 << 20)
+    work.wait()
+    mine += other
+
+
+# ----------------------------------------------------------------------------- jobs and reference
+def make_batch(batch_size: int, cfg: GPTConfig, step: int = 0):
+    return get_batch(tiny_corpus(), batch_size, cfg.block_size, step)
+
+
+def train_step_job(s: Schedule, cfg: GPTConfig, batch_size: int, seed: int = 0, pad=None,
+                   steps: int = 1) -> dict:
+    """What each rank runs (use with labkit.launch.run): `steps` steps of schedule `s`."""
+    torch.set_num_threads(1)  # many ranks share few cores
+    model = GPT(cfg, seed=seed)
+    x, y = make_batch(batch_size, cfg)
+    for _ in range(steps):
+        dist.barrier()
+        out = run_schedule(s, model, x, y, pad=pad)
+    return out
+
+
+def schedules_job(schedule_list, cfg: GPTConfig, batch_size: int, seed: int = 0, pad=None,
+                  repeats: int = 1, keep_grads: bool = True) -> list:
+    """Run several schedules (same P) in one launch, each `repeats` times; keep each one's last
+    result. Launching costs seconds on a small machine, so labs and tests batch their runs."""
+    torch.set_num_threads(1)
+    model = GPT(cfg, seed=seed)
+    x, y = make_batch(batch_size, cfg)
+    results = []
+    for s in schedule_list:
+        for _ in range(repeats):
+            dist.barrier()
+            out = run_schedule(s, model, x, y, pad=pad)
+        if not keep_grads:
+            out["grads"] = {}
+        results.append(out)
+    return results
+
+
+def reference_step(cfg: GPTConfig, batch_size: int, seed: int = 0) -> dict:
+    """The one-process reference: loss and every gradient of the whole batch, no pipeline."""
+    model = GPT(cfg, seed=seed)
+    x, y = make_batch(batch_size, cfg)
+    _, loss = model(x, y)
+    loss.backward()
+    return {"loss": loss.detach(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+
+
+def merge(results: list) -> dict:
+    """Combine the ranks' results: loss, all gradients by name, one timeline from t = 0."""
+    loss = next(r["loss"] for r in results if r["loss"] is not None)
+    grads = {}
+    for r in results:
+        grads.update(r["grads"])  # tied wte appears on two stages with the same (summed) value
+    events = [e for r in results for e in r["timeline"]]
+    t0 = min(e["start"] for e in events)
+    timeline = [dict(e, start=e["start"] - t0, end=e["end"] - t0) for e in events]
+    return {"loss": loss, "grads": grads, "timeline": timeline,
+            "peak_in_flight": [r["peak_in_flight"] for r in results],
+            "peak_activation_bytes": [r["peak_activation_bytes"] for r in results]}
+
+
+def compare_to_reference(merged: dict, ref: dict, rtol: float = 1e-4, atol: float = 1e-6) -> None:
+    """Assert the pipeline's loss and every gradient equal the reference's (names the first miss)."""
+    from labkit.check import tensors_close
+
+    tensors_close(merged["loss"].reshape(()), ref["loss"].reshape(()), rtol=rtol, atol=atol, what="the loss")
+    missing = sorted(set(ref["grads"]) - set(merged["grads"]))
+    assert not missing, f"no stage returned a gradient for {missing[0]} (and {len(missing) - 1} more)"
+    for name, g in ref["grads"].items():
+        tensors_close(merged["grads"][name], g, rtol=rtol, atol=atol, what=f"the gradient of {name}")
