@@ -1,0 +1,27 @@
+"""Data parallelism (DDP) three ways, so that the difference between them is the lesson.
+
+    from labkit.ddp import NaiveDDP, OverlapDDP, BucketedDDP
+    ddp = BucketedDDP(model, bucket_mb=25.0)       # group=None: the default (world) group
+    loss = ddp(x_local, y_local)[1]; loss.backward()
+    ddp.finish_gradient_synchronization()          # after backward, before optimizer.step()
+
+1. `NaiveDDP`    after backward, all-reduce every gradient one at a time (nothing overlaps).
+2. `OverlapDDP`  a hook per parameter launches an async all-reduce as soon as that gradient is
+                 accumulated, while backward goes on (one message per parameter).
+3. `BucketedDDP` gradients grouped into buckets of `bucket_mb` (MiB, as PyTorch's
+                 `bucket_cap_mb`), in reverse registration order; a bucket's all-reduce starts
+                 when all of its gradients are ready (Li et al. 2020, "PyTorch Distributed",
+                 VLDB; the design of `torch.nn.parallel.DistributedDataParallel`).
+
+All three broadcast rank 0's parameters and buffers when they wrap, skip frozen parameters,
+synchronise a tied (shared) parameter once, support `no_sync()` for gradient accumulation, and
+take a process group (Gloo on CPU, NCCL on GPU). Every launch is recorded in `.launches`
+(start, end, bytes), so a timeline and the count of all-reduces per step can be drawn.
+"""
+from labkit.ddp.bucketed import BucketedDDP, assign_buckets
+from labkit.ddp.common import Timeline, broadcast_module
+from labkit.ddp.naive import NaiveDDP
+from labkit.ddp.overlap import OverlapDDP
+
+__all__ = ["NaiveDDP", "OverlapDDP", "BucketedDDP", "assign_buckets", "Timeline",
+           "broadcast_module"]

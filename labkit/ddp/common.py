@@ -1,0 +1,117 @@
+"""What every DDP version shares: the initial broadcast, the wrapper, launch records, timelines."""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+class Timeline:
+    """Spans (name, lane, start, end) in seconds since `t0`, on this rank's clock.
+
+    Lanes used in the book: "compute" (forward, backward, optimizer) and "comm" (all-reduces)."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.events: list[dict] = []
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    @contextlib.contextmanager
+    def span(self, name: str, lane: str = "compute", **info):
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.events.append({"name": name, "lane": lane, "start": start, "end": self.now(),
+                                **info})
+
+    def reset(self) -> None:
+        self.t0, self.events = time.perf_counter(), []
+
+
+@torch.no_grad()
+def broadcast_module(module: nn.Module, group=None) -> None:
+    """Copy the group's rank 0's parameters and buffers to every rank (one message per dtype)."""
+    group = group or dist.group.WORLD
+    src = dist.get_global_rank(group, 0)
+    tensors = list(module.parameters()) + list(module.buffers())  # tied tensors appear once
+    for dtype in dict.fromkeys(t.dtype for t in tensors):
+        same = [t for t in tensors if t.dtype == dtype]
+        flat = torch.cat([t.reshape(-1) for t in same])                      # (sum numel,)
+        dist.broadcast(flat, src=src, group=group)
+        for t, piece in zip(same, flat.split([t.numel() for t in same])):
+            t.copy_(piece.view_as(t))
+
+
+class DDPBase(nn.Module):
+    """The wrapper: `.module`, forward, `no_sync()`, launch records; subclasses decide when to
+    all-reduce. parameters() and state_dict() are the wrapped model's (same order and names)."""
+
+    def __init__(self, module: nn.Module, group=None, *, timeline: Timeline | None = None):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: run this inside "
+                               "labkit.launch.run(fn, nprocs) or under torchrun")
+        self.module = module
+        self.group = group or dist.group.WORLD
+        self.world = dist.get_world_size(self.group)
+        self.timeline = timeline or Timeline()
+        self.launches: list[dict] = []  # one per all-reduce: name, start, end, bytes, step
+        self.steps = 0                  # finished synchronisations
+        self._sync = True
+        # module.parameters() yields a shared (tied) tensor once, so it is synchronised once
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._names = {id(p): n for n, p in module.named_parameters()}
+        broadcast_module(module, self.group)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally: no communication inside (the next synced backward
+        all-reduces the sum of every micro-batch's gradients)."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
+
+    def finish_gradient_synchronization(self) -> None:
+        raise NotImplementedError
+
+    # -- the wrapped model's view of itself
+    def parameters(self, recurse: bool = True):
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.module.named_parameters(*args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # -- communication, recorded
+    def _launch(self, flat: torch.Tensor, name: str):
+        """Start an async all-reduce (sum) of `flat`; return a future that completes when it is
+        done and its end time is recorded."""
+        record = {"name": name, "lane": "comm", "step": self.steps, "bytes":
+                  flat.numel() * flat.element_size(), "start": self.timeline.now(), "end": None}
+        self.launches.append(record)
+        work = dist.all_reduce(flat, group=self.group, async_op=True)
+
+        def done(fut):
+            record["end"] = self.timeline.now()
+            return None
+
+        return work.get_future().then(done)
+
+    def _name(self, p) -> str:
+        return self._names.get(id(p), "?")

@@ -1,0 +1,182 @@
+"""Train a DDP version on real ranks and compare it with one process: shared by the tests, the
+exercise checker, the lab and the benchmark (so a checker can never test something else).
+
+Inside a rank (labkit.launch.run):  report = train_on_rank("bucketed", steps=3, bucket_mb=0.01)
+In the parent:                      assert_matches(report, reference_train(steps=3))
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+
+from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+
+SMALL = dict(n_layer=1, n_embd=16, n_head=2, block_size=16)  # fast enough for tests on 2 cores
+
+
+def build_model(cfg: dict, seed: int = 0, frozen=(), dtype: str = "float64"):
+    """The tiny GPT with the named parameters frozen (requires_grad=False)."""
+    model = GPT(GPTConfig(**cfg), seed=seed).to(getattr(torch, dtype))
+    names = dict(model.named_parameters())
+    for name in frozen:
+        if name not in names:
+            raise ValueError(f"no parameter named {name!r}; choose from {sorted(names)}")
+        names[name].requires_grad_(False)
+    return model
+
+
+def make_optimizer(name: str, params):
+    params = [p for p in params if p.requires_grad]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    raise ValueError(f"optimizer {name!r}: use 'sgd' or 'adamw'")
+
+
+def wrap(kind, model, group=None, bucket_mb: float | None = 25.0, timeline=None):
+    """kind: 'naive' | 'overlap' | 'bucketed' | 'torch', or a callable (model, group) -> wrapper."""
+    from labkit.ddp import BucketedDDP, NaiveDDP, OverlapDDP
+
+    if callable(kind):
+        return kind(model, group)
+    if kind == "torch":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_mb or 1e4)
+    extra = {"timeline": timeline} if timeline is not None else {}
+    if kind == "naive":
+        return NaiveDDP(model, group, **extra)
+    if kind == "overlap":
+        return OverlapDDP(model, group, **extra)
+    if kind == "bucketed":
+        return BucketedDDP(model, group, bucket_mb=bucket_mb, **extra)
+    raise ValueError(f"unknown DDP kind {kind!r}: naive, overlap, bucketed or torch")
+
+
+class AllReduceCounter(contextlib.AbstractContextManager):
+    """Counts calls of torch.distributed.all_reduce (start times, perf_counter) while active."""
+
+    def __enter__(self):
+        self.calls, self._orig = [], dist.all_reduce
+
+        def counted(tensor, *args, **kwargs):
+            self.calls.append(time.perf_counter())
+            return self._orig(tensor, *args, **kwargs)
+
+        dist.all_reduce = counted
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self._orig
+        return False
+
+
+def _micro_batches(x, y, accum: int):
+    return [(shard_rows(x, i, accum), shard_rows(y, i, accum)) for i in range(accum)]
+
+
+def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: int = 6,
+                  optimizer: str = "sgd", frozen=(), accum: int = 1, bucket_mb=25.0,
+                  dtype: str = "float64", group=None) -> dict:
+    """Run `steps` optimizer steps of DDP on this rank; return its parameters and, per step,
+    the all-reduces it launched and how many of them started while backward was running.
+
+    Ranks start from different weights (seed = rank) so the initial broadcast is tested. The
+    loss of a rank is weighted by its share of the global batch, so uneven shards still give
+    exactly the gradient of the whole batch."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if batch < world * accum:
+        raise ValueError(f"batch={batch} is too small for world={world} x accum={accum}")
+    model = build_model(cfg, seed=rank, frozen=frozen, dtype=dtype)
+    ready = []  # when each gradient became ready; hooks registered first fire first
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
+    ddp = wrap(kind, model, group, bucket_mb)
+    module = ddp.module
+    finish = getattr(ddp, "finish_gradient_synchronization", lambda: None)
+    opt = make_optimizer(optimizer, module.parameters())
+    tokens, block = tiny_corpus(), module.config.block_size
+    per_step = []
+    with AllReduceCounter() as counter:
+        for step in range(steps):
+            x, y = get_batch(tokens, batch, block, step)                     # (batch, T)
+            first, windows = len(counter.calls), []
+            ready.clear()
+            for i, (xm, ym) in enumerate(_micro_batches(x, y, accum)):
+                xl, yl = shard_rows(xm, rank, world), shard_rows(ym, rank, world)  # (b, T)
+                ctx = ddp.no_sync() if i < accum - 1 else contextlib.nullcontext()
+                with ctx:
+                    _, loss = ddp(xl, yl)
+                    start = time.perf_counter()
+                    (loss * (xl.shape[0] * world / batch)).backward()
+                    windows.append((start, time.perf_counter()))
+            finish()
+            calls = counter.calls[first:]
+            last_start, last_end = windows[-1]
+            per_step.append({"allreduces": len(calls),
+                             "during_backward": sum(last_start <= t < last_end for t in calls),
+                             # strictly before the last gradient existed: real overlap
+                             "before_last_grad": sum(t < max(ready) for t in calls) if ready else 0,
+                             "in_no_sync": sum(t < windows[-1][0] for t in calls)})
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return {"rank": rank, "world": world, "steps": per_step,
+            "n_buckets": len(ddp.buckets) if hasattr(ddp, "buckets") else None,
+            "params": {n: p.detach().clone() for n, p in module.named_parameters()},
+            "param_names": [n for n, _ in ddp.named_parameters()],
+            "state_keys": list(ddp.state_dict().keys())}
+
+
+def reference_train(cfg: dict = SMALL, *, steps: int = 3, batch: int = 6, optimizer: str = "sgd",
+                    frozen=(), dtype: str = "float64") -> dict:
+    """One process, the whole global batch each step: what every DDP rank must end up with."""
+    model = build_model(cfg, seed=0, frozen=frozen, dtype=dtype)
+    opt = make_optimizer(optimizer, model.parameters())
+    tokens = tiny_corpus()
+    for step in range(steps):
+        x, y = get_batch(tokens, batch, model.config.block_size, step)
+        model(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+# ----------------------------------------------------------------------------- assertions
+def assert_matches(report: dict, expected: dict, *, rtol=1e-7, atol=1e-9, what="") -> None:
+    """Every parameter of a rank equals the reference (names, shapes, values)."""
+    from labkit.check import fail, tensors_close
+
+    got = report["params"]
+    if list(got) != list(expected):
+        fail(f"{what}rank {report['rank']}: parameter names {list(got)[:4]}... differ from the "
+             f"wrapped model's {list(expected)[:4]}...; keep .module's names and order")
+    for name, ref in expected.items():
+        tensors_close(got[name], ref, rtol=rtol, atol=atol,
+                      what=f"{what}rank {report['rank']}/{report['world']} parameter {name!r} "
+                           "after training")
+
+
+def assert_launches(report: dict, *, expected: int | None, overlapped: bool | None,
+                    what="") -> None:
+    """The all-reduces per step equal `expected` (None: any); with overlapped=True some start
+    before backward produced its last gradient, with False none starts during backward."""
+    from labkit.check import fail
+
+    for i, s in enumerate(report["steps"]):
+        where = f"{what}rank {report['rank']}, step {i}: "
+        if s["in_no_sync"]:
+            fail(where + f"{s['in_no_sync']} all-reduce(s) were launched inside no_sync(); "
+                 "skip communication while accumulating")
+        if expected is not None and s["allreduces"] != expected:
+            fail(where + f"{s['allreduces']} all-reduces were launched, expected {expected} "
+                 "(one per bucket)")
+        if overlapped and s["before_last_grad"] == 0:
+            fail(where + "no all-reduce started before backward finished; launch a bucket from "
+                 "the gradient hook as soon as its last gradient is ready")
+        if overlapped is False and s["during_backward"]:
+            fail(where + f"{s['during_backward']} all-reduce(s) started during backward; the "
+                 "naive version communicates only after it")

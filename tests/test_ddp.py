@@ -1,0 +1,143 @@
+"""labkit.ddp against one process trained on the whole batch and against torch's DDP.
+
+World sizes 2 and 3 (3 does not divide the batch of 7), SGD and AdamW, a frozen weight and a
+frozen bias, tied embeddings (the GPT's default), bucket sizes giving one, two, several and one
+bucket per parameter, no_sync accumulation, all-reduces counted per step and timed against the
+moment backward produced its last gradient. One launch per world size (start-up is costly)."""
+import pytest
+import torch
+
+from labkit.ddp import assign_buckets
+from labkit.ddp.verify import (SMALL, assert_launches, assert_matches, build_model,
+                               reference_train)
+from labkit.launch import run
+
+FROZEN = ("blocks.0.mlp.fc.weight", "blocks.0.attn.q_proj.bias")
+
+
+def _trainable():
+    return [p for p in build_model(SMALL, frozen=FROZEN).parameters() if p.requires_grad]
+
+
+def _mb_for(n_buckets):
+    """A bucket size (MiB) that splits the trainable parameters into exactly n_buckets."""
+    params = _trainable()
+    total = sum(p.numel() * p.element_size() for p in params)
+    for k in range(1, 2000):
+        mb = total * k / 2000 / 2**20
+        if len(assign_buckets(params, mb)) == n_buckets:
+            return mb
+    raise AssertionError(f"no size gives {n_buckets} buckets")
+
+
+def _configs():
+    several = _mb_for(4)
+    return [("naive", "sgd", 25.0), ("overlap", "sgd", 25.0), ("bucketed", "sgd", 25.0),
+            ("bucketed", "sgd", _mb_for(2)), ("bucketed", "sgd", several),
+            ("bucketed", "sgd", 1e-6), ("torch", "sgd", 25.0),
+            ("naive", "adamw", 25.0), ("overlap", "adamw", 25.0),
+            ("bucketed", "adamw", several), ("torch", "adamw", 25.0)]
+
+
+def _job(configs, batch, frozen, accum_cfg):
+    from labkit.ddp.verify import train_on_rank
+
+    out = [train_on_rank(kind, optimizer=opt, bucket_mb=mb, batch=batch, frozen=frozen)
+           for kind, opt, mb in configs]
+    if accum_cfg:
+        out.append(train_on_rank("bucketed", bucket_mb=accum_cfg["mb"], batch=batch,
+                                 frozen=frozen, accum=accum_cfg["accum"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def results():
+    configs = _configs()
+    res = {}
+    for world, batch in [(2, 6), (3, 7)]:
+        accum = {"mb": _mb_for(4), "accum": 3} if world == 2 else None
+        res[world] = (batch, configs, run(_job, world, args=(configs, batch, FROZEN, accum)))
+    return res
+
+
+def test_assign_buckets_sizes_and_order():
+    params = _trainable()
+    assert len(assign_buckets(params, None)) == 1
+    assert len(assign_buckets(params, 1e-6)) == len(params)          # one per parameter
+    assert [len(b) for b in assign_buckets(params, 25.0)] == [len(params)]
+    buckets = assign_buckets(params, _mb_for(3))
+    flat = [p for b in buckets for p in b]
+    assert [id(p) for p in flat] == [id(p) for p in reversed(params)]  # reverse registration
+    with pytest.raises(ValueError, match="bucket_mb=0"):
+        assign_buckets(params, 0)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_matches_one_process_and_torch_ddp(results, world):
+    batch, configs, per_rank = results[world]
+    refs = {opt: reference_train(optimizer=opt, batch=batch, frozen=FROZEN)
+            for opt in ("sgd", "adamw")}
+    torch_runs = {opt: i for i, (kind, opt, _) in enumerate(configs) if kind == "torch"}
+    n_params = len(_trainable())
+    for reports in per_rank:
+        for (kind, opt, mb), rep in zip(configs, reports):
+            what = f"{kind}/{opt}/{mb:.3g} MiB: "
+            assert_matches(rep, refs[opt], what=what)
+            assert_matches(rep, reports[torch_runs[opt]]["params"], what=what + "vs torch DDP: ")
+            # frozen parameters never move (they are skipped, not averaged)
+            start = build_model(SMALL, frozen=FROZEN)
+            for name in FROZEN:
+                assert torch.equal(rep["params"][name], dict(start.named_parameters())[name])
+            if kind == "torch":
+                continue
+            assert rep["param_names"] == list(refs[opt])            # the wrapped model's names
+            assert rep["state_keys"] == list(start.state_dict())
+            if kind == "bucketed":
+                expected = len(assign_buckets(_trainable(), mb))
+                assert rep["n_buckets"] == expected
+                assert_launches(rep, expected=expected, overlapped=True if expected > 1 else None)
+            else:
+                assert_launches(rep, expected=n_params, overlapped=kind == "overlap")
+
+
+def test_no_sync_accumulation_equals_large_batch(results):
+    batch, _, per_rank = results[2]
+    ref = reference_train(batch=batch, frozen=FROZEN)
+    n_buckets = len(assign_buckets(_trainable(), _mb_for(4)))
+    for reports in per_rank:
+        rep = reports[-1]
+        assert_matches(rep, ref, what="accumulation x3: ")
+        # 3 micro-batches, one synchronisation: the all-reduce count falls by the factor 3
+        assert_launches(rep, expected=n_buckets, overlapped=True)
+
+
+def _errors():
+    import torch.distributed as dist
+
+    from labkit.ddp import BucketedDDP, NaiveDDP
+    from labkit.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(**SMALL))
+    ddp = BucketedDDP(model, bucket_mb=1e-6)
+    x = torch.zeros(2, 4, dtype=torch.long)
+    ddp.module.blocks[0](ddp.module.wte(x)).sum().backward()  # wpe, ln_f never used
+    msgs = []
+    try:
+        ddp.finish_gradient_synchronization()
+    except RuntimeError as err:
+        msgs.append(str(err))
+    model2 = GPT(GPTConfig(**SMALL))
+    model2.wte(x).sum().backward()
+    try:
+        NaiveDDP(model2).finish_gradient_synchronization()
+    except RuntimeError as err:
+        msgs.append(str(err))
+    dist.barrier()
+    return msgs
+
+
+def test_unused_parameter_is_a_clear_error():
+    msgs = run(_errors, 2)[0]
+    assert len(msgs) == 2
+    assert "never became ready" in msgs[0] and "ln_f" in msgs[0]
+    assert "has no gradient" in msgs[1]
