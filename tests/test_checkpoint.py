@@ -133,3 +133,83 @@ def test_sigkill_during_save_leaves_previous_checkpoint(tmp_path):
     fresh, _, _ = build(CFG)
     assert info["step"] == 1
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+
+
+# ----------------------------------------------------------------------------- sharded
+from labkit.checkpoint import sharded as sh  # noqa: E402
+
+
+def _reshard_job(root, ops, dcp_in=None, dcp_out=None):
+    """Run ("load"|"save", "zero"|"tp", step) ops on this rank. A save writes the pieces last
+    loaded under the same layout kind (a real chain), or cuts them from the demo state."""
+    import torch.distributed as dist
+
+    from labkit.checkpoint.dcp_compare import dcp_load, dcp_save
+    from labkit.checkpoint.full import rank_world
+
+    rank, world = rank_world()
+    state = sh.demo_state()
+    shapes, split = sh.shapes_of(state), sh.tp_split_of(state)
+    make = {"zero": lambda: sh.zero_layout(shapes, world),
+            "tp": lambda: sh.tp_layout(shapes, world, split)}
+    got, last = {}, {}
+    for op, kind, step in ops:
+        layout = make[kind]()
+        if op == "load":
+            got[(kind, step)] = last[kind] = sh.load_sharded(f"{root}/{sh.atomic.step_name(step)}",
+                                                             layout, rank)
+        else:
+            sh.save_sharded(root, step, last.get(kind) or sh.shard_state(state, layout, rank),
+                            layout)
+    dcp = dcp_load(shapes, f"{root}/{dcp_in}") if dcp_in else None
+    if dcp_out and dist.is_initialized():
+        dcp_save(state, f"{root}/{dcp_out}")
+    return got, dcp
+
+
+def _check_loaded(results, world, state):
+    shapes, split = sh.shapes_of(state), sh.tp_split_of(state)
+    for key in results[0][0]:
+        kind = key[0]
+        layout = (sh.zero_layout(shapes, world) if kind == "zero"
+                  else sh.tp_layout(shapes, world, split))
+        whole = sh.assemble_local([r[0][key] for r in results], layout)
+        for k, v in state.items():
+            assert torch.equal(whole[k], v), f"{key} at {world} ranks: {k} differs"
+    for r in results:
+        if r[1] is not None:
+            assert all(torch.equal(r[1][k], v) for k, v in state.items()), "DCP load differs"
+
+
+def test_sharded_resharding_chain_4_2_1_4_zero_and_tp_and_dcp(tmp_path):
+    root, state = str(tmp_path), sh.demo_state()
+    run(_reshard_job, 4, args=(root, [("save", "zero", 1), ("save", "tp", 2)], None, "dcp4"),
+        echo=False)
+    two = run(_reshard_job, 2, args=(root, [("load", "zero", 1), ("save", "zero", 3),
+                                            ("load", "tp", 2), ("save", "tp", 5)], "dcp4"),
+              echo=False)
+    _check_loaded(two, 2, state)
+    one = [_reshard_job(root, [("load", "zero", 3), ("save", "zero", 4), ("load", "tp", 5)])]
+    _check_loaded(one, 1, state)
+    # TP-saved weights load into a ZeRO layout too: both are boxes of the same tensors
+    cross = sh.load_sharded(f"{root}/step_00000005", sh.zero_layout(sh.shapes_of(state), 1), 0)
+    _check_loaded([({("zero", 5): cross}, None)], 1, state)
+    four = run(_reshard_job, 4, args=(root, [("load", "zero", 4), ("load", "tp", 5)]), echo=False)
+    _check_loaded(four, 4, state)
+    meta = json.loads((tmp_path / "step_00000001" / "meta.json").read_text())
+    assert meta["world"] == 4 and len(meta["layout"]["pieces"]) == 4 * len(state)
+
+
+def test_sharded_errors(tmp_path):
+    state = sh.demo_state()
+    shapes = sh.shapes_of(state)
+    layout = sh.zero_layout(shapes, 1)
+    sh.save_sharded(tmp_path, 1, sh.shard_state(state, layout, 0), layout)
+    with pytest.raises(TopologyError, match="3 tensor-parallel ranks cannot split"):
+        sh.tp_layout(shapes, 3, sh.tp_split_of(state))
+    other = sh.shapes_of(sh.demo_state(n_embd=8, n_head=2))
+    with pytest.raises(WrongModelError, match="another model"):
+        sh.load_sharded(tmp_path, sh.zero_layout(other, 1), 0)
+    (tmp_path / "step_00000001" / "shard_rank0.pt").unlink()
+    with pytest.raises(MissingShardError, match="shard_rank0.pt .rank 0 of 1. is missing"):
+        sh.load_sharded(tmp_path, layout, 0)

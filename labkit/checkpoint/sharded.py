@@ -213,3 +213,28 @@ def assemble_local(pieces_by_rank: list, layout: dict) -> dict:
     for p in layout["pieces"]:
         _box(out[p.name], p).copy_(pieces_by_rank[p.rank][p.key].reshape(p.lengths))
     return out
+
+
+# ----------------------------------------------------------------------------- a demo state
+TP_SPLIT = {"attn.q_proj.weight": 0, "attn.k_proj.weight": 0, "attn.v_proj.weight": 0,
+            "mlp.fc.weight": 0, "attn.o_proj.weight": 1, "mlp.proj.weight": 1}
+
+
+def demo_state(n_embd: int = 16, n_layer: int = 1, n_head: int = 4, seed: int = 0) -> dict:
+    """A GPT's weights plus Adam-like moments for each (`exp_avg/...`, `exp_avg_sq/...`):
+    what a ZeRO rank shards. The same on every rank (built from seed)."""
+    from labkit.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(n_embd=n_embd, n_layer=n_layer, n_head=n_head), seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    state = {}
+    for k, v in model.named_parameters():
+        state[k] = v.detach().clone()
+        state["exp_avg/" + k] = torch.randn(v.shape, generator=g) * 1e-3
+        state["exp_avg_sq/" + k] = torch.rand(v.shape, generator=g) * 1e-6
+    return state
+
+
+def tp_split_of(state: dict) -> dict:
+    """Which dim each tensor-parallel weight (and its moments) is split along (Megatron)."""
+    return {k: d for k in state for suffix, d in TP_SPLIT.items() if k.endswith(suffix)}

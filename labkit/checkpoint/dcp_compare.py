@@ -1,0 +1,39 @@
+"""The same state through torch.distributed.checkpoint (DCP), for comparison with labkit's own.
+
+DCP stores each rank's chunks plus a `.metadata` file of chunk boxes: the same idea as
+labkit.checkpoint.sharded. Tensors are DTensors sharded along dim 0 of the flattened tensor
+(like ZeRO/FSDP2); loading into DTensors on a mesh of another size reshards.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _mesh(group=None):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (dist.get_world_size(group),))
+
+
+def to_dtensors(state: dict, mesh) -> dict:
+    """Whole tensors (the same on every rank) -> flat DTensors sharded along dim 0 over mesh."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    return {k: distribute_tensor(v.reshape(-1), mesh, [Shard(0)]) for k, v in state.items()}
+
+
+def dcp_save(state: dict, path: str, group=None) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(to_dtensors(state, _mesh(group)), checkpoint_id=path)
+
+
+def dcp_load(shapes: dict, path: str, group=None) -> dict:
+    """Load into fresh DTensors on this world size; return the whole tensors (for checking)."""
+    import torch.distributed.checkpoint as dcp
+
+    empty = {k: torch.zeros(s, dtype=getattr(torch, d)) for k, (s, d) in shapes.items()}
+    target = to_dtensors(empty, _mesh(group))
+    dcp.load(target, checkpoint_id=path)
+    return {k: target[k].full_tensor().reshape(shapes[k][0]) for k in target}
