@@ -213,3 +213,42 @@ def test_sharded_errors(tmp_path):
     (tmp_path / "step_00000001" / "shard_rank0.pt").unlink()
     with pytest.raises(MissingShardError, match="shard_rank0.pt .rank 0 of 1. is missing"):
         sh.load_sharded(tmp_path, layout, 0)
+
+
+# ----------------------------------------------------------------------------- async
+def test_async_save_snapshots_and_keeps_one_in_flight(tmp_path):
+    import threading
+
+    from labkit.checkpoint.async_save import AsyncSaver, save_local
+
+    gate = threading.Event()
+    order = []
+
+    def slow_write(step):
+        def write(snap):
+            gate.wait(10)  # the first write is held until the test lets it go
+            save_local(tmp_path, step, snap)
+            order.append(step)
+        return write
+
+    state = {"w": torch.zeros(1000)}
+    saver = AsyncSaver()
+    saver.save(state, slow_write(1))
+    state["w"].add_(1.0)  # training changes the weights while the save is in flight
+    assert saver.in_flight
+    threading.Timer(0.3, gate.set).start()
+    saver.save(state, slow_write(2))  # must wait for save 1 to finish: one in flight
+    assert order == [1], "the second save started before the first was committed"
+    saver.wait()
+    assert order == [1, 2]
+    one = atomic.load_file(tmp_path / "step_00000001" / "state.pt")
+    two = atomic.load_file(tmp_path / "step_00000002" / "state.pt")
+    assert torch.equal(one["w"], torch.zeros(1000)), "the snapshot must be taken at save() time"
+    assert torch.equal(two["w"], torch.ones(1000))
+    assert atomic.latest(tmp_path).name == "step_00000002"
+
+    def broken(snap):
+        raise OSError("disk full")
+    saver.save(state, broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        saver.wait()
