@@ -165,3 +165,30 @@ def test_executor_rejects_a_wrong_world_size():
     with pytest.raises(RankError) as err:
         run(E.schedules_job, 2, args=([S.one_f_one_b(3, 3)], cfg, 4), timeout=30, echo=False)
     assert "P=3 stages but the process group has 2 ranks" in err.value.remote_traceback
+
+
+# ----------------------------------------------------------------------------- checker 5.1
+from labkit.check import ch05  # noqa: E402
+
+
+@pytest.mark.parametrize("P,K", ch05.PAPER_CASES)
+def test_checker_accepts_1f1b(P, K):
+    ch05.assert_1f1b_schedule(S.one_f_one_b(P, K))
+
+
+def test_checker_rejects_gpipe_and_lazy_orders():
+    with pytest.raises(AssertionError, match=r"stage 0 holds 8 micro-batches.*at most min\(K, P - p\) = 4"):
+        ch05.assert_1f1b_schedule(S.gpipe(4, 8))
+
+    def too_few_warmup(p, P, K):  # valid and low-memory, but stage 0 waits: bigger bubble
+        return [a for k in range(K) for a in (F(k), B(k))]
+    with pytest.raises(AssertionError, match="simulated bubble"):
+        ch05.assert_1f1b_schedule(S.from_stage_fn(too_few_warmup, 3, 4))
+
+    def deadlocks(p, P, K):
+        return [F(0), B(0)] + [a for k in range(1, K) for a in (F(k), B(k))] if p == 0 else \
+            [F(k) for k in range(K)] + [B(k) for k in range(K)]
+    with pytest.raises(AssertionError, match="deadlock"):
+        ch05.assert_1f1b_schedule(S.from_stage_fn(deadlocks, 2, 2))
+    with pytest.raises(AssertionError, match=r"return actions made with F\(k\)"):
+        ch05.schedule_from(lambda p, P, K: ["F0"], 2, 1)

@@ -167,6 +167,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
                 if chunk.last:  # token-sum / all tokens: the K losses add up to the batch mean
                     out = F.cross_entropy(out.flatten(0, 1), ys[a.mb].flatten(), reduction="sum") / n_tokens
             meter.current = None
+            _pad(pad, 0, s.v)
             if chunk.last:
                 loss_total += out.detach()
             else:
@@ -184,12 +185,11 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
                 dist.recv(grad_out, src=peer(g + 1), group=group, tag=_tag(s, "B", a.mb, g + 1))
             t0 = time.perf_counter()
             torch.autograd.backward(out, grad_out)
+            _pad(pad, 1, s.v)
             if not chunk.first:
                 sends.append((inp.grad, dist.isend(inp.grad, dst=peer(g - 1), group=group,
                                                    tag=_tag(s, "B", a.mb, g))))
             held, held_bytes = held - 1 / s.v, held_bytes - nbytes
-        if pad is not None:
-            time.sleep(pad[0] if a.kind == "F" else pad[1])
         timeline.append(dict(stage=stage, kind=a.kind, mb=a.mb, chunk=a.chunk,
                              start=t0, end=time.perf_counter()))
     for _, work in sends:
@@ -199,6 +199,12 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     return {"stage": stage, "loss": loss_total if s.stage_of(s.n_chunks - 1) == stage else None,
             "grads": {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None},
             "timeline": timeline, "peak_in_flight": peak, "peak_activation_bytes": peak_bytes}
+
+
+def _pad(pad, i: int, v: int) -> None:
+    """Stand-in compute (seconds per whole stage; a chunk takes 1/v), before the result is sent."""
+    if pad is not None:
+        time.sleep(pad[i] / v)
 
 
 def _sum_tied_embedding(s: Schedule, model: GPT, stage: int, group, peer) -> None:

@@ -57,7 +57,9 @@ def timeline_stats(timeline, P: int):
     return makespan, busy
 
 
-def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0) -> SimResult:
+def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0, durations=None) -> SimResult:
+    """Time schedule `s`. `durations` (optional) {(stage, kind, chunk): seconds} overrides t_f and
+    t_b action by action, e.g. with times measured on real processes."""
     validate(s)
     tf = list(t_f) if isinstance(t_f, (list, tuple)) else [t_f] * s.P
     tb = list(t_b) if isinstance(t_b, (list, tuple)) else [t_b] * s.P
@@ -65,6 +67,8 @@ def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0) -> SimResult:
         raise ValueError(f"give one t_f and t_b per stage: got {len(tf)} and {len(tb)} for P={s.P}")
 
     def duration(p, a):
+        if durations is not None and (p, a.kind, a.chunk) in durations:
+            return durations[p, a.kind, a.chunk]
         return (tf[p] if a.kind == "F" else tb[p]) / s.v
 
     records, _ = replay(s, duration, t_p2p)

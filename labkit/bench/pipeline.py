@@ -1,0 +1,47 @@
+"""Benchmark: GPipe vs 1F1B vs interleaved 1F1B, measured vs simulated vs formula.
+
+    labkit bench pipeline [--stages 2 4] [--K 8] [--v 2] [--pad-ms 5 10] [--repeats 3]
+
+For each P, one launch runs every schedule (fastest of `repeats` steps). Reported per schedule:
+measured step time; its ratio to GPipe's in the same run; the simulator's step time predicted
+from the measured per-action times and message latency (measured / predicted = the executor's
+overhead); measured bubble next to the formula; activations held on stage 0. Two modes: 'pad'
+(stand-in compute slept per action, as if each stage had its own accelerator) and 'compute'
+(the real tiny GPT only, P processes sharing the machine's cores).
+"""
+from __future__ import annotations
+
+import argparse
+
+from labkit.pipeline import measure
+
+
+def main(argv=()) -> dict:
+    p = argparse.ArgumentParser(prog="labkit bench pipeline")
+    p.add_argument("--stages", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--K", type=int, default=8)
+    p.add_argument("--v", type=int, default=2)
+    p.add_argument("--pad-ms", type=float, nargs=2, default=[5.0, 10.0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--modes", nargs="+", default=["pad", "compute"], choices=["pad", "compute"])
+    args = p.parse_args(list(argv))
+    rows = []
+    for mode in args.modes:
+        pad = (args.pad_ms[0] / 1e3, args.pad_ms[1] / 1e3) if mode == "pad" else None
+        for P in args.stages:
+            specs = [("gpipe", args.K, 1), ("1f1b", args.K, 1)]
+            if args.K % P == 0:
+                specs.append(("interleaved", args.K, args.v))
+            got = measure.measure(P, specs, pad=pad, repeats=args.repeats)
+            gpipe = got[0]["step_s"]
+            for r in got:
+                r.pop("timeline")
+                r["mode"] = mode
+                r["ratio_to_gpipe"] = r["step_s"] / gpipe
+                r["measured_over_predicted"] = r["step_s"] / r["predicted_step_s"]
+            print(f"mode={mode}" + (f" (pad {args.pad_ms[0]:g}/{args.pad_ms[1]:g} ms per F/B)"
+                                    if pad else " (real compute only)"), flush=True)
+            print(measure.table(got), flush=True)
+            rows += got
+    return {"rows": rows, "units": {"step_s": "s", "predicted_step_s": "s", "t_p2p_s": "s",
+                                    "peak_bytes": "bytes", "bubble": "fraction of P x step"}}
