@@ -1,0 +1,204 @@
+"""Checkers for chapter 04 (tensor parallelism). The tests in tests/test_tp.py use the same jobs
+and assertions, so an exercise passes exactly when the book's own layers would.
+
+    labkit.check.ch04.f_and_g(my_f, my_g)          # Exercise 4.1
+    labkit.check.ch04.row_parallel_linear(MyRow)    # Exercise 4.2
+
+Every job runs on real processes (Gloo), builds the same full nn.Linear on every rank from a
+fixed seed, and returns (actual, expected) pairs; the assertions run here, in the notebook.
+"""
+from __future__ import annotations
+
+from labkit.check import Checker, fail, tensors_close
+
+EXERCISES = {
+    "4.1": ("Megatron's f and g operators", 2),
+    "4.2": ("row-parallel linear with g (and an MLP with f)", 3),
+}
+
+
+# ----------------------------------------------------------------------------- rank jobs
+def _reference_linear(in_f: int, out_f: int, bias: bool, seed: int):
+    import torch.nn as nn
+
+    from labkit.tp.layers import _full_init
+
+    w, b = _full_init(out_f, in_f, bias, seed)
+    lin = nn.Linear(in_f, out_f, bias=bias)
+    lin.weight.data.copy_(w)
+    if bias:
+        lin.bias.data.copy_(b)
+    return lin
+
+
+def _data(shape, seed):
+    import torch
+
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def linear_job(make, kind: str, in_f: int, out_f: int, bias: bool = True, seed: int = 0,
+               parallel_input: bool = True, gather_output: bool = False):
+    """On each rank: a TP linear (kind 'column' or 'row', built by make(linear, group)) against the
+    full nn.Linear, forward and backward. Returns {name: (actual, expected)}."""
+    import torch.distributed as dist
+
+    rank, tp = dist.get_rank(), dist.get_world_size()
+    ref = _reference_linear(in_f, out_f, bias, seed)
+    layer = make(_reference_linear(in_f, out_f, bias, seed), None)
+    x = _data((2, 3, in_f), seed + 1).requires_grad_()       # (B, T, in) same on every rank
+    w_out = _data((2, 3, out_f), seed + 2)                   # a fixed upstream gradient
+    (ref(x) * w_out).sum().backward()
+    y_ref = ref(x).detach()
+    lo_i, n_i = rank * (in_f // tp), in_f // tp
+    lo_o, n_o = rank * (out_f // tp), out_f // tp
+    whole_out = kind == "row" or gather_output
+    if kind == "row" and parallel_input:
+        x_in = x.detach()[..., lo_i:lo_i + n_i].clone().requires_grad_()
+        x_grad_ref = x.grad[..., lo_i:lo_i + n_i]
+    else:
+        x_in = x.detach().clone().requires_grad_()
+        x_grad_ref = x.grad
+    y = layer(x_in)
+    up = w_out if whole_out else w_out[..., lo_o:lo_o + n_o]
+    (y * up).sum().backward()
+    out = {"output": (y.detach(), y_ref if whole_out else y_ref[..., lo_o:lo_o + n_o]),
+           "input gradient": (x_in.grad, x_grad_ref)}
+    if kind == "row":
+        out["weight gradient"] = (layer.weight.grad, ref.weight.grad[:, lo_i:lo_i + n_i])
+        if bias:
+            out["bias gradient"] = (layer.bias.grad, ref.bias.grad)
+    else:
+        out["weight gradient"] = (layer.weight.grad, ref.weight.grad[lo_o:lo_o + n_o])
+        if bias:
+            out["bias gradient"] = (layer.bias.grad, ref.bias.grad[lo_o:lo_o + n_o])
+    return out
+
+
+def mlp_job(make_row, make_col=None, h: int = 12, seed: int = 0):
+    """On each rank: column (f inside) -> GELU -> row (g inside) vs the full two-layer MLP."""
+    import torch.nn.functional as F
+
+    from labkit.tp.layers import ColumnParallelLinear
+
+    make_col = make_col or (lambda lin, group: ColumnParallelLinear.from_linear(lin, group))
+    fc, proj = _reference_linear(h, 4 * h, True, seed), _reference_linear(4 * h, h, True, seed + 7)
+    tfc = make_col(_reference_linear(h, 4 * h, True, seed), None)
+    tproj = make_row(_reference_linear(4 * h, h, True, seed + 7), None)
+    x = _data((2, 3, h), seed + 1).requires_grad_()
+    w_out = _data((2, 3, h), seed + 2)
+    y_ref = proj(F.gelu(fc(x)))
+    (y_ref * w_out).sum().backward()
+    xt = x.detach().clone().requires_grad_()
+    y = tproj(F.gelu(tfc(xt)))
+    (y * w_out).sum().backward()
+    return {"MLP output": (y.detach(), y_ref.detach()), "MLP input gradient": (xt.grad, x.grad),
+            "proj bias gradient": (tproj.bias.grad, proj.bias.grad)}
+
+
+def f_g_job(f, g):
+    """On each rank: g sums forward and passes the gradient through; f is the reverse."""
+    import torch
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    xs = [_data((3, 5), 10 + r) for r in range(n)]           # every rank's input, known to all
+    ws = [_data((3, 5), 20 + r) for r in range(n)]           # every rank's upstream gradient
+    out = {}
+    x = xs[rank].clone().requires_grad_()
+    y = g(x, None)
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        return {"g output is part of the autograd graph": (torch.tensor(0.0), torch.tensor(1.0))}
+    out["g forward (sum over ranks)"] = (y.detach().clone(), sum(xs))
+    (y * ws[rank]).sum().backward()
+    out["g backward (identity)"] = (x.grad, ws[rank])
+    x2 = xs[0].clone().requires_grad_()                      # f's input is the same on all ranks
+    y2 = f(x2, None)
+    if not isinstance(y2, torch.Tensor) or not y2.requires_grad:
+        return {"f output is part of the autograd graph": (torch.tensor(0.0), torch.tensor(1.0))}
+    out["f forward (identity)"] = (y2.detach().clone(), xs[0])
+    (y2 * ws[rank]).sum().backward()
+    out["f backward (sum over ranks)"] = (x2.grad, sum(ws))
+    out["x unchanged by g"] = (x.detach(), xs[rank])
+    return out
+
+
+# ----------------------------------------------------------------------------- assertions
+def assert_pairs(results, what: str = "", rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """Every rank's (actual, expected) pairs match; the hint names the rank and the quantity."""
+    for rank, pairs in enumerate(results):
+        for name, (actual, expected) in pairs.items():
+            if actual is None:
+                fail(f"rank {rank}: {name} is None (was the tensor cut out of the autograd graph, "
+                     "e.g. by .detach(), .data or torch.no_grad()?)")
+            tensors_close(actual, expected, rtol=rtol, atol=atol,
+                          what=f"rank {rank}: {what}{name}")
+
+
+# ----------------------------------------------------------------------------- checkers
+def f_and_g(f, g):
+    """Exercise 4.1: f(x, group) and g(x, group) against their definitions at 2 and 3 ranks."""
+    c = Checker("4.1", EXERCISES["4.1"][0], EXERCISES["4.1"][1])
+    for n in (2, 3):
+        with c.case(f"{n} ranks: forward values and gradients of g and f"):
+            assert_pairs(c.launch(f_g_job, n, args=(f, g)))
+    return c.finish()
+
+
+def row_parallel_linear(cls, f=None):
+    """Exercise 4.2: cls(linear, group) against nn.Linear at TP=2 and 3, then inside an MLP."""
+    c = Checker("4.2", EXERCISES["4.2"][0], EXERCISES["4.2"][1])
+
+    def make(linear, group):
+        return cls(linear, group)
+
+    for tp in (2, 3):
+        in_f, out_f = 17 * tp, 13 * tp
+        with c.case(f"TP={tp}: {in_f} -> {out_f} with bias, outputs and all gradients"):
+            res = c.launch(linear_job, tp, args=(make, "row", in_f, out_f))
+            _hint_bias(res, tp)
+            assert_pairs(res)
+    with c.case("TP=2: no bias"):
+        assert_pairs(c.launch(linear_job, 2, args=(make, "row", 10, 6, False)))
+    with c.case("TP=3: column (f) -> GELU -> your row (g) equals the one-process MLP"):
+        assert_pairs(c.launch(mlp_job, 3, args=(make, _column_with(f))))
+    return c.finish()
+
+
+def _column_with(f):
+    """A column-parallel maker using the reader's f (or labkit's when f is None)."""
+    if f is None:
+        return None
+
+    def make_col(linear, group):
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        from labkit.tp.layers import ColumnParallelLinear
+
+        class _Col(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = ColumnParallelLinear.from_linear(linear, group)
+
+            def forward(self, x):
+                return F.linear(f(x, group), self.inner.weight, self.inner.bias)
+
+        return _Col()
+
+    return make_col
+
+
+def _hint_bias(res, tp):
+    """A bias added before the all-reduce is summed tp times: the output is then off by the same
+    vector at every position. Say so, instead of only 'differs at index ...'."""
+    import torch
+
+    y, y_ref = res[0]["output"]
+    if y.shape != y_ref.shape:
+        return
+    diff = y.double() - y_ref.double()                       # (B, T, out)
+    if diff.abs().max() > 1e-4 and torch.allclose(diff, diff[:1, :1].expand_as(diff), atol=1e-5):
+        fail(f"the output is off by the same vector at every position (about {tp - 1} extra "
+             "copies of the bias): add the bias once, after the all-reduce (g), not on every rank "
+             "before it")

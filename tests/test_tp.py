@@ -1,0 +1,169 @@
+"""labkit.tp against the one-process reference (nn.Linear, labkit.model.GPT) on real Gloo
+processes at TP = 2, 3 and 4: outputs and gradients, odd sizes, exact communication bytes."""
+import pytest
+
+from labkit.check import ch04
+from labkit.costs import tensor_parallel as tpc
+from labkit.launch import run
+
+
+def _make_col(gather=False):
+    def make(linear, group):
+        from labkit.tp import ColumnParallelLinear
+        return ColumnParallelLinear.from_linear(linear, group, gather_output=gather)
+    return make
+
+
+def _make_row(parallel=True):
+    def make(linear, group):
+        from labkit.tp import RowParallelLinear
+        return RowParallelLinear.from_linear(linear, group, input_is_parallel=parallel)
+    return make
+
+
+def _gpt_job(cfg_kwargs, batch, steps=2):
+    """TP GPT vs one-process GPT: loss, every gradient, a step of SGD, and the comm log."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+    from labkit.tp import CommLog, apply_tp, gather_tp_grads, gather_tp_state
+
+    cfg = GPTConfig(**cfg_kwargs)
+    ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0), None)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.5)
+    opt_t = torch.optim.SGD(tp.parameters(), lr=0.5)
+    tokens = tiny_corpus()
+    out, logs = {}, []
+    for step in range(steps):
+        x, y = get_batch(tokens, batch, cfg.block_size, step)
+        _, loss_r = ref(x, y)
+        loss_r.backward()
+        with CommLog() as log:
+            _, loss_t = tp(x, y)
+            n_fwd = log.count("all_reduce")
+            loss_t.backward()
+        logs.append({"forward": n_fwd, "events": log.events})
+        out[f"step {step} loss"] = (loss_t.detach(), loss_r.detach())
+        grads = gather_tp_grads(tp)
+        for name, p in ref.named_parameters():
+            out[f"step {step} grad {name}"] = (grads[name], p.grad)
+        opt_r.step(), opt_t.step(), opt_r.zero_grad(), opt_t.zero_grad()
+    state = gather_tp_state(tp)
+    for name, p in ref.named_parameters():
+        out[f"param after steps {name}"] = (state[name], p.detach())
+    return out, logs, dist.get_world_size()
+
+
+def _all_cases(tp, cfg_kwargs):
+    """Every layer-level and model-level comparison at one TP degree, in one launch."""
+    import torch.distributed as dist
+
+    from labkit.check.ch04 import linear_job, mlp_job
+
+    a, b = 13 * tp, 17 * tp  # odd sizes that divide
+    res = {
+        "row": linear_job(_make_row(), "row", b, a),
+        "row whole input": linear_job(_make_row(False), "row", b, a, parallel_input=False),
+        "row no bias": linear_job(_make_row(), "row", b, a, bias=False),
+        "column": linear_job(_make_col(), "column", a, b),
+        "column gathered": linear_job(_make_col(True), "column", a, b, gather_output=True),
+        "mlp": mlp_job(_make_row(), h=4 * tp),
+    }
+    res["gpt"] = _gpt_job(cfg_kwargs, batch=3)
+    assert dist.get_world_size() == tp
+    return res
+
+
+CFGS = {
+    2: dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=16),
+    3: dict(n_layer=1, n_head=6, n_kv_head=3, n_embd=24, block_size=16),
+    4: dict(n_layer=1, n_head=8, n_kv_head=4, n_embd=32, block_size=16),
+}
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def tp_results(request):
+    tp = request.param
+    return tp, run(_all_cases, tp, args=(tp, CFGS[tp]), echo=False, timeout=120)
+
+
+@pytest.mark.parametrize("case", ["row", "row whole input", "row no bias", "column",
+                                  "column gathered", "mlp"])
+def test_layers_match_nn_linear(tp_results, case):
+    tp, results = tp_results
+    ch04.assert_pairs([r[case] for r in results], what=f"TP={tp} {case}: ")
+
+
+def test_gpt_matches_reference(tp_results):
+    tp, results = tp_results
+    ch04.assert_pairs([r["gpt"][0] for r in results], what=f"TP={tp} GPT: ", rtol=1e-4, atol=1e-5)
+
+
+def test_communication_bytes_equal_formula(tp_results):
+    """4 all-reduces per layer (2 forward, 2 backward), each exactly b*s*h fp32 elements."""
+    tp, results = tp_results
+    cfg = CFGS[tp]
+    b, s, h, layers = 3, cfg["block_size"], cfg["n_embd"], cfg["n_layer"]
+    for rank, r in enumerate(results):
+        for log in r["gpt"][1]:
+            events = log["events"]
+            assert log["forward"] == layers * tpc.allreduces_per_layer("forward")
+            assert len(events) == layers * tpc.allreduces_per_layer("both")
+            assert all(e["op"] == "all_reduce" for e in events)
+            assert {e["bytes"] for e in events} == {tpc.allreduce_bytes(b, s, h, 4)}, rank
+            assert sum(e["bytes"] for e in events) == layers * tpc.layer_allreduce_bytes(b, s, h, 4)
+            assert sum(e["where"] == "g forward" for e in events) == 2 * layers
+
+
+def _replace_and_errors():
+    """Parameters replaced after construction are used; bad sizes give errors naming numbers."""
+    import torch
+    import torch.nn as nn
+
+    from labkit.model import GPT, GPTConfig
+    from labkit.tp import ColumnParallelLinear, RowParallelLinear, apply_tp
+
+    out = {}
+    lin = nn.Linear(6, 4)
+    row = RowParallelLinear.from_linear(lin, None)
+    row.weight = nn.Parameter(torch.ones_like(row.weight))   # a user loading weights
+    row.bias = nn.Parameter(torch.zeros(4))
+    out["replaced"] = row(torch.ones(1, 1, 3)).detach()       # 2 ranks * 3 ones = 6
+    col = ColumnParallelLinear.from_linear(lin, None)
+    col.weight.data.zero_()
+    out["replaced col"] = col(torch.ones(1, 1, 6)).detach() - col.bias.detach()
+    errors = []
+    for build in (lambda: ColumnParallelLinear(5, 7), lambda: RowParallelLinear(7, 5),
+                  lambda: apply_tp(GPT(GPTConfig(n_head=3, n_embd=24)), None),
+                  lambda: row(torch.ones(1, 1, 6))):
+        try:
+            build()
+            errors.append("no error")
+        except ValueError as e:
+            errors.append(str(e))
+    out["errors"] = errors
+    return out
+
+
+def test_replaced_parameters_and_clear_errors():
+    import torch
+
+    res = run(_replace_and_errors, 2, echo=False)
+    for r in res:
+        assert torch.equal(r["replaced"], torch.full((1, 1, 4), 6.0))
+        assert torch.equal(r["replaced col"], torch.zeros(1, 1, 2))
+        e = r["errors"]
+        assert "out_features=7" in e[0] and "degree 2" in e[0]
+        assert "in_features=7" in e[1]
+        assert "n_head" in e[2] and "3" in e[2] and "degree 2" in e[2]
+        assert "expected 3" in e[3]
+
+
+def test_costs_formula():
+    assert tpc.allreduce_elements(2, 8, 16) == 256
+    assert tpc.layer_allreduce_bytes(2, 8, 16, 2) == 4 * 256 * 2
+    assert tpc.layer_bytes_sent_per_rank(1, 1, 4, 4, 1) == 4 * 2 * 3 / 4 * 4
+    assert tpc.weight_elements_per_layer(16) == 12 * 16 * 16
+    with pytest.raises(ValueError, match="passes"):
+        tpc.allreduces_per_layer("sideways")
