@@ -1,0 +1,73 @@
+"""Benchmark: step time of labkit's three DDPs and PyTorch's DDP on the tiny GPT.
+
+    labkit bench ddp [--ranks 2 4] [--batch 8] [--bucket-mb 25] [--rounds 5] [--steps 5]
+
+All four run in the same processes, interleaved, on the same data; each is reported as a ratio
+to `torch.nn.parallel.DistributedDataParallel` measured in the same run (lower is faster).
+"""
+from __future__ import annotations
+
+import argparse
+
+from labkit.launch import run
+
+VERSIONS = ("naive", "overlap", "bucketed", "torch")
+
+
+def _rank(variants, cfg, batch, steps, rounds):
+    from labkit.ddp.timing import time_steps
+
+    return time_steps(variants, cfg, batch=batch, steps=steps, rounds=rounds)
+
+
+def measure(nprocs: int, variants, cfg=None, *, batch=8, steps=5, rounds=5, timeout=600) -> list:
+    """Rows {ranks, version, bucket_mb, step_ms, ratio_to_torch, allreduces_per_step}; the
+    step time of a variant is the slowest rank's median (a step ends when every rank is done)."""
+    from labkit.ddp.timing import BENCH
+
+    per_rank = run(_rank, nprocs, args=(list(variants), cfg or BENCH, batch, steps, rounds),
+                   timeout=timeout, echo=False)
+    rows = []
+    for i, base in enumerate(per_rank[0]):
+        step = max(r[i]["step_s"] for r in per_rank)
+        rows.append({"ranks": nprocs, "version": base["version"], "bucket_mb": base["bucket_mb"],
+                     "step_ms": round(1e3 * step, 3),
+                     "allreduces_per_step": base["allreduces_per_step"]})
+    torch_ms = {r["bucket_mb"]: r["step_ms"] for r in rows if r["version"] == "torch"}
+    ref = torch_ms.get(25.0, next(iter(torch_ms.values()), None))
+    for r in rows:
+        r["ratio_to_torch"] = round(r["step_ms"] / ref, 3) if ref else None
+    return rows
+
+
+def table(rows) -> str:
+    lines = [f"{'ranks':>5}  {'version':<9} {'bucket MiB':>10} {'step ms':>9} "
+             f"{'x torch DDP':>11} {'all-reduces/step':>16}"]
+    for r in rows:
+        ar = "" if r["allreduces_per_step"] is None else f"{r['allreduces_per_step']:.0f}"
+        mb = "all" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}"
+        lines.append(f"{r['ranks']:>5}  {r['version']:<9} {mb:>10} {r['step_ms']:>9.2f} "
+                     f"{r['ratio_to_torch']:>11.3f} {ar:>16}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="labkit bench ddp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--batch", type=int, default=8, help="rows per rank per step")
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--n-layer", type=int, default=2)
+    p.add_argument("--n-embd", type=int, default=64)
+    p.add_argument("--steps", type=int, default=5, help="steps per timed block")
+    p.add_argument("--rounds", type=int, default=5, help="timed blocks per version (median)")
+    args = p.parse_args(argv)
+    from labkit.ddp.timing import BENCH
+
+    cfg = dict(BENCH, n_layer=args.n_layer, n_embd=args.n_embd)
+    variants = [(v, args.bucket_mb) for v in VERSIONS]
+    rows = []
+    for n in args.ranks:
+        rows += measure(n, variants, cfg, batch=args.batch, steps=args.steps, rounds=args.rounds)
+    print(table(rows))
+    return {"rows": rows, "config": {**cfg, "batch_per_rank": args.batch,
+                                     "bucket_mb": args.bucket_mb}}

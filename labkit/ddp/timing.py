@@ -1,0 +1,98 @@
+"""Measure DDP on real ranks: step times (benchmark, bucket sweep) and one step's timeline.
+
+Rank side only (call inside labkit.launch.run). Float32, the tiny GPT, each rank its own
+`batch` rows per step (weak scaling: the per-rank work is fixed as ranks are added)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from labkit.ddp.common import Timeline
+from labkit.ddp.verify import build_model, wrap
+from labkit.model import get_batch, tiny_corpus
+
+BENCH = dict(n_layer=2, n_embd=64, n_head=4, block_size=32)
+
+
+def _step(ddp, opt, x, y, timeline=None):
+    tl = timeline or _NULL
+    with tl.span("forward"):
+        _, loss = ddp(x, y)
+    with tl.span("backward"):
+        loss.backward()
+    with tl.span("wait"):
+        if hasattr(ddp, "finish_gradient_synchronization"):
+            ddp.finish_gradient_synchronization()
+    with tl.span("optimizer"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+class _Null:
+    def span(self, *a, **k):
+        import contextlib
+        return contextlib.nullcontext()
+
+
+_NULL = _Null()
+
+
+def _setup(kind, cfg, bucket_mb, timeline=None):
+    model = build_model(cfg, seed=0, dtype="float32")
+    ddp = wrap(kind, model, bucket_mb=bucket_mb, timeline=timeline)
+    opt = torch.optim.SGD(ddp.module.parameters(), lr=1e-3)
+    return ddp, opt
+
+
+def time_steps(variants, cfg: dict = BENCH, *, batch: int = 8, steps: int = 5, rounds: int = 5,
+               warmup: int = 2) -> list:
+    """Seconds per step of each variant (kind, bucket_mb): median over `rounds` blocks of `steps`
+    steps, blocks interleaved across variants so drifting load hits every variant alike."""
+    rank = dist.get_rank()
+    tokens = tiny_corpus()
+    setups = [_setup(kind, cfg, mb) for kind, mb in variants]
+    x, y = get_batch(tokens, batch, cfg["block_size"], step=rank)            # (batch, T)
+    for ddp, opt in setups:
+        for _ in range(warmup):
+            _step(ddp, opt, x, y)
+    times = [[] for _ in variants]
+    for r in range(rounds):
+        order = list(range(len(variants)))
+        order = order[r % len(order):] + order[:r % len(order)]  # rotate who goes first
+        for i in order:
+            ddp, opt = setups[i]
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                _step(ddp, opt, x, y)
+            dist.barrier()
+            times[i].append((time.perf_counter() - start) / steps)
+    rows = []
+    for (kind, mb), (ddp, _), ts in zip(variants, setups, times):
+        launches = getattr(ddp, "launches", None)
+        per_step = len(launches) / (warmup + steps * rounds) if launches is not None else None
+        rows.append({"version": kind, "bucket_mb": mb, "step_s": statistics.median(ts),
+                     "allreduces_per_step": per_step})
+    return rows
+
+
+def trace_step(kind: str, cfg: dict = BENCH, *, batch: int = 8, bucket_mb=25.0, warmup: int = 2):
+    """One measured step on this rank: compute spans and each all-reduce (launch to completion),
+    in milliseconds since the step began (clocks aligned by a barrier just before)."""
+    tl = Timeline()
+    ddp, opt = _setup(kind, cfg, bucket_mb, timeline=tl)
+    x, y = get_batch(tiny_corpus(), batch, cfg["block_size"], step=dist.get_rank())
+    for _ in range(warmup):
+        _step(ddp, opt, x, y)
+    dist.barrier()
+    tl.reset()
+    del ddp.launches[:]
+    _step(ddp, opt, x, y, tl)
+    events = tl.events + [dict(e) for e in ddp.launches]
+    for e in events:
+        e["start"], e["end"] = 1e3 * e["start"], 1e3 * e["end"]
+        e["rank"], e["version"] = dist.get_rank(), kind
+    return events
