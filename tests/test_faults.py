@@ -30,3 +30,39 @@ def test_frozen_rank_is_detected_within_the_bound(tmp_path):
     assert timeout - interval <= delay <= bound + 0.5
     with pytest.raises(ValueError, match="shorter than timeout"):
         faults.detection_bound(1.0, 0.5, 0.05)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_restarts_after_sigkill_and_matches_uninterrupted_run(tmp_path):
+    """A rank SIGKILLs itself at step 7; torchrun restarts both; the end state is bitwise equal."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from labkit.checkpoint.resume import RunConfig, resume_jobs
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "params.pt"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--max-restarts", "1", "--monitor-interval", "0.2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--nnodes", "1",
+           "-m", "labkit.cli", "run", "train_ft", "--steps", "12", "--save-every", "3",
+           "--kill-rank", "1", "--kill-step", "7", "--ckpt", str(tmp_path / "ckpt"),
+           "--out", str(out)]
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONPATH=root)
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "exitcode: -9" in proc.stderr, "rank 1 should have been SIGKILLed"
+    assert "resumed at step 6" in proc.stdout, proc.stdout[-1000:]
+    straight = run(resume_jobs, 2, args=(RunConfig(), 12, None, str(tmp_path / "ref"),
+                                         ("straight",)), echo=False)
+    assert torch.equal(torch.load(out, weights_only=True), straight[0][0][0])
