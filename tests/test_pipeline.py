@@ -192,3 +192,11 @@ def test_checker_rejects_gpipe_and_lazy_orders():
         ch05.assert_1f1b_schedule(S.from_stage_fn(deadlocks, 2, 2))
     with pytest.raises(AssertionError, match=r"return actions made with F\(k\)"):
         ch05.schedule_from(lambda p, P, K: ["F0"], 2, 1)
+
+
+def test_widget_gantt_shows_the_formula():
+    from labkit.widgets import pipeline as W
+
+    fig = W.gantt("gpipe", 8, 32)
+    assert "17.9% formula" in fig.layout.title.text and "17.9% simulated" in fig.layout.title.text
+    assert sum(len(t.x) for t in fig.data) == 2 * 8 * 32
