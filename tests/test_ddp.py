@@ -141,3 +141,23 @@ def test_unused_parameter_is_a_clear_error():
     assert len(msgs) == 2
     assert "never became ready" in msgs[0] and "ln_f" in msgs[0]
     assert "has no gradient" in msgs[1]
+
+
+def test_scaling_calculator_worked_example():
+    from labkit.costs import scaling
+
+    # the notes' classic: 100 ms compute, 10 ms communication, 8 GPUs
+    assert scaling.efficiency(100, 10, 8) == pytest.approx(100 / 110)
+    assert scaling.speedup(100, 10, 8) == pytest.approx(8 * 100 / 110)          # 7.27x
+    assert scaling.efficiency(100, 10, 8, overlap=1.0) == 1.0
+    assert scaling.efficiency(100, 10, 8, overlap=0.5) == pytest.approx(100 / 105)
+    assert scaling.efficiency(100, 10, 1) == 1.0                                # nothing to sync
+    assert scaling.efficiency(100, 10, 8, accum=4) == pytest.approx(400 / 410)
+    # the notes' formula disagrees with their own speedup by a factor N
+    assert scaling.notes_efficiency(100, 10, 8) * 8 == pytest.approx(scaling.efficiency(100, 10, 8))
+    # per-rank bytes approach 2D, never grow linearly; buckets add only latency
+    assert scaling.bytes_per_rank(1e9, 64) < 2e9 and scaling.bytes_per_rank(1e9, 2) == 1e9
+    one, many = (scaling.comm_time(1e8, 8, 5e-6, 50e9, b) for b in (1, 10))
+    assert many - one == pytest.approx(9 * 2 * 7 * 5e-6)
+    with pytest.raises(ValueError, match="overlap=1.5"):
+        scaling.efficiency(100, 10, 8, overlap=1.5)

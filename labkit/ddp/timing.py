@@ -96,3 +96,67 @@ def trace_step(kind: str, cfg: dict = BENCH, *, batch: int = 8, bucket_mb=25.0, 
         e["start"], e["end"] = 1e3 * e["start"], 1e3 * e["end"]
         e["rank"], e["version"] = dist.get_rank(), kind
     return events
+
+
+def measure_parts(cfg: dict = BENCH, *, batch: int = 8, repeats: int = 7) -> dict:
+    """The pieces of the step-time formula, measured on this rank (medians, seconds):
+    compute (forward + backward + optimizer of the plain model, no communication), alpha (an
+    all-reduce of one element) and full_comm (one all-reduce of every gradient, flat)."""
+    model = build_model(cfg, seed=0, dtype="float32")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = get_batch(tiny_corpus(), batch, cfg["block_size"], step=dist.get_rank())
+
+    def med(fn):
+        ts = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - start)
+        return statistics.median(ts[1:])
+
+    compute = med(lambda: _step(model, opt, x, y))
+    numel = sum(p.numel() for p in model.parameters())
+    flat, one = torch.zeros(numel), torch.zeros(1)
+    return {"compute": compute, "alpha": med(lambda: dist.all_reduce(one)),
+            "full_comm": med(lambda: dist.all_reduce(flat)), "grad_bytes": 4 * numel,
+            "n_params": len(list(model.parameters()))}
+
+
+def torch_ddp_buckets(cfg: dict = BENCH, *, batch: int = 8, bucket_mb: float = 25.0) -> int:
+    """All-reduces per step of PyTorch's DDP, counted by a communication hook (one call per
+    bucket); the first step is skipped (PyTorch rebuilds its buckets after it)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(bucket.buffer().numel())
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
+
+    model = build_model(cfg, seed=0, dtype="float32")
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+    ddp.register_comm_hook(None, counting_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = get_batch(tiny_corpus(), batch, cfg["block_size"], step=dist.get_rank())
+    _step(ddp, opt, x, y)
+    calls.clear()
+    _step(ddp, opt, x, y)
+    return len(calls)
+
+
+def ring_traffic(grad_bytes: int, sizes=(2, 3, 4)) -> dict:
+    """Bytes this rank sent in a ring all-reduce of the gradients, in groups of each size
+    (ranks 0..n-1 of the world); {n: bytes} on ranks that took part. Needs max(sizes) ranks."""
+    from labkit.collectives import Traffic, ring_all_reduce
+
+    out = {}
+    for n in sizes:
+        group = dist.new_group(list(range(n)))  # every rank must call new_group
+        if dist.get_rank() < n:
+            t = Traffic()
+            ring_all_reduce(torch.ones(grad_bytes // 4), group=group, traffic=t)
+            out[n] = t.sent
+        dist.barrier()
+    return out

@@ -80,13 +80,14 @@ def _micro_batches(x, y, accum: int):
 
 def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: int = 6,
                   optimizer: str = "sgd", frozen=(), accum: int = 1, bucket_mb=25.0,
-                  dtype: str = "float64", group=None) -> dict:
+                  dtype: str = "float64", group=None, no_sync: bool = True) -> dict:
     """Run `steps` optimizer steps of DDP on this rank; return its parameters and, per step,
     the all-reduces it launched and how many of them started while backward was running.
 
     Ranks start from different weights (seed = rank) so the initial broadcast is tested. The
     loss of a rank is weighted by its share of the global batch, so uneven shards still give
-    exactly the gradient of the whole batch."""
+    exactly the gradient of the whole batch. With no_sync=False each of the `accum` micro-batches
+    is synchronised on its own (the communication that no_sync() saves)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if batch < world * accum:
         raise ValueError(f"batch={batch} is too small for world={world} x accum={accum}")
@@ -108,12 +109,15 @@ def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: 
             ready.clear()
             for i, (xm, ym) in enumerate(_micro_batches(x, y, accum)):
                 xl, yl = shard_rows(xm, rank, world), shard_rows(ym, rank, world)  # (b, T)
-                ctx = ddp.no_sync() if i < accum - 1 else contextlib.nullcontext()
+                last = i == accum - 1
+                ctx = ddp.no_sync() if no_sync and not last else contextlib.nullcontext()
                 with ctx:
                     _, loss = ddp(xl, yl)
                     start = time.perf_counter()
                     (loss * (xl.shape[0] * world / batch)).backward()
                     windows.append((start, time.perf_counter()))
+                if not no_sync and not last:
+                    finish()
             finish()
             calls = counter.calls[first:]
             last_start, last_end = windows[-1]
