@@ -167,3 +167,34 @@ def test_costs_formula():
     assert tpc.weight_elements_per_layer(16) == 12 * 16 * 16
     with pytest.raises(ValueError, match="passes"):
         tpc.allreduces_per_layer("sideways")
+
+
+def _operators_and_wrong_row():
+    """labkit's f and g through the checker's jobs, and a wrong row layer (bias before g)."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from labkit.check.ch04 import f_job, g_job, linear_job
+    from labkit.tp import RowParallelLinear, f, g
+
+    class BiasTooEarly(RowParallelLinear):
+        def forward(self, x):
+            return g(F.linear(x, self.weight, self.bias), self.group)
+
+    def wrong(linear, group):
+        return BiasTooEarly.from_linear(linear, group)
+
+    return {"f": f_job(f), "g": g_job(g), "wrong": linear_job(wrong, "row", 9, 6),
+            "bad f": f_job(lambda x, group: x.detach())}
+
+
+def test_operators_and_checker_hints():
+    from labkit.check import ch04
+
+    res = run(_operators_and_wrong_row, 3, echo=False)
+    ch04.assert_pairs([r["f"] for r in res])
+    ch04.assert_pairs([r["g"] for r in res])
+    with pytest.raises(AssertionError, match="bias once, after the all-reduce"):
+        ch04._hint_bias([r["wrong"] for r in res], 3)
+    with pytest.raises(AssertionError, match="autograd graph"):
+        ch04.assert_pairs([r["bad f"] for r in res])

@@ -1,8 +1,9 @@
 """Checkers for chapter 04 (tensor parallelism). The tests in tests/test_tp.py use the same jobs
 and assertions, so an exercise passes exactly when the book's own layers would.
 
-    labkit.check.ch04.f_and_g(my_f, my_g)          # Exercise 4.1
-    labkit.check.ch04.row_parallel_linear(MyRow)    # Exercise 4.2
+    labkit.check.ch04.f_operator(f)                      # Exercise 4.1
+    labkit.check.ch04.g_operator(g)                      # Exercise 4.2
+    labkit.check.ch04.row_parallel_linear(MyRow, f=f)    # Exercise 4.3
 
 Every job runs on real processes (Gloo), builds the same full nn.Linear on every rank from a
 fixed seed, and returns (actual, expected) pairs; the assertions run here, in the notebook.
@@ -12,8 +13,9 @@ from __future__ import annotations
 from labkit.check import Checker, fail, tensors_close
 
 EXERCISES = {
-    "4.1": ("Megatron's f and g operators", 2),
-    "4.2": ("row-parallel linear with g (and an MLP with f)", 3),
+    "4.1": ("Megatron's f operator (identity forward, all-reduce backward)", 1),
+    "4.2": ("Megatron's g operator (all-reduce forward, identity backward)", 1),
+    "4.3": ("row-parallel linear with g (and an MLP with your f)", 3),
 }
 
 
@@ -96,30 +98,49 @@ def mlp_job(make_row, make_col=None, h: int = 12, seed: int = 0):
             "proj bias gradient": (tproj.bias.grad, proj.bias.grad)}
 
 
-def f_g_job(f, g):
-    """On each rank: g sums forward and passes the gradient through; f is the reverse."""
+def _graph_check(y, name):
     import torch
+
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        return {f"{name}'s output is part of the autograd graph (requires_grad)":
+                (torch.tensor(0.0), torch.tensor(1.0))}
+    return None
+
+
+def g_job(g):
+    """On each rank: g sums the ranks' inputs forward and passes the gradient through."""
     import torch.distributed as dist
 
     rank, n = dist.get_rank(), dist.get_world_size()
     xs = [_data((3, 5), 10 + r) for r in range(n)]           # every rank's input, known to all
     ws = [_data((3, 5), 20 + r) for r in range(n)]           # every rank's upstream gradient
-    out = {}
     x = xs[rank].clone().requires_grad_()
     y = g(x, None)
-    if not isinstance(y, torch.Tensor) or not y.requires_grad:
-        return {"g output is part of the autograd graph": (torch.tensor(0.0), torch.tensor(1.0))}
-    out["g forward (sum over ranks)"] = (y.detach().clone(), sum(xs))
+    bad = _graph_check(y, "g")
+    if bad:
+        return bad
+    out = {"g forward (sum over ranks)": (y.detach().clone(), sum(xs))}
     (y * ws[rank]).sum().backward()
     out["g backward (identity)"] = (x.grad, ws[rank])
-    x2 = xs[0].clone().requires_grad_()                      # f's input is the same on all ranks
-    y2 = f(x2, None)
-    if not isinstance(y2, torch.Tensor) or not y2.requires_grad:
-        return {"f output is part of the autograd graph": (torch.tensor(0.0), torch.tensor(1.0))}
-    out["f forward (identity)"] = (y2.detach().clone(), xs[0])
-    (y2 * ws[rank]).sum().backward()
-    out["f backward (sum over ranks)"] = (x2.grad, sum(ws))
-    out["x unchanged by g"] = (x.detach(), xs[rank])
+    out["g's input x (must not be changed in place)"] = (x.detach(), xs[rank])
+    return out
+
+
+def f_job(f):
+    """On each rank: f passes x through forward and sums the ranks' gradients backward."""
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x0 = _data((3, 5), 10)                                   # f's input is the same on all ranks
+    ws = [_data((3, 5), 20 + r) for r in range(n)]
+    x = x0.clone().requires_grad_()
+    y = f(x, None)
+    bad = _graph_check(y, "f")
+    if bad:
+        return bad
+    out = {"f forward (identity)": (y.detach().clone(), x0)}
+    (y * ws[rank]).sum().backward()
+    out["f backward (sum of the ranks' gradients)"] = (x.grad, sum(ws))
     return out
 
 
@@ -136,18 +157,28 @@ def assert_pairs(results, what: str = "", rtol: float = 1e-5, atol: float = 1e-5
 
 
 # ----------------------------------------------------------------------------- checkers
-def f_and_g(f, g):
-    """Exercise 4.1: f(x, group) and g(x, group) against their definitions at 2 and 3 ranks."""
-    c = Checker("4.1", EXERCISES["4.1"][0], EXERCISES["4.1"][1])
+def f_operator(f):
+    """Exercise 4.1: f(x, group) against its definition at 2 and 3 ranks."""
+    c = Checker("4.1", *EXERCISES["4.1"])
     for n in (2, 3):
-        with c.case(f"{n} ranks: forward values and gradients of g and f"):
-            assert_pairs(c.launch(f_g_job, n, args=(f, g)))
+        with c.case(f"{n} ranks: f forward is the identity, backward sums the gradients"):
+            assert_pairs(c.launch(f_job, n, args=(f,)))
+    return c.finish()
+
+
+def g_operator(g):
+    """Exercise 4.2: g(x, group) against its definition at 2 and 3 ranks."""
+    c = Checker("4.2", *EXERCISES["4.2"])
+    for n in (2, 3):
+        with c.case(f"{n} ranks: g forward sums over ranks, backward is the identity"):
+            assert_pairs(c.launch(g_job, n, args=(g,)))
     return c.finish()
 
 
 def row_parallel_linear(cls, f=None):
-    """Exercise 4.2: cls(linear, group) against nn.Linear at TP=2 and 3, then inside an MLP."""
-    c = Checker("4.2", EXERCISES["4.2"][0], EXERCISES["4.2"][1])
+    """Exercise 4.3: cls(linear, group) against nn.Linear at TP=2 and 3, then inside an MLP
+    whose column-parallel side uses `f` (the reader's, or labkit's when f is None)."""
+    c = Checker("4.3", *EXERCISES["4.3"])
 
     def make(linear, group):
         return cls(linear, group)
@@ -160,7 +191,7 @@ def row_parallel_linear(cls, f=None):
             assert_pairs(res)
     with c.case("TP=2: no bias"):
         assert_pairs(c.launch(linear_job, 2, args=(make, "row", 10, 6, False)))
-    with c.case("TP=3: column (f) -> GELU -> your row (g) equals the one-process MLP"):
+    with c.case("TP=3: column (with f) -> GELU -> your row (g) equals the one-process MLP"):
         assert_pairs(c.launch(mlp_job, 3, args=(make, _column_with(f))))
     return c.finish()
 
