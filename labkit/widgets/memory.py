@@ -1,0 +1,177 @@
+"""Chapter 03's memory calculator, and the plots of measured ZeRO bytes against the prediction.
+
+    from labkit.widgets import memory as mw
+    mw.calculator()                                   # the whole calculator (ipywidgets)
+    p = labkit.costs.memory.plan("llama2-7b", recipe="mixed", zero_stage=3, dp=8)
+    mw.plan_figure(p, "H100 80GB"); print(mw.plan_table(p))
+    mw.measured_figure(rows)                          # rows from labkit.zero.measure.rows
+
+Every number comes from labkit.costs.memory / labkit.costs.models, so the calculator, the worked
+answers and the checkers can never disagree.
+"""
+from __future__ import annotations
+
+from labkit.costs import memory, models
+
+UNITS = {"GB": memory.GB, "GiB": memory.GiB}
+COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B",
+          "activations": "#B279A2", "gathered": "#9D755D"}
+CUSTOM = "custom"
+
+
+def plan_table(plan: memory.MemoryPlan, gpu="H100 80GB", unit: str = "GB") -> str:
+    """The plan's numbers as text, with the GPU's capacity and whether it fits."""
+    scale = UNITS[unit]
+    cap = memory.gpu_capacity(gpu)
+    lines = [f"{label:<24} {value:>10.2f} {unit}" for label, value in plan.rows(unit)]
+    verdict = "fits" if plan.fits(cap) else "does NOT fit"
+    name = gpu if isinstance(gpu, str) else "custom GPU"
+    lines.append(f"{name + ' capacity':<24} {cap / scale:>10.2f} {unit}  -> {verdict}")
+    s = plan.settings
+    lines.append(f"model {s['model']}: {s['n_params'] / 1e9:.3f}B parameters; recipe {s['recipe']}")
+    lines.append(f"(1 GB = 1e9 bytes, 1 GiB = 2^30 bytes)")
+    return "\n".join(lines)
+
+
+def plan_figure(plan: memory.MemoryPlan, gpu="H100 80GB", unit: str = "GB"):
+    """One stacked bar: parameters, gradients, optimizer states, activations vs the capacity."""
+    import plotly.graph_objects as go
+
+    scale = UNITS[unit]
+    cap = memory.gpu_capacity(gpu)
+    fig = go.Figure()
+    for c in plan.COMPONENTS:
+        v = getattr(plan, c) / scale
+        if v > 0:
+            fig.add_bar(name=plan.LABELS[c], x=["per GPU"], y=[v], marker_color=COLORS[c],
+                        hovertemplate=f"{plan.LABELS[c]}: %{{y:.2f}} {unit}<extra></extra>")
+    fig.add_hline(y=cap / scale, line_dash="dash", line_color="red",
+                  annotation_text=f"{gpu if isinstance(gpu, str) else 'GPU'}: "
+                                  f"{cap / scale:.1f} {unit}")
+    s = plan.settings
+    fits = "fits" if plan.fits(cap) else "does not fit"
+    fig.update_layout(barmode="stack", height=420, width=520, legend_orientation="v",
+                      yaxis_title=unit, title=f"{s['model']}, ZeRO-{s['zero_stage']}, "
+                      f"DP{s['dp']} TP{s['tp']} PP{s['pp']}: {plan.total / scale:.1f} {unit} "
+                      f"({fits})", yaxis_range=[0, 1.15 * max(plan.total, cap) / scale])
+    return fig
+
+
+def measured_figure(rows, parts=("params", "grads", "optimizer")):
+    """Measured bytes per rank (bars) and the calculator's prediction (markers), per stage and N."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    xs = [f"N={r['ranks']}<br>ZeRO-{r['stage']}" for r in rows]
+    for part in parts:
+        fig.add_bar(name=f"{part} (measured)", x=xs,
+                    y=[r[f"{part}_measured"] / 1e3 for r in rows], marker_color=COLORS[part])
+    fig.add_scatter(name="predicted total (labkit.costs.memory)", x=xs,
+                    y=[r["total_predicted"] / 1e3 for r in rows], mode="markers",
+                    marker=dict(symbol="line-ew-open", size=40, line_width=3, color="black"))
+    fig.update_layout(barmode="stack", height=420, yaxis_title="KB per rank (1e3 bytes)",
+                      title="Bytes each rank keeps after a step: measured vs predicted",
+                      legend_orientation="h", legend_y=-0.25)
+    return fig
+
+
+def traffic_figure(rows):
+    """Bytes sent per rank per step in units of Ψ values, measured vs 2(N-1)/N and 3(N-1)/N."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    xs = [f"N={r['ranks']}<br>ZeRO-{r['stage']}" for r in rows]
+    fig.add_bar(name="measured", x=xs, y=[r["sent_in_psi"] for r in rows])
+    fig.add_scatter(name="predicted", x=xs, mode="markers",
+                    y=[r["sent_predicted"] / r["sent_measured"] * r["sent_in_psi"] for r in rows],
+                    marker=dict(symbol="line-ew-open", size=40, line_width=3, color="black"))
+    fig.update_layout(height=380, yaxis_title="bytes sent / (bytes per value x Ψ)",
+                      title="Traffic per rank per step: 2(N-1)/N Ψ for stages 0-2, 3(N-1)/N Ψ "
+                            "for stage 3", legend_orientation="h")
+    return fig
+
+
+def calculator():
+    """The memory calculator: model, shape, parallelism, ZeRO, precision, recomputation, GPU."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    style = {"description_width": "110px"}
+    lay = w.Layout(width="330px")
+    model = w.Dropdown(options=list(models.PRESETS) + [CUSTOM], value="llama2-7b",
+                       description="model", style=style, layout=lay)
+    hidden = w.IntText(4096, description="hidden", style=style, layout=lay)
+    layers = w.IntText(32, description="layers", style=style, layout=lay)
+    heads = w.IntText(32, description="heads", style=style, layout=lay)
+    kv = w.IntText(32, description="kv heads", style=style, layout=lay)
+    ffn = w.IntText(11008, description="FFN size", style=style, layout=lay)
+    vocab = w.IntText(32000, description="vocabulary", style=style, layout=lay)
+    gated = w.Checkbox(True, description="gated MLP (SwiGLU)", indent=False)
+    tied = w.Checkbox(False, description="tied embeddings", indent=False)
+    custom_box = w.VBox([hidden, layers, heads, kv, ffn, vocab, gated, tied])
+    seq = w.IntText(4096, description="sequence length", style=style, layout=lay)
+    mbs = w.IntSlider(1, min=1, max=32, description="micro-batch", style=style, layout=lay)
+    dp = w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=8,
+                    description="DP degree", style=style, layout=lay)
+    tp = w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP degree", style=style, layout=lay)
+    pp = w.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="PP degree", style=style,
+                    layout=lay)
+    stage = w.Dropdown(options=[("0 (DDP)", 0), ("1: optimizer", 1), ("2: + gradients", 2),
+                                ("3: + parameters (FSDP)", 3)], value=1,
+                       description="ZeRO stage", style=style, layout=lay)
+    recipe = w.Dropdown(options=[(f"{r.name}: {r.weights:g}+{r.grads:g}+{r.optimizer:g}="
+                                  f"{r.total:g} B/param", k) for k, r in memory.RECIPES.items()],
+                        value="mixed", description="precision", style=style, layout=lay)
+    recompute = w.Dropdown(options=list(memory.RECOMPUTE), value="selective",
+                           description="recompute", style=style, layout=lay)
+    sp = w.Checkbox(False, description="sequence parallel (with TP)", indent=False)
+    offload = w.Dropdown(options=[("none", 0), ("optimizer -> CPU", 1),
+                                  ("optimizer + params -> CPU", 2)], value=0,
+                         description="offload", style=style, layout=lay)
+    gpu = w.Dropdown(options=list(memory.GPUS) + [CUSTOM], value="H100 80GB",
+                     description="GPU", style=style, layout=lay)
+    custom_gib = w.FloatText(24.0, description="custom GiB", style=style, layout=lay)
+    unit = w.ToggleButtons(options=["GB", "GiB"], value="GB", description="unit", style=style)
+    out = w.Output()
+
+    def spec_now():
+        if model.value != CUSTOM:
+            return models.preset(model.value)
+        return models.ModelSpec("custom", vocab_size=vocab.value, hidden=hidden.value,
+                                n_layers=layers.value, n_heads=heads.value,
+                                n_kv_heads=kv.value, ffn_hidden=ffn.value,
+                                gated_mlp=gated.value, tied_embeddings=tied.value)
+
+    def update(*_):
+        custom_box.layout.display = "" if model.value == CUSTOM else "none"
+        custom_gib.layout.display = "" if gpu.value == CUSTOM else "none"
+        out.clear_output(wait=True)
+        with out:
+            try:
+                p = memory.plan(spec_now(), recipe=recipe.value, zero_stage=stage.value,
+                                dp=dp.value, tp=tp.value, pp=pp.value, seq_len=seq.value,
+                                micro_batch=mbs.value, recompute=recompute.value,
+                                sequence_parallel=sp.value and tp.value > 1,
+                                offload_optimizer=offload.value >= 1,
+                                offload_params=offload.value == 2)
+            except (ValueError, KeyError) as err:
+                print(f"cannot compute this configuration: {err}")
+                return
+            g = custom_gib.value * memory.GiB if gpu.value == CUSTOM else gpu.value
+            display(plan_figure(p, g, unit.value))
+            print(plan_table(p, g, unit.value))
+
+    def on_model(change):
+        if change["new"] != CUSTOM:
+            s = models.preset(change["new"])
+            seq.value = s.seq_len
+        update()
+
+    model.observe(on_model, "value")
+    for wd in (hidden, layers, heads, kv, ffn, vocab, gated, tied, seq, mbs, dp, tp, pp, stage,
+               recipe, recompute, sp, offload, gpu, custom_gib, unit):
+        wd.observe(update, "value")
+    left = w.VBox([model, custom_box, seq, mbs, recipe, recompute, sp])
+    right = w.VBox([dp, tp, pp, stage, offload, gpu, custom_gib, unit])
+    update()
+    return w.VBox([w.HBox([left, right]), out])
