@@ -15,6 +15,7 @@ from labkit.checkpoint.errors import (CorruptCheckpointError, MissingShardError,
                                       WrongModelError)
 from labkit.checkpoint.full import load_full, save_full
 from labkit.checkpoint.resume import RunConfig, build, resume_jobs, train
+from labkit.check.ch06 import assert_resume_matches, assert_round_trip, assert_weights_only
 from labkit.launch import run
 
 CFG = RunConfig()
@@ -32,9 +33,9 @@ def _resume_all(world, root):
 @pytest.mark.parametrize("world", [1, 2])
 def test_resume_is_bitwise_identical_and_diverges_without_rng(world, tmp_path):
     straight, resumed, no_rng = _resume_all(world, str(tmp_path))
-    for r in range(world):
-        assert torch.equal(straight[r][0], resumed[r][0]), f"rank {r}: resumed params differ"
-        assert not torch.equal(straight[r][0], no_rng[r][0]), "resume without RNG should diverge"
+    # the exercise checker's own assertions (shared): equal with RNG, different without
+    assert_resume_matches([[s] for s in straight], [[r] for r in resumed], world)
+    assert_resume_matches([[s] for s in straight], [[n] for n in no_rng], world, expect_equal=False)
     assert straight[0][1][4:] == resumed[0][1], "losses after the resume differ"
     if world == 2:
         assert torch.equal(straight[0][0], straight[1][0]), "replicas drifted apart"
@@ -270,3 +271,17 @@ def test_activation_checkpointing_keeps_only_block_inputs_and_same_gradients():
         model(x, y)[1].backward()
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p.grad, q.grad), f"{n}: recomputation changed the gradient"
+
+
+def test_checker_helpers_catch_incomplete_rng_capture():
+    from labkit.checkpoint.rng import rng_state, set_rng_state
+
+    assert_round_trip(rng_state, set_rng_state)
+    assert_weights_only(rng_state)
+    torch_only = (lambda: {"torch": torch.get_rng_state()},
+                  lambda s: torch.set_rng_state(s["torch"]))
+    with pytest.raises(AssertionError, match="Python's random"):
+        assert_round_trip(*torch_only)
+    import numpy as np
+    with pytest.raises(AssertionError, match="weights_only"):
+        assert_weights_only(lambda: {"numpy": np.random.get_state()})
