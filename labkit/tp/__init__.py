@@ -12,14 +12,16 @@ Parameter Language Models Using Model Parallelism", 2019, arXiv:1909.08053).
 Modules, one idea each:
     operators   Megatron's conjugate operators f and g (and the gather/split pair), CommLog
     layers      ColumnParallelLinear, RowParallelLinear
-    blocks      TensorParallelMLP (column then row), TensorParallelAttention (heads split)
+    blocks      TensorParallelMLP (column then row; NaiveTensorParallelMLP beside it),
+                TensorParallelAttention (heads split)
+    measure     rank jobs that count bytes and time layers (lab, benchmark, chapter)
     gpt         apply_tp(model, group): the one-process GPT turned into its TP version; gather back
 """
 from labkit.tp.operators import CommLog, f, g, gather_last_dim, split_last_dim
 from labkit.tp.layers import ColumnParallelLinear, RowParallelLinear
-from labkit.tp.blocks import TensorParallelAttention, TensorParallelMLP
+from labkit.tp.blocks import NaiveTensorParallelMLP, TensorParallelAttention, TensorParallelMLP
 from labkit.tp.gpt import apply_tp, check_tp_sizes, gather_tp_grads, gather_tp_state
 
 __all__ = ["CommLog", "f", "g", "gather_last_dim", "split_last_dim", "ColumnParallelLinear",
-           "RowParallelLinear", "TensorParallelAttention", "TensorParallelMLP", "apply_tp",
+           "RowParallelLinear", "NaiveTensorParallelMLP", "TensorParallelAttention", "TensorParallelMLP", "apply_tp",
            "check_tp_sizes", "gather_tp_grads", "gather_tp_state"]

@@ -17,6 +17,28 @@ from labkit.tp.layers import ColumnParallelLinear, RowParallelLinear, check_divi
 from labkit.tp.operators import f, world_of
 
 
+class NaiveTensorParallelMLP(nn.Module):
+    """The naive split: both layers column-parallel, each output all-gathered before the next.
+
+    Correct, but it moves an all-gather of (B, T, 4h) and one of (B, T, h) forward and two
+    all-reduces backward, where Megatron's column-then-row pairing moves one all-reduce of
+    (B, T, h) each way. Kept beside TensorParallelMLP so the difference can be measured."""
+
+    def __init__(self, fc: ColumnParallelLinear, proj: ColumnParallelLinear, dropout: float = 0.0):
+        super().__init__()
+        self.fc, self.proj, self.dropout = fc, proj, dropout
+
+    @classmethod
+    def from_mlp(cls, mlp, group=None):
+        return cls(ColumnParallelLinear.from_linear(mlp.fc, group, gather_output=True),
+                   ColumnParallelLinear.from_linear(mlp.proj, group, gather_output=True),
+                   mlp.dropout)
+
+    def forward(self, x):                                    # (B, T, h)
+        x = F.gelu(self.fc(x))                               # (B, T, 4h) gathered
+        return F.dropout(self.proj(x), self.dropout, self.training)  # (B, T, h) gathered
+
+
 class TensorParallelMLP(nn.Module):
     def __init__(self, fc: ColumnParallelLinear, proj: RowParallelLinear, dropout: float = 0.0):
         super().__init__()

@@ -1,0 +1,52 @@
+"""Benchmark: forward + backward time of a TP MLP and a TP GPT block at TP = 1, 2, 4, and the
+bytes of every all-reduce measured on real processes against the formula b*s*h elements.
+
+    labkit bench tp [--tps 1 2 4] [--hidden 256] [--batch 8] [--seq 64] [--repeats 10]
+
+Times are medians on rank 0 (with a barrier around each step) and reported as a ratio to TP=1
+measured in the same run. On a CPU with a core or two per rank this measures the communication
+overhead of TP, not its speed-up: ranks share cores, Gloo goes through the kernel's loopback.
+"""
+from __future__ import annotations
+
+import argparse
+
+from labkit.costs import tensor_parallel as tpc
+
+
+def main(argv=()) -> dict:
+    from labkit.tp.measure import count_layer_comm, time_layers
+
+    p = argparse.ArgumentParser(prog="labkit bench tp")
+    p.add_argument("--tps", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=10)
+    a = p.parse_args(list(argv))
+    b, s, h = a.batch, a.seq, a.hidden
+    rows = time_layers(tuple(a.tps), b=b, s=s, h=h, n_head=a.heads, repeats=a.repeats)
+    comm_rows = []
+    for tp in a.tps:
+        if tp == 1:
+            continue
+        events = count_layer_comm(tp, b=b, s=s, h=h, n_head=a.heads)
+        measured = sum(e["measured_bytes"] for e in events)
+        predicted = tpc.layer_allreduce_bytes(b, s, h, 4)
+        comm_rows.append({"tp": tp, "allreduces": len(events),
+                          "predicted_allreduces": tpc.allreduces_per_layer(),
+                          "measured_bytes": measured, "predicted_bytes": predicted,
+                          "exact": measured == predicted and len(events) == tpc.allreduces_per_layer(),
+                          "sent_per_rank_ring": tpc.layer_bytes_sent_per_rank(b, s, h, tp, 4)})
+    print(f"one layer fwd+bwd, b={b} s={s} h={h} fp32, median of {a.repeats} (rank 0)")
+    print(f"{'tp':>3} {'kind':>6} {'ms':>9} {'vs TP=1':>8}")
+    for r in rows:
+        print(f"{r['tp']:>3} {r['kind']:>6} {r['seconds'] * 1e3:>9.3f} {r['vs_tp1']:>8.2f}")
+    print(f"\nall-reduce bytes per layer (fwd+bwd): measured vs 4 * b*s*h*4 bytes")
+    print(f"{'tp':>3} {'count':>5} {'measured B':>11} {'predicted B':>11} {'exact':>6} "
+          f"{'ring sent/rank B':>16}")
+    for r in comm_rows:
+        print(f"{r['tp']:>3} {r['allreduces']:>5} {r['measured_bytes']:>11} "
+              f"{r['predicted_bytes']:>11} {str(r['exact']):>6} {r['sent_per_rank_ring']:>16.0f}")
+    return {"rows": rows, "comm": comm_rows, "config": {"b": b, "s": s, "h": h}}

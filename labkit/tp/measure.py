@@ -1,0 +1,111 @@
+"""Measurements for chapter 04's lab, benchmark and notebook: count the bytes of every TP
+collective on real processes, and time a layer's forward + backward as TP grows.
+
+    from labkit.tp.measure import count_layer_comm, time_layers
+    count_layer_comm(tp=2, b=4, s=16, h=32)   # rows: one per collective, measured and predicted
+    time_layers(tps=(1, 2, 4), b=8, s=64, h=256)
+
+Each function launches its own processes (labkit.launch.run; under torchrun it runs in place).
+"""
+from __future__ import annotations
+
+from labkit.costs import tensor_parallel as tpc
+from labkit.launch import run
+
+
+def _config(h: int, s: int, n_head: int, n_layer: int = 1):
+    from labkit.model import GPTConfig
+
+    return GPTConfig(n_layer=n_layer, n_embd=h, n_head=n_head, block_size=s, vocab_size=96)
+
+
+def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
+    """On each rank: one fwd+bwd of a 1-layer TP GPT ('layer'), a TP MLP ('mlp') or the naive
+    all-gathering MLP ('naive mlp'); returns the CommLog's events, each marked by pass."""
+    import torch
+
+    from labkit.model import GPT, MLP, get_batch, tiny_corpus
+    from labkit.tp import CommLog, NaiveTensorParallelMLP, TensorParallelMLP, apply_tp
+
+    cfg = _config(h, s, n_head)
+    if what in ("mlp", "naive mlp"):
+        cls = NaiveTensorParallelMLP if what == "naive mlp" else TensorParallelMLP
+        torch.manual_seed(0)
+        mlp = cls.from_mlp(MLP(cfg), None)
+        x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        with CommLog() as log:
+            y = mlp(x)
+            n_fwd = len(log.events)
+            y.sum().backward()
+    else:
+        model = apply_tp(GPT(cfg, seed=0), None)
+        x, y = get_batch(tiny_corpus(), b, s, step=0)
+        with CommLog() as log:
+            _, loss = model(x, y)
+            n_fwd = len(log.events)
+            loss.backward()
+    return [dict(e, phase="forward" if i < n_fwd else "backward") for i, e in enumerate(log.events)]
+
+
+def count_layer_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int = 4,
+                     what: str = "layer", bytes_per_element: int = 4) -> list:
+    """Every collective of one layer's forward + backward at TP=tp, measured on rank 0, with the
+    formula's prediction beside it. what: 'layer' (a GPT block), 'mlp', or 'naive mlp'."""
+    if what not in ("layer", "mlp", "naive mlp"):
+        raise ValueError(f"what must be 'layer', 'mlp' or 'naive mlp', got {what!r}")
+    events = run(comm_job, tp, args=(h, s, b, n_head, what), echo=False)[0]
+    # the formula is Megatron's (b*s*h per all-reduce); the naive MLP has no formula here
+    predicted = None if what == "naive mlp" else tpc.allreduce_bytes(b, s, h, bytes_per_element)
+    return [{"tp": tp, "phase": e["phase"], "op": e["op"], "where": e["where"],
+             "shape": e["shape"], "measured_bytes": e["bytes"],
+             "predicted_bytes": predicted} for e in events]
+
+
+def time_job(kinds, h: int, s: int, b: int, n_head: int, repeats: int, warmup: int = 2):
+    """On each rank: median seconds of fwd+bwd for each kind ('mlp', 'block'), synchronised."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit.model import MLP, Block
+    from labkit.tp import TensorParallelAttention, TensorParallelMLP
+
+    cfg = _config(h, s, n_head)
+    torch.manual_seed(0)
+    out = {}
+    for kind in kinds:
+        if kind == "mlp":
+            mod = TensorParallelMLP.from_mlp(MLP(cfg), None)
+        else:
+            mod = Block(cfg)
+            mod.attn = TensorParallelAttention.from_attention(mod.attn, None)
+            mod.mlp = TensorParallelMLP.from_mlp(mod.mlp, None)
+        x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        times = []
+        for i in range(warmup + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            mod(x).sum().backward()
+            dist.barrier()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        out[kind] = statistics.median(times)
+    out["threads"] = torch.get_num_threads()
+    return out
+
+
+def time_layers(tps=(1, 2, 4), b: int = 8, s: int = 64, h: int = 256, n_head: int = 8,
+                kinds=("mlp", "block"), repeats: int = 10) -> list:
+    """Rows {tp, kind, seconds, vs_tp1}: forward + backward time of one TP layer (rank 0)."""
+    rows, base = [], {}
+    for tp in tps:
+        res = run(time_job, tp, args=(kinds, h, s, b, n_head, repeats), echo=False,
+                  kwargs=None, timeout=300)[0]
+        for kind in kinds:
+            base.setdefault(kind, res[kind])
+            rows.append({"tp": tp, "kind": kind, "seconds": res[kind],
+                         "vs_tp1": res[kind] / base[kind],
+                         "threads_per_rank": res["threads"]})
+    return rows
