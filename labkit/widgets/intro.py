@@ -1,0 +1,85 @@
+"""Chapter 00's calculator: the bytes a model needs before it sees a single token.
+
+    from labkit.widgets import intro
+    intro.memory_figure("llama2-7b", "mixed")     # stacked bar vs GPU sizes (plotly)
+    intro.calculator()                            # dropdowns: model, recipe, ZeRO stage, GPUs
+
+Every number comes from labkit.costs.models (parameter counts) and labkit.costs.memory
+(precision recipes, ZeRO stages), so the widget and the text can never disagree.
+"""
+from __future__ import annotations
+
+from labkit.costs import memory, models
+
+GB = 1e9
+PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer states"))
+
+
+def state_rows(model, recipe: str, zero_stage: int = 0, dp: int = 1) -> dict:
+    """{'weights', 'gradients', 'optimizer states', 'total'} in GB (1e9 bytes) per GPU."""
+    spec = model if isinstance(model, models.ModelSpec) else models.preset(model)
+    s = memory.model_states(models.num_params(spec), recipe=recipe, zero_stage=zero_stage, dp=dp)
+    out = {label: getattr(s, attr) / GB for attr, label in PARTS}
+    out["total"] = s.total / GB
+    return out
+
+
+def memory_figure(models_=("gpt2-124m", "llama2-7b", "llama2-13b", "llama2-70b", "gpt3-175b"),
+                  recipe: str = "mixed", zero_stage: int = 0, dp: int = 1, log: bool = True):
+    """Stacked bars of model-state GB per GPU for several presets, with GPU capacities drawn."""
+    import plotly.graph_objects as go
+
+    if isinstance(models_, str):
+        models_ = (models_,)
+    names = [models.preset(m).name for m in models_]
+    rows = [state_rows(m, recipe, zero_stage, dp) for m in models_]
+    fig = go.Figure()
+    for _, label in PARTS:
+        fig.add_bar(name=label, x=names, y=[r[label] for r in rows])
+    for gpu in ("A100 40GB", "H100 80GB", "H200 141GB"):
+        fig.add_hline(y=memory.GPUS[gpu] / GB, line_dash="dot",
+                      annotation_text=f"{gpu} ({memory.GPUS[gpu] / GB:.0f} GB)")
+    where = f"ZeRO-{zero_stage} over {dp} GPUs" if zero_stage else "one GPU"
+    fig.update_layout(barmode="stack", height=380, yaxis_type="log" if log else "linear",
+                      title=f"Model states per GPU, recipe '{recipe}' "
+                            f"({memory.get_recipe(recipe).total:g} bytes/param), {where}",
+                      yaxis_title="GB (1e9 bytes)", legend_orientation="h")
+    return fig
+
+
+def triangle_figure():
+    """The memory / compute / communication triangle and what each technique trades."""
+    import plotly.graph_objects as go
+
+    corners = {"memory": (0.0, 0.0), "compute": (1.0, 0.0), "communication": (0.5, 0.87)}
+    xs = [p[0] for p in corners.values()] + [0.0]
+    ys = [p[1] for p in corners.values()] + [0.0]
+    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines+markers+text", showlegend=False,
+                               text=list(corners) + [""], textposition=["bottom left",
+                               "bottom right", "top center", "bottom left"]))
+    trades = [((0.5, -0.08), "recomputation: compute for memory"),
+              ((0.12, 0.5), "ZeRO / TP / PP: communication for memory"),
+              ((0.88, 0.5), "DP: communication for compute (more GPUs)")]
+    for (x, y), text in trades:
+        fig.add_annotation(x=x, y=y, text=text, showarrow=False)
+    fig.update_layout(height=330, xaxis_visible=False, yaxis_visible=False,
+                      title="Every technique in this book moves cost along one edge",
+                      xaxis_range=[-0.4, 1.4], yaxis_range=[-0.2, 1.0])
+    return fig
+
+
+def calculator():
+    """Dropdowns and sliders over memory_figure: model, recipe, ZeRO stage, number of GPUs."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    def show(model, recipe, zero_stage, dp):
+        rows = state_rows(model, recipe, zero_stage, dp)
+        display(memory_figure((model,), recipe, zero_stage if dp > 1 else 0, dp, log=False))
+        print(" + ".join(f"{k} {v:.1f}" for k, v in rows.items() if k != "total")
+              + f" = {rows['total']:.1f} GB per GPU")
+
+    return w.interactive(show, model=w.Dropdown(options=list(models.PRESETS), value="llama2-7b"),
+                         recipe=w.Dropdown(options=list(memory.RECIPES), value="mixed"),
+                         zero_stage=w.IntSlider(value=0, min=0, max=3),
+                         dp=w.IntSlider(value=8, min=1, max=64))
