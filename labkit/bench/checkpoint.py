@@ -1,0 +1,90 @@
+"""Checkpoint benchmark: blocking vs async stall; sharded save at N = 1, 2, 4; labkit vs DCP.
+
+    labkit bench checkpoint [--mbytes 64] [--folder DIR]
+
+Every time is measured in this run; the columns to compare are the ratios (async / blocking,
+labkit / DCP), which travel between machines better than seconds do. The "load" rows read the
+checkpoint saved at N = 4 (so N = 2 and 1 reshard, both for labkit and for DCP).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+
+
+def _state(mbytes: float, n: int = 8) -> dict:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    per = int(mbytes * 1e6 / 4 / n)
+    return {f"layer{i}.weight": torch.randn(per, generator=g) for i in range(n)}
+
+
+def _job(root: str, mbytes: float, load_from: str | None):
+    """Sharded save (labkit, DCP) of the state at this world size, then loads of the N=4 save."""
+    import torch.distributed as dist
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from labkit.checkpoint import sharded as sh
+    from labkit.checkpoint.dcp_compare import _mesh, to_dtensors
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    state = _state(mbytes)
+    layout = sh.zero_layout(sh.shapes_of(state), world)
+    local = sh.shard_state(state, layout, rank)
+    mesh = _mesh()
+    dstate = to_dtensors(state, mesh)  # DTensors made outside the timed part, like `local`
+    target = to_dtensors({k: torch.zeros_like(v) for k, v in state.items()}, mesh)
+    dcp.save(to_dtensors({"warm": torch.zeros(8)}, mesh), checkpoint_id=f"{root}/warm{world}")
+    out = {}
+
+    def timed(key, fn):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier()  # a checkpoint is saved when the slowest rank is done
+        out[key] = time.perf_counter() - t0
+
+    timed("labkit_save", lambda: sh.save_sharded(f"{root}/labkit{world}", 1, local, layout))
+    timed("dcp_save", lambda: dcp.save(dstate, checkpoint_id=f"{root}/dcp{world}"))
+    src = load_from or str(world)
+    timed("labkit_load", lambda: sh.load_sharded(f"{root}/labkit{src}", layout, rank))
+    timed("dcp_load", lambda: dcp.load(target, checkpoint_id=f"{root}/dcp{src}"))
+    return out
+
+
+def main(argv=None) -> dict:
+    from labkit.checkpoint.async_save import measure_stall
+    from labkit.launch import run
+
+    p = argparse.ArgumentParser(prog="labkit bench checkpoint")
+    p.add_argument("--mbytes", type=float, default=64.0, help="state size in MB (1e6 bytes)")
+    p.add_argument("--folder", default=None, help="where to write (default: a temp folder)")
+    a, _ = p.parse_known_args(argv)
+    root = tempfile.mkdtemp(prefix="labkit-bench-ckpt-", dir=a.folder)
+    rows = []
+    try:
+        st = measure_stall(f"{root}/stall", a.mbytes, saves=3, work_s=0.5)
+        rows.append({"what": "stall per save", "N": 1, "a": "async", "a_s": st["async"]["stall_s"],
+                     "b": "blocking", "b_s": st["blocking"]["stall_s"]})
+        for world in (4, 2, 1):
+            r = run(_job, world, args=(root, a.mbytes, None if world == 4 else "4"), echo=False,
+                    timeout=300)[0]
+            rows.append({"what": "sharded save", "N": world, "a": "labkit", "a_s": r["labkit_save"],
+                         "b": "DCP", "b_s": r["dcp_save"]})
+            rows.append({"what": "load (saved at N=4)", "N": world, "a": "labkit",
+                         "a_s": r["labkit_load"], "b": "DCP", "b_s": r["dcp_load"]})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for r in rows:
+        r["ratio"] = r["a_s"] / r["b_s"]
+    print(f"checkpoint benchmark, state {a.mbytes:g} MB")
+    print(f"{'what':<22}{'N':>3}  {'a':<8}{'a (s)':>8}  {'b':<9}{'b (s)':>8}  {'a/b':>6}")
+    for r in rows:
+        print(f"{r['what']:<22}{r['N']:>3}  {r['a']:<8}{r['a_s']:>8.3f}  {r['b']:<9}{r['b_s']:>8.3f}"
+              f"  {r['ratio']:>6.2f}")
+    return {"mbytes": a.mbytes, "rows": rows}
