@@ -143,6 +143,18 @@ def _replace_and_errors():
         except ValueError as e:
             errors.append(str(e))
     out["errors"] = errors
+    from labkit.model import MLP
+    from labkit.tp import NaiveTensorParallelMLP
+
+    torch.manual_seed(0)  # nn.Linear draws from the global generator: same weights on all ranks
+    mlp = MLP(GPTConfig(n_embd=8, n_head=2))
+    naive = NaiveTensorParallelMLP.from_mlp(mlp, None)
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    mlp(x).square().sum().backward()
+    naive(x2).square().sum().backward()
+    out["naive"] = {"naive MLP input grad": (x2.grad, x.grad),
+                    "naive MLP output": (naive(x2).detach(), mlp(x).detach())}
     return out
 
 
@@ -158,6 +170,7 @@ def test_replaced_parameters_and_clear_errors():
         assert "in_features=7" in e[1]
         assert "n_head" in e[2] and "3" in e[2] and "degree 2" in e[2]
         assert "expected 3" in e[3]
+    ch04.assert_pairs([r["naive"] for r in res])
 
 
 def test_costs_formula():

@@ -11,38 +11,10 @@ import argparse
 import os
 
 
-def _train(cfg_kwargs, steps, batch):
-    import torch
-
-    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-    from labkit.tp import CommLog, apply_tp, gather_tp_grads
-
-    cfg = GPTConfig(**cfg_kwargs)
-    ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0), None)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ref, tp)]
-    tokens, rows, events = tiny_corpus(), [], []
-    for step in range(steps):
-        x, y = get_batch(tokens, batch, cfg.block_size, step)
-        _, loss_r = ref(x, y)
-        loss_r.backward()
-        with CommLog() as log:
-            _, loss_t = tp(x, y)
-            n_fwd = len(log.events)
-            loss_t.backward()
-        events = [dict(e, phase="forward" if i < n_fwd else "backward")
-                  for i, e in enumerate(log.events)]
-        grads = gather_tp_grads(tp)
-        diff = max((grads[n] - p.grad).abs().max().item() for n, p in ref.named_parameters())
-        rows.append((step, loss_r.item(), loss_t.item(), diff))
-        for o in opts:
-            o.step()
-            o.zero_grad()
-    return {"rows": rows, "events": events}
-
-
 def main(argv=()):
     from labkit.costs import tensor_parallel as tpc
     from labkit.launch import run
+    from labkit.tp.measure import train_side_by_side
 
     p = argparse.ArgumentParser(prog="labkit run tp")
     p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
@@ -54,7 +26,7 @@ def main(argv=()):
     p.add_argument("--block-size", type=int, default=32)
     a = p.parse_args(list(argv))
     cfg = dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, block_size=a.block_size)
-    res = run(_train, a.nproc, args=(cfg, a.steps, a.batch))[0]
+    res = run(train_side_by_side, a.nproc, args=(cfg, a.steps, a.batch))[0]
     if os.environ.get("RANK", "0") != "0":
         return 0
     print(f"TP={a.nproc}: GPT n_layer={a.n_layer} n_embd={a.n_embd} n_head={a.n_head}, "

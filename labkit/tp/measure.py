@@ -1,7 +1,8 @@
 """Measurements for chapter 04's lab, benchmark and notebook: count the bytes of every TP
 collective on real processes, and time a layer's forward + backward as TP grows.
 
-    from labkit.tp.measure import count_layer_comm, time_layers
+    from labkit.tp.measure import count_layer_comm, time_layers, train_side_by_side
+    run(train_side_by_side, 2, args=(dict(n_layer=2), 2, 4))  # TP GPT next to the reference
     count_layer_comm(tp=2, b=4, s=16, h=32)   # rows: one per collective, measured and predicted
     time_layers(tps=(1, 2, 4), b=8, s=64, h=256)
 
@@ -59,6 +60,39 @@ def count_layer_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int 
     return [{"tp": tp, "phase": e["phase"], "op": e["op"], "where": e["where"],
              "shape": e["shape"], "measured_bytes": e["bytes"],
              "predicted_bytes": predicted} for e in events]
+
+
+def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
+    """On each rank: the one-process GPT and its TP version trained by SGD on the same batches.
+
+    Returns {"rows": [(step, loss_ref, loss_tp, max |grad diff|)], "events": the last step's
+    collectives (CommLog events marked forward/backward)}."""
+    import torch
+
+    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+    from labkit.tp import CommLog, apply_tp, gather_tp_grads
+
+    cfg = GPTConfig(**cfg_kwargs)
+    ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0), None)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ref, tp)]
+    tokens, rows, events = tiny_corpus(), [], []
+    for step in range(steps):
+        x, y = get_batch(tokens, batch, cfg.block_size, step)
+        _, loss_r = ref(x, y)
+        loss_r.backward()
+        with CommLog() as log:
+            _, loss_t = tp(x, y)
+            n_fwd = len(log.events)
+            loss_t.backward()
+        events = [dict(e, phase="forward" if i < n_fwd else "backward")
+                  for i, e in enumerate(log.events)]
+        grads = gather_tp_grads(tp)
+        diff = max((grads[n] - p.grad).abs().max().item() for n, p in ref.named_parameters())
+        rows.append((step, loss_r.item(), loss_t.item(), diff))
+        for o in opts:
+            o.step()
+            o.zero_grad()
+    return {"rows": rows, "events": events}
 
 
 def time_job(kinds, h: int, s: int, b: int, n_head: int, repeats: int, warmup: int = 2):
