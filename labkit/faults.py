@@ -41,7 +41,7 @@ def find_stragglers(times: list, threshold: float = 1.5) -> list:
     if threshold <= 1:
         raise ValueError(f"threshold={threshold}: a straggler is slower than typical, use > 1")
     medians = [statistics.median(t) for t in times]
-    typical = statistics.median(medians)
+    typical = statistics.median_low(medians)  # low median: with 2 ranks, the faster one
     return [(r, m / typical) for r, m in enumerate(medians) if m > threshold * typical]
 
 
