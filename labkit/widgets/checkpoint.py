@@ -1,0 +1,117 @@
+"""Chapter 06's checkpoint calculator: size, save time, and how often to save.
+
+    from labkit.widgets import checkpoint as cw
+    cw.calculator()                                  # ipywidgets: model, recipe, storage, MTBF
+    cw.waste_figure(save_s=60, mtbf_s=20 * 3600)     # wasted fraction vs interval, Young/Daly
+    cw.activation_figure(measured)                   # labkit.checkpoint.activation.measure()
+
+Every number comes from labkit.costs.checkpoint, like the worked answers in the chapter.
+"""
+from __future__ import annotations
+
+from labkit.costs import checkpoint as ck
+
+
+def plan(n_params_b: float, recipe: str, writers: int, per_writer_GBps: float,
+         storage_GBps: float, node_mtbf_h: float, nodes: int, restart_min: float,
+         interval_min: float) -> dict:
+    """The calculator's numbers (seconds, bytes) for one setting."""
+    size = ck.checkpoint_bytes(n_params_b * 1e9, recipe)
+    save = ck.save_time(size, writers, per_writer_GBps, storage_GBps)
+    mtbf = ck.cluster_mtbf_hours(node_mtbf_h, nodes) * 3600
+    restart = restart_min * 60
+    interval = interval_min * 60
+    return {"bytes": size, "save_s": save, "mtbf_s": mtbf, "restart_s": restart,
+            "young_s": ck.young_interval(save, mtbf), "daly_s": ck.daly_interval(save, mtbf),
+            "interval_s": interval, "waste": ck.waste_fraction(interval, save, mtbf, restart),
+            "lost_per_failure_s": ck.expected_lost_work_s(interval)}
+
+
+def plan_table(p: dict) -> str:
+    return "\n".join([
+        f"checkpoint size          {p['bytes'] / 1e9:10.1f} GB (1 GB = 1e9 bytes)",
+        f"save time                {p['save_s']:10.1f} s",
+        f"cluster MTBF             {p['mtbf_s'] / 3600:10.2f} h",
+        f"Young interval           {p['young_s'] / 60:10.1f} min   sqrt(2 delta M)",
+        f"Daly interval            {p['daly_s'] / 60:10.1f} min",
+        f"your interval            {p['interval_s'] / 60:10.1f} min",
+        f"work lost per failure    {p['lost_per_failure_s'] / 60:10.1f} min (half an interval)",
+        f"time wasted              {100 * p['waste']:10.2f} %  (saving + redoing + restarting)"])
+
+
+def waste_figure(save_s: float, mtbf_s: float, restart_s: float = 0.0, mark_s: float | None = None):
+    """Wasted fraction of time vs checkpoint interval (log axis), with both optima marked."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    young = ck.young_interval(save_s, mtbf_s)
+    xs = np.geomspace(max(save_s, 1.0) / 4, min(mtbf_s, young * 30), 200)
+    ys = [100 * ck.waste_fraction(x, save_s, mtbf_s, restart_s) for x in xs]
+    fig = go.Figure()
+    fig.add_scatter(x=xs / 60, y=ys, name="saving + lost work", mode="lines")
+    fig.add_scatter(x=xs / 60, y=[100 * save_s / x for x in xs], name="saving only",
+                    line_dash="dot")
+    fig.add_scatter(x=xs / 60, y=[100 * (x / 2 + restart_s) / mtbf_s for x in xs],
+                    name="lost work + restart", line_dash="dot")
+    fig.add_vline(x=young / 60, line_dash="dash", annotation_text="Young")
+    fig.add_vline(x=ck.daly_interval(save_s, mtbf_s) / 60, line_dash="dot",
+                  annotation_text="Daly", annotation_position="bottom right")
+    if mark_s:
+        fig.add_vline(x=mark_s / 60, line_color="red", annotation_text="yours")
+    fig.update_layout(xaxis_type="log", xaxis_title="checkpoint interval (minutes)",
+                      yaxis_title="time wasted (%)", height=380,
+                      yaxis_range=[0, min(100, 4 * max(min(ys), 0.5))],
+                      title=f"save {save_s:.0f} s, cluster MTBF {mtbf_s / 3600:.1f} h")
+    return fig
+
+
+def activation_figure(m: dict):
+    """Saved activation bytes per block and fwd+bwd time, plain vs recompute (measured vs
+    predicted: the block input only, and 4/3 of the time)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "activation bytes kept per block (KB)", "fwd+bwd time relative to plain"))
+    modes = ["plain", "recompute"]
+    fig.add_bar(x=modes, y=[m[k]["per_block_bytes"] / 1e3 for k in modes], name="measured",
+                marker_color="#4C78A8", row=1, col=1)
+    fig.add_scatter(x=["recompute"], y=[m["predicted_block_bytes_recompute"] / 1e3],
+                    mode="markers", marker_symbol="line-ew-open", marker_size=40,
+                    marker_line_width=3, name="predicted: B*T*h*4 bytes", row=1, col=1)
+    fig.add_bar(x=modes, y=[1.0, m["time_factor"]], name="measured time", marker_color="#F58518",
+                row=1, col=2)
+    fig.add_scatter(x=["recompute"], y=[m["predicted_factor"]], mode="markers",
+                    marker_symbol="line-ew-open", marker_size=40, marker_line_width=3,
+                    name="predicted: (f+b+f)/(f+b) = 4/3", row=1, col=2)
+    fig.update_layout(height=360, legend_orientation="h", legend_y=-0.2)
+    return fig
+
+
+def calculator():
+    """Sliders over plan(): size, save time, Young/Daly intervals, waste, with the waste curve."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    out = w.Output()
+    controls = dict(
+        n_params_b=w.FloatLogSlider(value=70, base=10, min=-1, max=3, description="params (B)"),
+        recipe=w.Dropdown(options=sorted(ck.RECIPES), value="mixed_adam", description="recipe"),
+        writers=w.IntSlider(value=64, min=1, max=1024, description="writers"),
+        per_writer_GBps=w.FloatSlider(value=2.0, min=0.1, max=25, description="GB/s each"),
+        storage_GBps=w.FloatSlider(value=100, min=1, max=2000, description="storage GB/s"),
+        node_mtbf_h=w.FloatLogSlider(value=43800, base=10, min=2, max=6, description="node MTBF h"),
+        nodes=w.IntSlider(value=256, min=1, max=4096, description="nodes"),
+        restart_min=w.FloatSlider(value=10, min=0, max=60, description="restart min"),
+        interval_min=w.FloatSlider(value=30, min=1, max=600, description="interval min"))
+
+    def update(**kw):
+        p = plan(**kw)
+        out.clear_output(wait=True)
+        with out:
+            print(plan_table(p))
+            waste_figure(p["save_s"], p["mtbf_s"], p["restart_s"], p["interval_s"]).show()
+
+    ui = w.interactive(update, **controls)
+    display(w.VBox([w.HBox([w.VBox(list(ui.children[:5])), w.VBox(list(ui.children[5:-1]))]),
+                    out]))
+    update(**{k: c.value for k, c in controls.items()})
