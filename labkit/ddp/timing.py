@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from labkit.ddp.common import Timeline
 from labkit.ddp.verify import build_model, wrap
+from labkit.launch import device
 from labkit.model import get_batch, tiny_corpus
 
 BENCH = dict(n_layer=2, n_embd=64, n_head=4, block_size=32)
@@ -41,7 +42,7 @@ _NULL = _Null()
 
 
 def _setup(kind, cfg, bucket_mb, timeline=None):
-    model = build_model(cfg, seed=0, dtype="float32")
+    model = build_model(cfg, seed=0, dtype="float32").to(device())
     ddp = wrap(kind, model, bucket_mb=bucket_mb, timeline=timeline)
     opt = torch.optim.SGD(ddp.module.parameters(), lr=1e-3)
     return ddp, opt
@@ -55,6 +56,7 @@ def time_steps(variants, cfg: dict = BENCH, *, batch: int = 8, steps: int = 5, r
     tokens = tiny_corpus()
     setups = [_setup(kind, cfg, mb) for kind, mb in variants]
     x, y = get_batch(tokens, batch, cfg["block_size"], step=rank)            # (batch, T)
+    x, y = x.to(device()), y.to(device())
     for ddp, opt in setups:
         for _ in range(warmup):
             _step(ddp, opt, x, y)
@@ -84,7 +86,8 @@ def trace_step(kind: str, cfg: dict = BENCH, *, batch: int = 8, bucket_mb=25.0, 
     in milliseconds since the step began (clocks aligned by a barrier just before)."""
     tl = Timeline()
     ddp, opt = _setup(kind, cfg, bucket_mb, timeline=tl)
-    x, y = get_batch(tiny_corpus(), batch, cfg["block_size"], step=dist.get_rank())
+    x, y = (t.to(device()) for t in get_batch(tiny_corpus(), batch, cfg["block_size"],
+                                              step=dist.get_rank()))
     for _ in range(warmup):
         _step(ddp, opt, x, y)
     dist.barrier()
@@ -102,9 +105,10 @@ def measure_parts(cfg: dict = BENCH, *, batch: int = 8, repeats: int = 7) -> dic
     """The pieces of the step-time formula, measured on this rank (medians, seconds):
     compute (forward + backward + optimizer of the plain model, no communication), alpha (an
     all-reduce of one element) and full_comm (one all-reduce of every gradient, flat)."""
-    model = build_model(cfg, seed=0, dtype="float32")
+    model = build_model(cfg, seed=0, dtype="float32").to(device())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = get_batch(tiny_corpus(), batch, cfg["block_size"], step=dist.get_rank())
+    x, y = (t.to(device()) for t in get_batch(tiny_corpus(), batch, cfg["block_size"],
+                                              step=dist.get_rank()))
 
     def med(fn):
         ts = []
@@ -117,7 +121,7 @@ def measure_parts(cfg: dict = BENCH, *, batch: int = 8, repeats: int = 7) -> dic
 
     compute = med(lambda: _step(model, opt, x, y))
     numel = sum(p.numel() for p in model.parameters())
-    flat, one = torch.zeros(numel), torch.zeros(1)
+    flat, one = torch.zeros(numel, device=device()), torch.zeros(1, device=device())
     return {"compute": compute, "alpha": med(lambda: dist.all_reduce(one)),
             "full_comm": med(lambda: dist.all_reduce(flat)), "grad_bytes": 4 * numel,
             "n_params": len(list(model.parameters()))}
@@ -135,11 +139,12 @@ def torch_ddp_buckets(cfg: dict = BENCH, *, batch: int = 8, bucket_mb: float = 2
         fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
         return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
 
-    model = build_model(cfg, seed=0, dtype="float32")
+    model = build_model(cfg, seed=0, dtype="float32").to(device())
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
     ddp.register_comm_hook(None, counting_hook)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = get_batch(tiny_corpus(), batch, cfg["block_size"], step=dist.get_rank())
+    x, y = (t.to(device()) for t in get_batch(tiny_corpus(), batch, cfg["block_size"],
+                                              step=dist.get_rank()))
     _step(ddp, opt, x, y)
     calls.clear()
     _step(ddp, opt, x, y)

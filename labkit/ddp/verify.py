@@ -12,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 
 SMALL = dict(n_layer=1, n_embd=16, n_head=2, block_size=16)  # fast enough for tests on 2 cores
@@ -91,7 +92,8 @@ def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if batch < world * accum:
         raise ValueError(f"batch={batch} is too small for world={world} x accum={accum}")
-    model = build_model(cfg, seed=rank, frozen=frozen, dtype=dtype)
+    dev = device()  # this rank's GPU under NCCL, else the CPU
+    model = build_model(cfg, seed=rank, frozen=frozen, dtype=dtype).to(dev)
     ready = []  # when each gradient became ready; hooks registered first fire first
     for p in model.parameters():
         if p.requires_grad:
@@ -108,7 +110,8 @@ def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: 
             first, windows = len(counter.calls), []
             ready.clear()
             for i, (xm, ym) in enumerate(_micro_batches(x, y, accum)):
-                xl, yl = shard_rows(xm, rank, world), shard_rows(ym, rank, world)  # (b, T)
+                xl = shard_rows(xm, rank, world).to(dev)                        # (b, T)
+                yl = shard_rows(ym, rank, world).to(dev)
                 last = i == accum - 1
                 ctx = ddp.no_sync() if no_sync and not last else contextlib.nullcontext()
                 with ctx:
