@@ -1,0 +1,132 @@
+"""Lab 07: DP x TP on one mesh: the tensor-parallel GPT replicated over data-parallel groups,
+trained side by side with the one-process GPT; after several steps they are equal.
+
+    labkit run hybrid --nproc 4 --dp 2 --tp 2 [--steps 4 --batch 5]
+    torchrun --nproc-per-node 4 -m labkit run hybrid --dp 2 --tp 2
+
+Every rank builds the same GPT (seed 0) and keeps its tensor-parallel shards over its TP group
+(labkit.tp.apply_tp, Megatron f/g). Ranks with the same DP index form a TP group and see the same
+rows of the global batch (labkit.model.shard_rows: uneven when DP does not divide the batch);
+after the backward each gradient (shard) is all-reduced over the DP group, weighted by the rows
+each replica saw, so the step equals the one-process step on the whole batch. Groups come from
+labkit.topology (TP innermost, so a TP group is consecutive ranks, inside a node).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+DEFAULT_CFG = dict(n_layer=2, n_embd=32, n_head=4, block_size=16)
+
+
+def _optimizer(params, name: str, lr: float):
+    import torch
+
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.1)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+def train_dp_tp(dp: int, tp: int, cfg: dict, steps: int, batch: int, lr: float = 1e-2,
+                optim: str = "adamw"):
+    """Rank side. Returns the global loss per step, the first step's full gradients and the
+    final full parameters (gathered over TP, by the one-process GPT's names)."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+    from labkit.topology import Topology, build_groups
+    from labkit.tp import apply_tp
+    from labkit.tp.gpt import gather_tp_grads, gather_tp_state
+
+    topo = Topology(dist.get_world_size(), dp=dp, tp=tp)
+    groups = build_groups(topo)
+    d = groups.coords["dp"]
+    model = apply_tp(GPT(GPTConfig(**cfg), seed=0), groups.tp)
+    opt = _optimizer(model.parameters(), optim, lr)
+    tokens = tiny_corpus()
+    losses, first_grads = [], None
+    for step in range(steps):
+        x, y = get_batch(tokens, batch, cfg["block_size"], step)       # (B, T) global batch
+        xs, ys = shard_rows(x, d, dp), shard_rows(y, d, dp)              # (B_d, T) this replica's
+        _, loss = model(xs, ys)                                          # mean over B_d rows
+        weighted = loss * xs.shape[0] / batch                            # share of the global mean
+        opt.zero_grad(set_to_none=True)
+        weighted.backward()
+        for p in model.parameters():                                     # DP: sum the shares
+            dist.all_reduce(p.grad, group=groups.dp)
+        if step == 0:
+            first_grads = gather_tp_grads(model)
+        opt.step()
+        total = weighted.detach().clone()
+        dist.all_reduce(total, group=groups.dp)                          # the global batch's loss
+        losses.append(total.item())
+    return {"coords": groups.coords, "losses": losses, "grads": first_grads,
+            "params": gather_tp_state(model)}
+
+
+def reference(cfg: dict, steps: int, batch: int, lr: float = 1e-2, optim: str = "adamw"):
+    """The one-process GPT on the whole global batch: the same losses, gradients, parameters."""
+    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+
+    model = GPT(GPTConfig(**cfg), seed=0)
+    opt = _optimizer(model.parameters(), optim, lr)
+    tokens = tiny_corpus()
+    losses, first_grads = [], None
+    for step in range(steps):
+        x, y = get_batch(tokens, batch, cfg["block_size"], step)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if step == 0:
+            first_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "grads": first_grads,
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def max_differences(rank_result: dict, ref: dict) -> dict:
+    """Largest absolute differences from the reference: losses, first gradients, final params."""
+    def worst(a: dict, b: dict) -> float:
+        missing = set(b) - set(a)
+        if missing:
+            raise KeyError(f"the parallel model lacks {sorted(missing)}")
+        return max((a[k] - b[k]).abs().max().item() for k in b)
+
+    return {"loss": max(abs(p - q) for p, q in zip(rank_result["losses"], ref["losses"])),
+            "grads": worst(rank_result["grads"], ref["grads"]),
+            "params": worst(rank_result["params"], ref["params"])}
+
+
+def main(argv=()):
+    from labkit.launch import run
+    from labkit.topology import Topology
+
+    p = argparse.ArgumentParser(prog="labkit run hybrid")
+    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 4)))
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--batch", type=int, default=5, help="global batch (sequences); need not "
+                   "divide by DP")
+    p.add_argument("--optim", choices=("adamw", "sgd"), default="adamw")
+    a = p.parse_args(list(argv))
+    topo = Topology(a.nproc, dp=a.dp, tp=a.tp)      # checked here, before any process starts
+    results = run(train_dp_tp, a.nproc, args=(a.dp, a.tp, DEFAULT_CFG, a.steps, a.batch, 1e-2,
+                                               a.optim))
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    ref = reference(DEFAULT_CFG, a.steps, a.batch, 1e-2, a.optim)
+    print(topo.picture())
+    print(f"\nGPT {DEFAULT_CFG}, global batch {a.batch}, {a.optim}, fp32")
+    print(f"{'step':>4} {'loss (1 process)':>17} {'loss (DP x TP)':>15}")
+    for s, (lr_, lh) in enumerate(zip(ref["losses"], results[0]["losses"])):
+        print(f"{s:>4} {lr_:>17.6f} {lh:>15.6f}")
+    print(f"\n{'rank':>4} {'(dp, tp)':>9} {'max|loss diff|':>15} {'max|grad diff|':>15} "
+          f"{'max|param diff|':>16}")
+    for rank, res in enumerate(results):
+        d = max_differences(res, ref)
+        print(f"{rank:>4} {str((res['coords']['dp'], res['coords']['tp'])):>9} "
+              f"{d['loss']:>15.2e} {d['grads']:>15.2e} {d['params']:>16.2e}")
+    return 0

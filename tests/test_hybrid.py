@@ -1,0 +1,32 @@
+"""Lab 07: DP x TP on real processes equals the one-process GPT (losses, gradients, parameters)."""
+import pytest
+
+from labkit.labs.hybrid import DEFAULT_CFG, max_differences, reference, train_dp_tp
+from labkit.launch import run
+from labkit.topology import TopologyError
+
+# fp32; AdamW divides by sqrt(v), which magnifies last-bit differences of tiny gradients, so the
+# parameters after several steps get a looser bound than the first gradients
+TOL = {"loss": 1e-5, "grads": 1e-6, "params": 1e-4}
+
+
+@pytest.mark.parametrize("dp,tp,batch,optim", [(2, 2, 5, "adamw"), (3, 1, 7, "sgd")])
+def test_dp_x_tp_equals_one_process(dp, tp, batch, optim):
+    steps = 3
+    results = run(train_dp_tp, dp * tp, args=(dp, tp, DEFAULT_CFG, steps, batch, 1e-2, optim),
+                  echo=False)
+    ref = reference(DEFAULT_CFG, steps, batch, 1e-2, optim)
+    assert ref["losses"][-1] < ref["losses"][0]          # it trains, so equality means something
+    for rank, res in enumerate(results):
+        diff = max_differences(res, ref)
+        for key, tol in TOL.items():
+            assert diff[key] < tol, (rank, res["coords"], key, diff[key])
+    # the four coordinates of a 2 x 2 grid each appear once
+    assert len({(r["coords"]["dp"], r["coords"]["tp"]) for r in results}) == dp * tp
+
+
+def test_wrong_degrees_are_refused_before_launch():
+    from labkit.labs import hybrid
+
+    with pytest.raises(TopologyError, match="2 x 2 = 4, but the world has 3"):
+        hybrid.main(["--nproc", "3", "--dp", "2", "--tp", "2"])
