@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 OPS = ("sum", "avg")
+MIN_PIECE_BYTES = 256 * 1024  # below this a piece is latency-bound: do not pipeline further
 
 
 @dataclass
@@ -103,6 +104,9 @@ def _ring_phase(flat, n, rank, group, phase, pieces, traffic, reduce: bool):
     right, left = (rank + 1) % n, (rank - 1) % n
     bounds = chunk_bounds(flat.numel(), n)
     scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device) if reduce else None
+    # Small chunks are latency-bound: cutting them further only adds messages.
+    chunk_bytes = (bounds[0][1] - bounds[0][0]) * flat.element_size()
+    pieces = max(1, min(pieces, chunk_bytes // MIN_PIECE_BYTES))
     for step, plan in enumerate(ring_schedule(n, phase)):
         send_chunk, recv_chunk = plan[rank]
         send_parts = _pieces(*bounds[send_chunk], pieces)

@@ -45,7 +45,8 @@ def _time_on_ranks(sizes_bytes, algorithms, repeats, dtype_name="float32"):
                 fns[a](x, t)
                 dist.barrier()
                 best[a] = min(best[a], time.perf_counter() - start)
-                traffic[a] = (t.sent, t.received)
+                # the built-in's own traffic is not visible from Python
+                traffic[a] = (None, None) if a == "builtin" else (t.sent, t.received)
         for a in algorithms:
             out.append({"bytes": numel * x.element_size(), "algorithm": a, "seconds": best[a],
                         "sent": traffic[a][0], "received": traffic[a][1]})
@@ -64,8 +65,10 @@ def measure(nprocs: int, sizes_bytes, algorithms=ALGORITHMS, repeats: int = 3,
         rows.append({"ranks": nprocs, "bytes": row["bytes"], "algorithm": row["algorithm"],
                      "seconds": seconds,
                      "busbw": comm.busbw("all_reduce", row["bytes"], nprocs, seconds),
-                     "max_received": max(r[i]["received"] for r in per_rank),
-                     "max_sent": max(r[i]["sent"] for r in per_rank)})
+                     "max_received": None if row["received"] is None
+                     else max(r[i]["received"] for r in per_rank),
+                     "max_sent": None if row["sent"] is None
+                     else max(r[i]["sent"] for r in per_rank)})
     builtin = {r["bytes"]: r["seconds"] for r in rows if r["algorithm"] == "builtin"}
     for r in rows:
         if r["bytes"] in builtin:

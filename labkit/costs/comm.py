@@ -21,6 +21,7 @@ GB = 1e9
 GiB = 2**30
 MB = 1e6
 MiB = 2**20
+KiB = 2**10
 US = 1e-6  # one microsecond, in seconds
 
 
