@@ -48,18 +48,32 @@ def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
     return [dict(e, phase="forward" if i < n_fwd else "backward") for i, e in enumerate(log.events)]
 
 
+def _comm_jobs(h, s, b, n_head, whats):
+    return {what: comm_job(h, s, b, n_head, what) for what in whats}
+
+
+def count_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int = 4,
+               whats=("layer",), bytes_per_element: int = 4) -> dict:
+    """{what: rows} for several models in one launch; see count_layer_comm."""
+    for what in whats:
+        if what not in ("layer", "mlp", "naive mlp"):
+            raise ValueError(f"what must be 'layer', 'mlp' or 'naive mlp', got {what!r}")
+    per_what = run(_comm_jobs, tp, args=(h, s, b, n_head, tuple(whats)), echo=False)[0]
+    out = {}
+    for what, events in per_what.items():
+        # the formula is Megatron's (b*s*h per all-reduce); the naive MLP has no formula here
+        predicted = None if what == "naive mlp" else tpc.allreduce_bytes(b, s, h, bytes_per_element)
+        out[what] = [{"tp": tp, "phase": e["phase"], "op": e["op"], "where": e["where"],
+                      "shape": e["shape"], "measured_bytes": e["bytes"],
+                      "predicted_bytes": predicted} for e in events]
+    return out
+
+
 def count_layer_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int = 4,
                      what: str = "layer", bytes_per_element: int = 4) -> list:
     """Every collective of one layer's forward + backward at TP=tp, measured on rank 0, with the
     formula's prediction beside it. what: 'layer' (a GPT block), 'mlp', or 'naive mlp'."""
-    if what not in ("layer", "mlp", "naive mlp"):
-        raise ValueError(f"what must be 'layer', 'mlp' or 'naive mlp', got {what!r}")
-    events = run(comm_job, tp, args=(h, s, b, n_head, what), echo=False)[0]
-    # the formula is Megatron's (b*s*h per all-reduce); the naive MLP has no formula here
-    predicted = None if what == "naive mlp" else tpc.allreduce_bytes(b, s, h, bytes_per_element)
-    return [{"tp": tp, "phase": e["phase"], "op": e["op"], "where": e["where"],
-             "shape": e["shape"], "measured_bytes": e["bytes"],
-             "predicted_bytes": predicted} for e in events]
+    return count_comm(tp, b, s, h, n_head, (what,), bytes_per_element)[what]
 
 
 def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
