@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/env.sh
-exec python -m pytest tests chapters solutions --nbval-lax -p no:cacheprovider "$@"
+exec python -m pytest tests chapters solutions --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider --durations=25 "$@"

@@ -1,6 +1,7 @@
 """labkit.launch: results, errors, hangs, cleanup, isolation, notebook-defined functions."""
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -200,3 +201,22 @@ def test_function_defined_in_a_notebook_cell(tmp_path):
     NotebookClient(nb, timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     assert "[0, 2, 4]" in nb.cells[0].outputs[-1]["text"]
+
+
+def test_same_lab_runs_from_cli_and_under_torchrun():
+    """`labkit run ring` on local processes, and the same lab with one rank per torchrun process."""
+    import shutil
+    import subprocess
+    import sys
+
+    local = subprocess.run([sys.executable, "-m", "labkit", "run", "ring", "--nproc", "2",
+                            "--sizes-mib", "0.0625", "--repeats", "1"],
+                           capture_output=True, text=True, timeout=180)
+    assert local.returncode == 0, local.stderr[-2000:]
+    assert "parameter_server" in local.stdout and "65,536" in local.stdout
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    tr = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "labkit", "run",
+                         "ring", "--sizes-mib", "0.0625", "--repeats", "1"],
+                        capture_output=True, text=True, timeout=180)
+    assert tr.returncode == 0, tr.stderr[-2000:]
+    assert tr.stdout.count("parameter_server") == 1  # only rank 0 prints the table
