@@ -77,3 +77,35 @@ def test_bad_input_names_the_numbers():
         planner.evaluate(planner.Config(8, 4, 4), GPT3, A100_256)
     with pytest.raises(ValueError, match="multiple of 8"):
         planner.Cluster(12, 8)
+
+
+# ----------------------------------------------------------------------------- chapter 07 checkers
+def _rules_of_thumb(job, cluster):
+    """ZeRO only as far as memory needs, TP inside a node before PP, micro-batch 1."""
+    n, g = cluster.n_gpus, cluster.gpus_per_node
+    for zero in (1, 2, 3):
+        for tp in (t for t in (1, 2, 4, 8) if t <= g and n % t == 0):
+            for pp in (d for d in range(1, n // tp + 1) if (n // tp) % d == 0):
+                dp = n // (tp * pp)
+                if dp == 1 or job.global_batch % dp or job.global_batch // dp < pp:
+                    continue
+                c = planner.Config(tp, pp, dp, zero, 1)
+                if planner.evaluate(c, job, cluster).fits:
+                    return c
+
+
+def test_ch07_judge_accepts_sound_plans_and_says_why_others_fail():
+    from labkit.check import ch07
+
+    for job, cluster in ch07.SCENARIOS.values():
+        ch07.judge(_rules_of_thumb(job, cluster), job, cluster)
+        ch07.judge(planner.plan(job, cluster)[0].config, job, cluster)
+    ch07.judge(planner.Config(8, 4, 4, zero=1), LLAMA70, A100_128)        # the notes' 70B plan
+    with pytest.raises(AssertionError, match="slower than the best"):
+        ch07.judge(planner.Config(8, 4, 8, zero=2), GPT3, A100_256)       # ZeRO-2 x K=192 RS
+    with pytest.raises(AssertionError, match="usable"):
+        ch07.judge(planner.Config(2, 1, 128, zero=0), GPT3, A100_256)
+    with pytest.raises(AssertionError, match="product is 256"):
+        ch07.judge(planner.Config(8, 4, 4, zero=1), GPT3, A100_256)
+    with pytest.raises(AssertionError, match="spans nodes"):
+        ch07.judge(planner.Config(16, 4, 4, zero=1), GPT3, A100_256)

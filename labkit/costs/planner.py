@@ -92,6 +92,8 @@ class Config:
 
 @dataclass
 class Estimate:
+    """One configuration's numbers. Seconds per step; the step splits exactly as
+    K * compute_s + tp_comm_s + bubble_s + pp_comm_s + dp_exposed_s."""
     config: Config
     K: int                       # micro-batches per step per pipeline
     memory: memory.MemoryPlan    # bytes per GPU, by component
@@ -103,6 +105,7 @@ class Estimate:
     dp_comm_s: float             # per step, all of it
     dp_exposed_s: float          # the part not hidden under backward compute
     step_s: float
+    bubble_s: float = 0.0        # idle time of the pipeline ramp, (P-1)(t_f + t_b)
     notes: list = field(default_factory=list)
 
     @property
@@ -197,7 +200,7 @@ def evaluate(config: Config, job: Job, cluster: Cluster) -> Estimate:
     if c.zero == 3 and K > 1:
         notes.append(f"ZeRO-3 all-gathers the weights twice per micro-batch (K={K})")
     return Estimate(c, K, mem, fits, bubble, compute, K * tp_mb, 2 * (c.pp - 1) * t_p2p,
-                    dp_total, exposed, step, notes)
+                    dp_total, exposed, step, (c.pp - 1) * (t_f + t_b), notes)
 
 
 # ----------------------------------------------------------------------------- search

@@ -1,0 +1,110 @@
+"""The 3D planner as pictures and a widget: where ranks sit, and what each configuration costs.
+
+    from labkit.widgets import planner as pw
+    pw.mesh_figure(Topology(16, dp=2, tp=4, pp=2, gpus_per_node=8))   # rank grid on nodes
+    pw.ranked_figure(costs.planner.plan(job, cluster)[:10], cluster)  # time + memory per config
+    pw.planner()                                                       # the interactive planner
+
+All numbers come from labkit.costs.planner (which uses costs.memory, .pipeline, .comm, .flops).
+"""
+from __future__ import annotations
+
+from labkit.costs import comm, memory, models
+from labkit.costs import planner as P
+
+GB = 1e9
+TIME_PARTS = (("compute", "useful compute"), ("tp", "TP all-reduces"), ("bubble", "pipeline bubble"),
+              ("pp", "PP sends"), ("dp", "DP traffic not hidden"))
+
+
+def time_parts(e: P.Estimate) -> dict:
+    return {"compute": e.K * e.compute_s, "tp": e.tp_comm_s, "bubble": e.bubble_s,
+            "pp": e.pp_comm_s, "dp": e.dp_exposed_s}
+
+
+def ranked_figure(estimates, cluster: P.Cluster, title: str = ""):
+    """Left: the step time of each configuration split into its parts. Right: memory per GPU."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    labels = [str(e.config) for e in estimates][::-1]
+    ests = list(estimates)[::-1]
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.6, 0.4],
+                        subplot_titles=("seconds per step", "GB per GPU"))
+    for key, name in TIME_PARTS:
+        fig.add_bar(y=labels, x=[time_parts(e)[key] for e in ests], name=name, orientation="h",
+                    row=1, col=1)
+    for comp in memory.MemoryPlan.COMPONENTS:
+        fig.add_bar(y=labels, x=[getattr(e.memory, comp) / GB for e in ests], orientation="h",
+                    name=memory.MemoryPlan.LABELS[comp], row=1, col=2)
+    fig.add_vline(x=cluster.usable * cluster.capacity / GB, line_dash="dot", row=1, col=2)
+    fig.update_layout(barmode="stack", height=120 + 28 * len(labels), title=title,
+                      legend_orientation="h", legend_y=-0.15, margin_l=10)
+    return fig
+
+
+def mesh_figure(topo):
+    """One cell per GPU, one row per node: colour = pipeline stage, text = rank and (dp, tp)."""
+    import plotly.graph_objects as go
+
+    per_node = topo.gpus_per_node or topo.world
+    nodes = -(-topo.world // per_node)
+    z, text = [], []
+    for node in range(nodes):
+        zr, tr = [], []
+        for gpu in range(per_node):
+            r = node * per_node + gpu
+            if r >= topo.world:
+                zr.append(None), tr.append("")
+                continue
+            c = topo.coords(r)
+            zr.append(c["pp"])
+            tr.append(f"r{r}<br>dp{c['dp']} tp{c['tp']}")
+        z.append(zr), text.append(tr)
+    fig = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", colorscale="Viridis",
+                               showscale=topo.pp > 1, colorbar_title="PP stage", xgap=3, ygap=3,
+                               hoverinfo="skip"))
+    fig.update_layout(height=90 + 60 * nodes, title=f"PP {topo.pp} x DP {topo.dp} x TP {topo.tp} "
+                      f"on {nodes} node(s) of {per_node} GPUs (TP groups are consecutive ranks)",
+                      xaxis_title="GPU in node", yaxis_title="node", yaxis_autorange="reversed")
+    return fig
+
+
+def planner():
+    """Model, cluster and batch -> the top configurations, their costs and the best one's reasons."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    links = {name: link.bandwidth for name, link in comm.LINKS.items()}
+
+    def show(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch, seq_len, recipe,
+             recompute, top):
+        cluster = P.Cluster(n_gpus, gpus_per_node, gpu, intra_bw=links[intra],
+                            inter_bw=links[inter])
+        job = P.Job(model, global_batch=global_batch, seq_len=seq_len, recipe=recipe,
+                    recompute=recompute)
+        ranked = P.plan(job, cluster)
+        if not ranked:
+            print("No configuration fits: more GPUs, a bigger GPU, recomputation, or ZeRO-3.")
+            return
+        cols = ["TP", "PP", "DP", "ZeRO", "micro-batch", "K", "memory GB", "bubble %",
+                "DP comm s", "step s"]
+        print(P.table(ranked[:top], cols))
+        print("\nwhy the first one:")
+        for line in P.reasons(ranked[0], job, cluster):
+            print(" -", line)
+        display(ranked_figure(ranked[:top], cluster, f"{models.preset(model).name} on {n_gpus} x {gpu}"))
+
+    return w.interactive(
+        show,
+        model=w.Dropdown(options=list(models.PRESETS), value="llama2-70b"),
+        n_gpus=w.Dropdown(options=[8, 16, 32, 64, 128, 256, 512, 1024], value=128),
+        gpus_per_node=w.Dropdown(options=[4, 8], value=8),
+        gpu=w.Dropdown(options=list(memory.GPUS), value="A100 80GB"),
+        intra=w.Dropdown(options=list(links), value="NVLink 3 (A100 SXM)"),
+        inter=w.Dropdown(options=list(links), value="InfiniBand HDR 200 Gb/s"),
+        global_batch=w.Dropdown(options=[256, 512, 1024, 1536, 2048], value=1024),
+        seq_len=w.Dropdown(options=[1024, 2048, 4096, 8192], value=4096),
+        recipe=w.Dropdown(options=list(memory.RECIPES), value="mixed"),
+        recompute=w.Dropdown(options=["none", "selective", "full"], value="selective"),
+        top=w.IntSlider(value=8, min=3, max=20))
