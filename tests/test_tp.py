@@ -211,3 +211,19 @@ def test_operators_and_checker_hints():
         ch04._hint_bias([r["wrong"] for r in res], 3)
     with pytest.raises(AssertionError, match="autograd graph"):
         ch04.assert_pairs([r["bad f"] for r in res])
+
+
+def test_alpha_beta_prediction_and_views():
+    """No processes: TP scales worse on InfiniBand than on NVLink; the views build from costs."""
+    from labkit.costs import comm
+    from labkit.widgets import tp as view
+
+    nv = dict(tpc.tp_speedup(1, 4096, 8192, (2, 8), comm.LINKS["NVLink 4 (H100 SXM)"], 400e12))
+    ib = dict(tpc.tp_speedup(1, 4096, 8192, (2, 8), comm.LINKS["InfiniBand NDR 400 Gb/s"], 400e12))
+    assert 1 < ib[8] < nv[8] < 8 and ib[2] < nv[2] < 2
+    t = tpc.layer_time(1, 2048, 12288, 8, comm.LINKS["NVLink 4 (H100 SXM)"], 400e12)
+    assert t["total"] == pytest.approx(t["compute"] + t["comm"])
+    assert len(view.scaling_figure(1, 256, 512, tps=(1, 2)).data) == 3
+    rows = [{"tp": 2, "phase": "forward", "measured_bytes": 8, "predicted_bytes": 8}]
+    assert len(view.bytes_figure(rows).data) == 2
+    view.split_picture(3)
