@@ -175,3 +175,42 @@ def calculator():
     right = w.VBox([dp, tp, pp, stage, offload, gpu, custom_gib, unit])
     update()
     return w.VBox([w.HBox([left, right]), out])
+
+
+def shards_picture(n: int = 4):
+    """Who holds what: for each stage, each GPU's parameters, gradients and optimizer states cut
+    in N chunks; a filled chunk is held by that GPU, an empty one is not."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    titles = ["ZeRO-0 (DDP)", "ZeRO-1: P_os", "ZeRO-2: P_os+g", "ZeRO-3: P_os+g+p"]
+    fig = make_subplots(rows=1, cols=4, subplot_titles=titles, horizontal_spacing=0.03)
+    widths = {"params": 2, "grads": 2, "optimizer": 12}   # bytes/param, mixed precision
+    shapes = []  # built as one list: adding shapes one by one to subplots is slow
+    for stage in range(4):
+        sharded = {"params": stage >= 3, "grads": stage >= 2, "optimizer": stage >= 1}
+        axis = "" if stage == 0 else str(stage + 1)
+        for gpu in range(n):
+            x0 = 0.0
+            for part, wdt in widths.items():
+                for chunk in range(n):
+                    held = (not sharded[part]) or chunk == gpu
+                    x1 = x0 + wdt / n
+                    shapes.append(dict(type="rect", x0=x0, x1=x1, y0=n - gpu - 0.9,
+                                       y1=n - gpu - 0.1, xref=f"x{axis}", yref=f"y{axis}",
+                                       line=dict(width=0.5, color="#666"),
+                                       fillcolor=COLORS[part] if held else "white"))
+                    x0 = x1
+        fig.update_xaxes(range=[0, 16], showticklabels=False, row=1, col=stage + 1)
+        fig.update_yaxes(range=[0, n], tickvals=[n - g - 0.5 for g in range(n)],
+                         ticktext=[f"GPU {g}" for g in range(n)], showticklabels=stage == 0,
+                         row=1, col=stage + 1)
+    fig.update_layout(shapes=shapes)
+    for part, label in (("params", "parameters (2Ψ)"), ("grads", "gradients (2Ψ)"),
+                        ("optimizer", "optimizer states (12Ψ)")):
+        fig.add_scatter(x=[None], y=[None], mode="markers", name=label,
+                        marker=dict(symbol="square", size=12, color=COLORS[part]))
+    fig.update_layout(height=300, legend_orientation="h", legend_y=-0.08,
+                      title=f"What each of {n} GPUs holds (coloured = held; width = bytes/param)",
+                      plot_bgcolor="white")
+    return fig

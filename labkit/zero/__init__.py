@@ -18,10 +18,10 @@ Process groups are arguments (default: the world).
 """
 from labkit.zero.shard import (CommCounter, all_gather_full, chunk_size, padded_flat,
                                reduce_scatter_mean, shard_of, shard_optimizer)
-from labkit.zero.zero1 import DataParallel, ZeRO1, naive_zero1_step, zero1_step
+from labkit.zero.zero1 import DataParallel, ZeRO1, naive_zero1_step, zero1_step, zero1_step_flat
 from labkit.zero.zero2 import ZeRO2
 from labkit.zero.zero3 import ZeRO3
 
 __all__ = ["CommCounter", "DataParallel", "ZeRO1", "ZeRO2", "ZeRO3", "all_gather_full",
            "chunk_size", "naive_zero1_step", "padded_flat", "reduce_scatter_mean", "shard_of",
-           "shard_optimizer", "zero1_step"]
+           "shard_optimizer", "zero1_step", "zero1_step_flat"]

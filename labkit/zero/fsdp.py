@@ -37,8 +37,12 @@ def fsdp2_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12, seed:
         opt.zero_grad()
         losses.append(loss.item())
     local = sum(p.to_local().numel() for p in model.parameters())
+    # the optimizer ran on DTensors: its state is sharded like the parameters
+    state = sum(v.to_local().numel() for s in opt.state.values() for k, v in s.items()
+                if k == "exp_avg" or k == "momentum_buffer")
     params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
-    return {"params": params, "losses": losses, "local_numel": local}
+    return {"params": params, "losses": losses, "local_numel": local, "state_local_numel": state,
+            "numel": sum(t.numel() for t in params.values())}
 
 
 def zero_redundancy_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12,

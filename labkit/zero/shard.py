@@ -91,6 +91,35 @@ def all_gather_full(shard: torch.Tensor, shape, group=None, counter: CommCounter
     return flat[:numel].view(shape)
 
 
+def reduce_scatter_mean_many(fulls, group=None, counter: CommCounter | None = None) -> list:
+    """reduce_scatter_mean of several tensors in ONE collective (fewer, larger messages).
+
+    Each padded tensor is viewed as (N, c_i); concatenating along dim 1 puts every rank's chunks
+    side by side in row r, so a plain reduce-scatter hands rank r exactly its chunks."""
+    world = dist.get_world_size(group)
+    cols = [padded_flat(t, world).view(world, -1) for t in fulls]    # (N, c_i) each
+    sizes = [c.shape[1] for c in cols]
+    flat = torch.cat(cols, dim=1).reshape(-1)                        # (N * sum c_i,)
+    out = flat.new_empty(sum(sizes))                                 # (sum c_i,)
+    _reduce_scatter(out, flat, op=dist.ReduceOp.SUM, group=group)
+    if counter is not None:
+        counter.add("reduce_scatter", flat.numel() * flat.element_size(), world)
+    return list(out.div_(world).split(sizes))
+
+
+def all_gather_many(shards, shapes, group=None, counter: CommCounter | None = None) -> list:
+    """all_gather_full of several shards in ONE collective; returns the full tensors."""
+    world = dist.get_world_size(group)
+    sizes = [s.numel() for s in shards]
+    mine = torch.cat([s.detach().reshape(-1) for s in shards])       # (sum c_i,)
+    flat = mine.new_empty(world * mine.numel())                      # (N * sum c_i,)
+    _all_gather(flat, mine, group=group)
+    if counter is not None:
+        counter.add("all_gather", flat.numel() * flat.element_size(), world)
+    rows = flat.view(world, -1).split(sizes, dim=1)                  # (N, c_i) each
+    return [r.reshape(-1)[:math.prod(shape)].view(shape) for r, shape in zip(rows, shapes)]
+
+
 def shard_optimizer(params, optimizer_class, group=None, **optimizer_kwargs):
     """ZeRO's first idea: this rank's shard of every parameter, and an optimizer over shards only.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.zero.shard import (CommCounter, all_gather_full, reduce_scatter_mean,
+from labkit.zero.shard import (CommCounter, all_gather_many, reduce_scatter_mean,
                                shard_optimizer, unique_params)
 from labkit.zero.zero1 import DataParallel
 
@@ -46,8 +46,10 @@ class ZeRO2(DataParallel):
     def step(self) -> None:
         self.optimizer.step()
         with torch.no_grad():
-            for p, s in zip(self.params, self.shards):
-                p.copy_(all_gather_full(s, p.shape, self.group, self.counter))   # p.shape
+            fulls = all_gather_many(self.shards, [p.shape for p in self.params], self.group,
+                                    self.counter)
+            for p, full in zip(self.params, fulls):
+                p.copy_(full)                                        # p.shape
 
     def zero_grad(self) -> None:
         for p, s in zip(self.params, self.shards):

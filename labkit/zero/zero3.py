@@ -31,8 +31,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from labkit.zero.shard import (CommCounter, all_gather_full, optimizer_state_bytes,
-                               reduce_scatter_mean, shard_of, unique_params)
+from labkit.zero.shard import (CommCounter, all_gather_full, all_gather_many,
+                               optimizer_state_bytes, reduce_scatter_mean_many, shard_of,
+                               unique_params)
 
 
 def default_units(model: nn.Module) -> list:
@@ -77,9 +78,9 @@ class _Unit(torch.autograd.Function):
         pgrads = grads[1:] if xd.requires_grad else grads
         # reduce-scatter each full gradient into this rank's chunk; autograd accumulates the
         # chunks into the shards' .grad (a tied weight used by two units gets both)
-        chunks = [reduce_scatter_mean(torch.zeros_like(p) if g is None else g,
-                                      zero.group, zero.counter)       # (c,) each
-                  for p, g in zip(params, pgrads)]
+        chunks = reduce_scatter_mean_many(                            # (c_i,) each, one message
+            [torch.zeros_like(p) if g is None else g for p, g in zip(params, pgrads)],
+            zero.group, zero.counter)
         return (None, None, grad_x, *chunks)
 
 
@@ -121,9 +122,11 @@ class ZeRO3:
         return forward
 
     def _materialize(self, params) -> None:
-        for p in params:
-            p.data = all_gather_full(self.shard_for[id(p)].detach(), self.shapes[id(p)],
-                                     self.group, self.counter).clone()
+        """All-gather a unit's parameters (one message for the whole unit, like FSDP)."""
+        fulls = all_gather_many([self.shard_for[id(p)] for p in params],
+                                [self.shapes[id(p)] for p in params], self.group, self.counter)
+        for p, full in zip(params, fulls):
+            p.data = full          # a fresh tensor (the gather copied it out of the buffer)
 
     def _free(self, params) -> None:
         for p in params:
