@@ -188,3 +188,23 @@ def test_zero3_moves_one_and_a_half_times_dp():
     z = [memory.zero_comm_per_rank(psi, s, n)["total"] for s in range(4)]
     assert z[0] == z[1] == z[2] == pytest.approx(2 * (n - 1) / n * psi * 2)
     assert z[3] == pytest.approx(1.5 * z[0])
+
+
+def test_zero_paper_figure_1():
+    # Ψ = 7.5B, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU
+    got = [round(memory.model_states(7.5e9, recipe="mixed", zero_stage=s, dp=64).total / GB, 1)
+           for s in range(4)]
+    assert got == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_calculator_widget_shows_the_plan():
+    pytest.importorskip("ipywidgets")
+    from labkit.widgets import memory as mw
+
+    p = memory.plan("llama3-8b", recipe="mixed", zero_stage=1, dp=8, seq_len=8192,
+                    recompute="none")
+    text = mw.plan_table(p, "H100 80GB")
+    assert "does NOT fit" in text and "GiB = 2^30" in text
+    fig = mw.plan_figure(p, "H100 80GB", unit="GiB")
+    assert sum(t.y[0] for t in fig.data) == pytest.approx(p.total / GiB)
+    assert mw.calculator() is not None
