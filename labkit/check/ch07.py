@@ -77,7 +77,7 @@ def judge(config, job: P.Job, cluster: P.Cluster, margin: float = MARGIN) -> P.E
 def _one(exercise: str, scenario: str, config):
     c = Checker(exercise, *EXERCISES[exercise])
     job, cluster = SCENARIOS[scenario]
-    with c.case(f"{scenario}: {config}"):
+    with c.case(scenario):
         if callable(config):
             config = config()
         judge(config, job, cluster)

@@ -61,8 +61,9 @@ def train_dp_tp(dp: int, tp: int, cfg: dict, steps: int, batch: int, lr: float =
         total = weighted.detach().clone()
         dist.all_reduce(total, group=groups.dp)                          # the global batch's loss
         losses.append(total.item())
+    local = sum(p.numel() for p in model.parameters())                  # this rank's shards
     return {"coords": groups.coords, "losses": losses, "grads": first_grads,
-            "params": gather_tp_state(model)}
+            "params": gather_tp_state(model), "local_params": local}
 
 
 def reference(cfg: dict, steps: int, batch: int, lr: float = 1e-2, optim: str = "adamw"):
