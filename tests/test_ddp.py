@@ -114,7 +114,7 @@ def test_no_sync_accumulation_equals_large_batch(results):
 def _errors():
     import torch.distributed as dist
 
-    from labkit.ddp import BucketedDDP, NaiveDDP
+    from labkit.ddp import BucketedDDP, NaiveDDP, OverlapDDP
     from labkit.model import GPT, GPTConfig
 
     model = GPT(GPTConfig(**SMALL))
@@ -132,12 +132,19 @@ def _errors():
         NaiveDDP(model2).finish_gradient_synchronization()
     except RuntimeError as err:
         msgs.append(str(err))
+    # buffers are broadcast from rank 0 too (BatchNorm's running statistics)
+    bn = torch.nn.BatchNorm1d(3)
+    bn.running_mean.fill_(float(dist.get_rank() + 1))
+    OverlapDDP(bn)
+    msgs.append(bn.running_mean.tolist())
     dist.barrier()
     return msgs
 
 
-def test_unused_parameter_is_a_clear_error():
-    msgs = run(_errors, 2)[0]
+def test_unused_parameter_is_a_clear_error_and_buffers_are_broadcast():
+    per_rank = run(_errors, 2)
+    assert [m[-1] for m in per_rank] == [[1.0, 1.0, 1.0]] * 2
+    msgs = per_rank[0][:-1]
     assert len(msgs) == 2
     assert "never became ready" in msgs[0] and "ln_f" in msgs[0]
     assert "has no gradient" in msgs[1]
