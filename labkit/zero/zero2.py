@@ -4,21 +4,21 @@
     loss = model(x, y)[1]; loss.backward(); zero.step(); zero.zero_grad()
 
 Stage 1 still builds the full gradient on every rank (4Ψ bytes in fp32, 2Ψ in bf16) and only
-then reduce-scatters it. Stage 2 reduce-scatters each parameter's gradient the moment backward
-has finished accumulating it (a post-accumulate-grad hook), adds rank r's chunk into the shard's
-gradient, and frees the full gradient at once. At any moment of backward only the gradients
-still being produced are full; after backward each rank holds the gradients of its shard only.
-The step is stage 1's without the reduce-scatter: update the shards, all-gather the parameters.
-Bytes sent: the same 2(N-1)/N Ψ as stage 1 and DDP.
-
-(DeepSpeed buckets several gradients per reduce-scatter to send fewer, larger messages; one
-collective per parameter keeps this version short; chapter 02 shows bucketing.)
+then reduce-scatters it. Stage 2 collects each parameter's gradient the moment backward has
+finished accumulating it (a post-accumulate-grad hook) into a bucket; when the bucket holds
+`bucket_bytes`, one reduce-scatter sends all of it, rank r adds its chunks into its shards'
+gradients, and the full gradients are freed at once. So during backward at most one bucket of
+full gradients is alive; after the step each rank holds the gradients of its shard only.
+(`bucket_bytes=0` reduce-scatters every parameter on its own: the naive version, many small
+messages; DeepSpeed's reduce_bucket_size is the same knob.) The step flushes the last bucket,
+updates the shards and all-gathers the parameters. Bytes sent: the same 2(N-1)/N Ψ as stage 1
+and DDP.
 """
 from __future__ import annotations
 
 import torch
 
-from labkit.zero.shard import (CommCounter, all_gather_many, reduce_scatter_mean,
+from labkit.zero.shard import (CommCounter, all_gather_many, reduce_scatter_mean_many,
                                shard_optimizer, unique_params)
 from labkit.zero.zero1 import DataParallel
 
@@ -28,22 +28,39 @@ class ZeRO2(DataParallel):
 
     stage = 2
 
-    def __init__(self, params, optimizer_class, group=None, **optimizer_kwargs):
+    def __init__(self, params, optimizer_class, group=None, bucket_bytes: int = 64 * 1024,
+                 **optimizer_kwargs):
         self.params = unique_params(params)
-        self.group, self.counter = group, CommCounter()
+        self.group, self.counter, self.bucket_bytes = group, CommCounter(), bucket_bytes
         self.shards, self.optimizer = shard_optimizer(self.params, optimizer_class, group,
                                                       **optimizer_kwargs)
+        self._bucket, self._bucket_size = [], 0
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(s))
                        for p, s in zip(self.params, self.shards)]
 
     def _make_hook(self, shard):
         def hook(p):  # runs in backward, once p.grad holds this step's local gradient
-            chunk = reduce_scatter_mean(p.grad, self.group, self.counter)   # (c,)
-            shard.grad = chunk if shard.grad is None else shard.grad.add_(chunk)
-            p.grad = None                       # the full gradient is gone: ZeRO-2's saving
+            if any(q is p for q, _ in self._bucket):
+                return  # accumulated again before its bucket was sent: it is already queued
+            self._bucket.append((p, shard))
+            self._bucket_size += p.grad.numel() * p.grad.element_size()
+            if self._bucket_size >= self.bucket_bytes:
+                self._flush()
         return hook
 
+    def _flush(self) -> None:
+        """Reduce-scatter the bucket's gradients into the shards; free the full gradients."""
+        if not self._bucket:
+            return
+        params, shards = zip(*self._bucket)
+        chunks = reduce_scatter_mean_many([p.grad for p in params], self.group, self.counter)
+        for p, s, chunk in zip(params, shards, chunks):              # chunk: (c,)
+            s.grad = chunk if s.grad is None else s.grad.add_(chunk)
+            p.grad = None                       # the full gradient is gone: ZeRO-2's saving
+        self._bucket, self._bucket_size = [], 0
+
     def step(self) -> None:
+        self._flush()                           # the last, partly filled bucket
         self.optimizer.step()
         with torch.no_grad():
             fulls = all_gather_many(self.shards, [p.shape for p in self.params], self.group,
