@@ -132,6 +132,14 @@ def _errors():
         NaiveDDP(model2).finish_gradient_synchronization()
     except RuntimeError as err:
         msgs.append(str(err))
+    # a second synced backward before finishing is an error, not silently wrong gradients
+    model3 = GPT(GPTConfig(**SMALL))
+    ddp3 = BucketedDDP(model3, bucket_mb=1e-6)
+    model3(x, x)[1].backward()
+    try:
+        model3(x, x)[1].backward()
+    except RuntimeError as err:
+        msgs.append(str(err))
     # buffers are broadcast from rank 0 too (BatchNorm's running statistics)
     bn = torch.nn.BatchNorm1d(3)
     bn.running_mean.fill_(float(dist.get_rank() + 1))
@@ -145,7 +153,8 @@ def test_unused_parameter_is_a_clear_error_and_buffers_are_broadcast():
     per_rank = run(_errors, 2)
     assert [m[-1] for m in per_rank] == [[1.0, 1.0, 1.0]] * 2
     msgs = per_rank[0][:-1]
-    assert len(msgs) == 2
+    assert len(msgs) == 3
+    assert "became ready twice" in msgs[2] and "no_sync" in msgs[2]
     assert "never became ready" in msgs[0] and "ln_f" in msgs[0]
     assert "has no gradient" in msgs[1]
 

@@ -57,7 +57,12 @@ class BucketedDDP(DDPBase):
     def _grad_ready(self, p) -> None:
         if not self._sync:
             return
-        self._ready[self._bucket_of[id(p)]] += 1
+        i = self._bucket_of[id(p)]
+        self._ready[i] += 1
+        if self._ready[i] > len(self.buckets[i]):
+            raise RuntimeError(f"gradient of {self._name(p)!r} became ready twice before "
+                               "finish_gradient_synchronization(): call it after every synced "
+                               "backward, and wrap accumulation micro-batches in no_sync()")
         # launch every complete bucket whose predecessors are launched: same order on all ranks
         while self._next < len(self.buckets) and \
                 self._ready[self._next] == len(self.buckets[self._next]):

@@ -19,8 +19,13 @@ class OverlapDDP(DDPBase):
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self._params]
 
     def _grad_ready(self, p) -> None:
-        if self._sync:  # inside no_sync(): keep accumulating locally
-            self._pending.append((p, self._launch(p.grad, self._name(p))))
+        if not self._sync:  # inside no_sync(): keep accumulating locally
+            return
+        if any(q is p for q, _ in self._pending):
+            raise RuntimeError(f"gradient of {self._name(p)!r} became ready twice before "
+                               "finish_gradient_synchronization(): call it after every synced "
+                               "backward, and wrap accumulation micro-batches in no_sync()")
+        self._pending.append((p, self._launch(p.grad, self._name(p))))
 
     @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
