@@ -10,6 +10,7 @@ step time, measured and formula bubble, and the activations each schedule keeps 
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def main(argv=()) -> int:
@@ -18,7 +19,8 @@ def main(argv=()) -> int:
     from labkit.pipeline import executor, measure, schedules
 
     p = argparse.ArgumentParser(prog="labkit run pipeline")
-    p.add_argument("--nproc", type=int, default=4, help="pipeline stages P (processes)")
+    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 4)),
+                   help="pipeline stages P (processes; under torchrun: its world size)")
     p.add_argument("--K", type=int, default=8, help="micro-batches per step")
     p.add_argument("--v", type=int, default=2, help="chunks per stage for the interleaved run")
     p.add_argument("--batch", type=int, default=16, help="rows in the global batch (>= K)")
