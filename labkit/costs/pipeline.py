@@ -10,8 +10,9 @@ interleaved 1F1B). Times are per micro-batch for a whole stage: t_f forward, t_b
 
 Where the formula comes from. Every stage does K forwards and K backwards: K (t_f + t_b) of
 work. The last stage cannot start before P - 1 forwards have passed through the stages before
-it, and the first stage's last backward waits for P - 1 backwards after it: (P - 1)(t_f + t_b) of idle time per stage, whatever the order of work in
-between. So a step takes (K + P - 1)(t_f + t_b) and the idle share is
+it, and the first stage's last backward waits for P - 1 backwards after it: (P - 1)(t_f + t_b)
+of idle time per stage, whatever the order of work in between. So a step takes
+(K + P - 1)(t_f + t_b) and the idle share is
 
     bubble = (P - 1) / (K + P - 1)                  GPipe (Huang et al., 2019) and 1F1B alike
 

@@ -143,7 +143,12 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     xs = [shard_rows(x, k, s.K).to(dev) for k in range(s.K)]  # K x (B_k, T)
     ys = [shard_rows(y, k, s.K).to(dev) for k in range(s.K)]
     n_tokens, h = y.numel(), model.config.n_embd
-    peer = lambda g: dist.get_global_rank(group, s.stage_of(g)) if group is not dist.group.WORLD else s.stage_of(g)  # noqa: E731
+
+    def peer(g):  # global rank of the stage that holds global chunk g (what send/recv take)
+        return dist.get_global_rank(group, s.stage_of(g))
+
+    def post(t, kind, mb, g_from, g_to):  # isend: never wait, so neighbours cannot deadlock
+        sends.append((t, dist.isend(t, dst=peer(g_to), group=group, tag=_tag(s, kind, mb, g_from))))
 
     meter = _ActivationMeter(params.values())
     saved, sends, timeline = {}, [], []
@@ -165,14 +170,14 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
             with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
                 out = chunk(inp)                                         # (B_k, T, h) or logits
                 if chunk.last:  # token-sum / all tokens: the K losses add up to the batch mean
-                    out = F.cross_entropy(out.flatten(0, 1), ys[a.mb].flatten(), reduction="sum") / n_tokens
+                    out = F.cross_entropy(out.flatten(0, 1), ys[a.mb].flatten(),
+                                          reduction="sum") / n_tokens    # () scalar
             meter.current = None
             _pad(pad, 0, s.v)
             if chunk.last:
                 loss_total += out.detach()
             else:
-                sends.append((out_d := out.detach(),
-                              dist.isend(out_d, dst=peer(g + 1), group=group, tag=_tag(s, "F", a.mb, g))))
+                post(out.detach(), "F", a.mb, g, g + 1)                  # (B_k, T, h)
             nbytes = meter.bytes_of((a.mb, a.chunk))
             saved[(a.mb, a.chunk)] = (inp, out, nbytes)
             held, held_bytes = held + 1 / s.v, held_bytes + nbytes
@@ -187,8 +192,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
             torch.autograd.backward(out, grad_out)
             _pad(pad, 1, s.v)
             if not chunk.first:
-                sends.append((inp.grad, dist.isend(inp.grad, dst=peer(g - 1), group=group,
-                                                   tag=_tag(s, "B", a.mb, g))))
+                post(inp.grad, "B", a.mb, g, g - 1)                      # (B_k, T, h)
             held, held_bytes = held - 1 / s.v, held_bytes - nbytes
         timeline.append(dict(stage=stage, kind=a.kind, mb=a.mb, chunk=a.chunk,
                              start=t0, end=time.perf_counter()))
@@ -214,8 +218,9 @@ def _sum_tied_embedding(s: Schedule, model: GPT, stage: int, group, peer) -> Non
         return
     mine = model.wte.weight.grad
     other = torch.empty_like(mine)
-    work = dist.isend(mine.clone(), dst=peer(s.n_chunks - 1 if stage == first else 0), group=group, tag=1 << 20)
-    dist.recv(other, src=peer(s.n_chunks - 1 if stage == first else 0), group=group, tag=1 << 20)
+    other_end = peer(s.n_chunks - 1 if stage == first else 0)
+    work = dist.isend(mine.clone(), dst=other_end, group=group, tag=1 << 20)
+    dist.recv(other, src=other_end, group=group, tag=1 << 20)
     work.wait()
     mine += other
 

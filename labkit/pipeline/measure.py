@@ -3,14 +3,15 @@
     from labkit.pipeline import measure
     rows = measure.measure(P=4, specs=[("1f1b", 8, 1), ("gpipe", 8, 1)], pad=(0.004, 0.008))
 
-One launch runs every spec (schedule, K, v) `repeats` times and keeps the fastest step (plus one warm-up run). For each,
-the row holds the measured step time and bubble (from the executor's timeline: idle share of
-P x step time, waits for messages counted as idle), the formula's bubble, and the simulator's
+One launch runs every spec (schedule, K, v) `repeats` times (plus one warm-up run) and keeps the
+fastest step. For each, the row holds the measured step time and bubble (from the executor's
+timeline: idle share of P x step time, waits for messages counted as idle), the formula's
+bubble, and the simulator's
 step time predicted from the measured forward and backward time (median) of each stage and the
 measured latency of one message (`transfer_latency`): what remains between measured and
 predicted is the executor's own overhead (Python, scheduling, a loaded machine).
 
-`pad=(t_f, t_b)` seconds are slept after each forward and backward. On a laptop the P ranks
+`pad=(t_f, t_b)` seconds are slept after each forward and backward (before its send). On a laptop the P ranks
 share a few cores, so real compute of one stage slows the others; the pad stands in for each
 stage owning its own accelerator and makes the measured bubble comparable to the formula.
 """
