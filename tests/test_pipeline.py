@@ -200,3 +200,25 @@ def test_widget_gantt_shows_the_formula():
     fig = W.gantt("gpipe", 8, 32)
     assert "17.9% formula" in fig.layout.title.text and "17.9% simulated" in fig.layout.title.text
     assert sum(len(t.x) for t in fig.data) == 2 * 8 * 32
+
+
+def test_executor_on_subgroups():
+    """Two pipelines of 2 stages side by side (ranks {0,1} and {2,3}), as inside 3D parallelism:
+    send/recv address the group's stages by their global ranks."""
+    cfg = GPTConfig(n_layer=2, n_embd=16, n_head=2, block_size=16)
+
+    def job():
+        import torch.distributed as dist
+
+        from labkit.model import GPT
+        from labkit.pipeline import executor, schedules
+
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        mine = groups[dist.get_rank() // 2]
+        x, y = executor.make_batch(5, cfg)
+        return executor.run_schedule(schedules.one_f_one_b(2, 3), GPT(cfg), x, y, group=mine)
+
+    out = run(job, 4, timeout=60, echo=False)
+    ref = E.reference_step(cfg, 5)
+    for pair in (out[:2], out[2:]):
+        E.compare_to_reference(E.merge(pair), ref)
