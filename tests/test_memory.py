@@ -2,6 +2,7 @@
 import pytest
 
 from labkit.costs import memory, models
+from labkit.costs import zero as costs_zero
 from labkit.costs.memory import GB, GiB
 
 
@@ -115,8 +116,8 @@ def test_bad_degrees_are_named():
 def test_deepspeed_zero2_estimate_for_t5_3b():
     # DeepSpeed's docs (memory.html): t5-3b, 2851M params, 1 node x 8 GPUs
     psi = 2_851_598_336
-    no = memory.deepspeed_zero2_estimate(psi, gpus_per_node=8)
-    off = memory.deepspeed_zero2_estimate(psi, gpus_per_node=8, cpu_offload=True)
+    no = costs_zero.deepspeed_zero2_estimate(psi, gpus_per_node=8)
+    off = costs_zero.deepspeed_zero2_estimate(psi, gpus_per_node=8, cpu_offload=True)
     assert round(no["gpu"] / GiB, 2) == 15.93
     assert round(off["gpu"] / GiB, 2) == 5.31
     assert round(off["cpu"] / GiB, 2) == 127.48
@@ -132,7 +133,7 @@ def test_deepspeed_zero3_estimate_for_t5_small():
         (True, False, True): (1.35, 0.17), (True, False, False): (1.35, 0.17),
         (False, False, True): (0.09, 1.08), (False, False, False): (0.34, 1.08)}
     for (off, off_p, init), (cpu, gpu) in rows.items():
-        est = memory.deepspeed_zero3_estimate(psi, largest, cpu_offload=off,
+        est = costs_zero.deepspeed_zero3_estimate(psi, largest, cpu_offload=off,
                                               cpu_offload_params=off_p, zero_init=init)
         assert (round(est["cpu"] / GiB, 2), round(est["gpu"] / GiB, 2)) == (cpu, gpu)
 
@@ -185,7 +186,7 @@ def test_plan_adds_up_and_fits():
 # ----------------------------------------------------------------------------- communication
 def test_zero3_moves_one_and_a_half_times_dp():
     psi, n = 1e9, 8
-    z = [memory.zero_comm_per_rank(psi, s, n)["total"] for s in range(4)]
+    z = [costs_zero.comm_per_rank(psi, s, n)["total"] for s in range(4)]
     assert z[0] == z[1] == z[2] == pytest.approx(2 * (n - 1) / n * psi * 2)
     assert z[3] == pytest.approx(1.5 * z[0])
 
@@ -208,3 +209,10 @@ def test_calculator_widget_shows_the_plan():
     fig = mw.plan_figure(p, "H100 80GB", unit="GiB")
     assert sum(t.y[0] for t in fig.data) == pytest.approx(p.total / GiB)
     assert mw.calculator() is not None
+
+
+def test_comm_bad_input_is_named():
+    with pytest.raises(ValueError, match="dp must be a positive integer, got 0"):
+        costs_zero.comm_per_rank(1e9, 1, 0)
+    off = costs_zero.offload_transfer_bytes(8e9, recipe="mixed", dp=8)
+    assert off["total"] == pytest.approx((2 + 2) * 1e9)

@@ -9,6 +9,7 @@ import torch
 
 from labkit.check import ch03
 from labkit.costs import memory
+from labkit.costs import zero as costs_zero
 from labkit.launch import run
 from labkit.model import GPT
 from labkit.zero import chunk_size, padded_flat, shard_of
@@ -98,7 +99,7 @@ def test_traffic_is_2psi_for_stages_0_to_2_and_3psi_for_stage_3(runs):
     tied = world * chunk_size(TINY.vocab_size * TINY.n_embd, world)
     assert sent[3]["all_gather"] == pytest.approx(2 * ring * (padded + tied))
     assert sent[3]["reduce_scatter"] == pytest.approx(ring * (padded + tied))
-    formula = memory.zero_comm_per_rank(psi, 3, world, bytes_per_value=4)["total"]
+    formula = costs_zero.comm_per_rank(psi, 3, world, bytes_per_value=4)["total"]
     assert sum(sent[3].values()) == pytest.approx(formula * (padded + tied) / psi)
     naive = per_rank[0]["naive1"]["sent"]
     assert sum(naive.values()) > 1.4 * sum(sent[1].values())      # 3Ψ vs 2Ψ

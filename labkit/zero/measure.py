@@ -14,6 +14,7 @@ send in one step (labkit.zero.shard.CommCounter).
 from __future__ import annotations
 
 from labkit.costs import memory
+from labkit.costs import zero as costs_zero
 from labkit.model import GPTConfig
 
 # untied embeddings: every parameter belongs to exactly one ZeRO-3 unit, so the traffic is the
@@ -46,7 +47,7 @@ def rows(per_rank, recipe=FP32_ADAM) -> list:
         pred = {"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer}
         held = {k: max(r[stage]["held"][k] for r in per_rank) for k in PARTS}
         sent = max(sum(r[stage]["sent"].values()) for r in per_rank)
-        formula = memory.zero_comm_per_rank(numel, stage, world,
+        formula = costs_zero.comm_per_rank(numel, stage, world,
                                             bytes_per_value=recipe.weights)["total"]
         out.append({"ranks": world, "stage": stage, "numel": numel,
                     **{f"{k}_measured": held[k] for k in PARTS},

@@ -1,0 +1,85 @@
+"""What ZeRO costs besides memory: bytes sent per step, offload's PCIe traffic, and DeepSpeed's
+published memory estimates (pure math).
+
+    from labkit.costs import zero
+    zero.comm_per_rank(7e9, zero_stage=3, dp=64)["total"]       # 3(N-1)/N * Ψ * 2 bytes
+    zero.deepspeed_zero2_estimate(2_851_598_336, gpus_per_node=8)["gpu"] / 2**30   # 15.93 GiB
+
+Units: bytes. Ψ is the number of parameters; `bytes_per_value` the width of what is sent
+(2 for bf16). Ring collectives (labkit.costs.comm): a reduce-scatter or an all-gather of a
+D-byte buffer sends (N-1)/N * D bytes per rank; an all-reduce is both.
+"""
+from __future__ import annotations
+
+from labkit.costs.memory import get_recipe
+
+
+def _check_degrees(**degrees):
+    for name, v in degrees.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def comm_per_rank(n_params: float, zero_stage: int, dp: int, bytes_per_value: float = 2) -> dict:
+    """Bytes each rank sends per step (ring collectives) for a ZeRO stage: the ZeRO paper's 2Ψ/3Ψ.
+
+    Stages 0-2 move the gradients once through a reduce-scatter and the (updated) parameters once
+    through an all-gather: 2(N-1)/N Ψ values, the same as DDP's all-reduce (which is those two
+    phases). Stage 3 all-gathers the parameters twice (forward, and again in backward because
+    they were freed) and reduce-scatters the gradients: 3(N-1)/N Ψ, 1.5x DDP."""
+    _check_degrees(dp=dp)
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    one = (dp - 1) / dp * n_params * bytes_per_value   # one reduce-scatter or all-gather
+    parts = ({"reduce_scatter": one, "all_gather": one} if zero_stage < 3 else
+             {"reduce_scatter": one, "all_gather": 2 * one})
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def offload_transfer_bytes(n_params: float, *, recipe, dp: int = 1) -> dict:
+    """PCIe bytes per step per GPU under ZeRO-Offload: gradient shard out, weight shard back."""
+    r = get_recipe(recipe)
+    _check_degrees(dp=dp)
+    out = {"gpu_to_cpu_grads": r.grads * n_params / dp,
+           "cpu_to_gpu_weights": r.weights * n_params / dp}
+    out["total"] = out["gpu_to_cpu_grads"] + out["cpu_to_gpu_weights"]
+    return out
+
+
+# ----------------------------------------------------------------------------- DeepSpeed's estimates
+def deepspeed_zero2_estimate(total_params: float, *, gpus_per_node: int = 1, nodes: int = 1,
+                             cpu_offload: bool = False, buffer_factor: float = 1.5) -> dict:
+    """DeepSpeed's estimate_zero2_model_states_mem_needs: {"gpu": bytes, "cpu": bytes}.
+
+    Without offload each GPU holds 4Ψ + 16Ψ/N: DeepSpeed counts fp16 weights and gradients (4Ψ,
+    the full gradient buffer during backward) and 16 bytes/param of sharded fp32 state."""
+    n = gpus_per_node * nodes
+    if cpu_offload:
+        return {"gpu": 2 * total_params,
+                "cpu": total_params * max(4 * n, 16) * buffer_factor}
+    return {"gpu": 4 * total_params + int(16 * total_params / n),
+            "cpu": total_params * 4 * gpus_per_node * buffer_factor}
+
+
+def deepspeed_zero3_estimate(total_params: float, largest_layer_params: float, *,
+                             gpus_per_node: int = 1, nodes: int = 1, cpu_offload: bool = False,
+                             cpu_offload_params: bool = False, zero_init: bool = True,
+                             buffer_factor: float = 1.5) -> dict:
+    """DeepSpeed's estimate_zero3_model_states_mem_needs: {"gpu": bytes, "cpu": bytes}.
+
+    Without offload: 18Ψ/N per GPU plus 4 bytes x the largest layer (gathered whole)."""
+    n = gpus_per_node * nodes
+    per_node = 1 / nodes
+    largest = 4 * largest_layer_params
+    if cpu_offload and cpu_offload_params:
+        gpu = largest
+        k = 18 * per_node if zero_init else max(4 * gpus_per_node, 18 * per_node)
+        return {"gpu": gpu, "cpu": total_params * k * buffer_factor}
+    if cpu_offload:
+        gpu = largest + int(2 * total_params / n)
+        k = 16 * per_node if zero_init else max(4 * gpus_per_node, 16 * per_node)
+        return {"gpu": gpu, "cpu": total_params * k * buffer_factor}
+    gpu = largest + int(18 * total_params / n)
+    cpu = (largest_layer_params if zero_init else total_params) * 4 * gpus_per_node * buffer_factor
+    return {"gpu": gpu, "cpu": cpu}
