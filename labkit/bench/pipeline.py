@@ -42,6 +42,8 @@ def main(argv=()) -> dict:
             print(f"mode={mode}" + (f" (pad {args.pad_ms[0]:g}/{args.pad_ms[1]:g} ms per F/B)"
                                     if pad else " (real compute only)"), flush=True)
             print(measure.table(got), flush=True)
+            print("   step time vs GPipe in the same run: " + ", ".join(
+                f"{r['schedule']} {r['ratio_to_gpipe']:.2f}x" for r in got[1:]), flush=True)
             rows += got
     return {"rows": rows, "units": {"step_s": "s", "predicted_step_s": "s", "t_p2p_s": "s",
                                     "peak_bytes": "bytes", "bubble": "fraction of P x step"}}
