@@ -30,3 +30,20 @@ def test_wrong_degrees_are_refused_before_launch():
 
     with pytest.raises(TopologyError, match="2 x 2 = 4, but the world has 3"):
         hybrid.main(["--nproc", "3", "--dp", "2", "--tp", "2"])
+
+
+def test_dp_x_pp_equals_one_process():
+    from labkit.labs.hybrid import train_dp_pp
+    from labkit.model import GPTConfig
+    from labkit.pipeline.executor import reference_step
+
+    results = run(train_dp_pp, 4, args=(2, 2, DEFAULT_CFG, 5, 2), echo=False)   # rows 3 + 2
+    ref = reference_step(GPTConfig(**DEFAULT_CFG), 5)
+    losses = [r["loss"] for r in results if r["loss"] is not None]
+    assert len(losses) == 2 and all(abs(v - ref["loss"].item()) < 1e-5 for v in losses)
+    covered = set()
+    for r in results:
+        for name, g in r["grads"].items():
+            assert (g - ref["grads"][name]).abs().max().item() < 1e-6, (r["coords"], name)
+            covered.add(name)
+    assert covered == set(ref["grads"])                 # the stages together own every parameter

@@ -3,6 +3,7 @@ trained side by side with the one-process GPT; after several steps they are equa
 
     labkit run hybrid --nproc 4 --dp 2 --tp 2 [--steps 4 --batch 5]
     torchrun --nproc-per-node 4 -m labkit run hybrid --dp 2 --tp 2
+    labkit run hybrid --nproc 4 --dp 2 --pp 2          # DP x PP: one 1F1B step per replica
 
 Every rank builds the same GPT (seed 0) and keeps its tensor-parallel shards over its TP group
 (labkit.tp.apply_tp, Megatron f/g). Ranks with the same DP index form a TP group and see the same
@@ -10,6 +11,9 @@ rows of the global batch (labkit.model.shard_rows: uneven when DP does not divid
 after the backward each gradient (shard) is all-reduced over the DP group, weighted by the rows
 each replica saw, so the step equals the one-process step on the whole batch. Groups come from
 labkit.topology (TP innermost, so a TP group is consecutive ranks, inside a node).
+
+DP x PP the same way: each replica runs one 1F1B step (labkit.pipeline.executor) over its PP
+group on its rows; each stage's gradients are then all-reduced over the DP group.
 """
 from __future__ import annotations
 
@@ -66,6 +70,39 @@ def train_dp_tp(dp: int, tp: int, cfg: dict, steps: int, batch: int, lr: float =
             "params": gather_tp_state(model), "local_params": local}
 
 
+def train_dp_pp(dp: int, pp: int, cfg: dict, batch: int, micro_batches: int = 2):
+    """Rank side of DP x PP: one 1F1B step (labkit.pipeline.executor) per DP replica on its rows,
+    then the stage's gradients all-reduced over DP. Returns the global loss (last stage) and the
+    gradients of the parameters this stage owns, by the one-process GPT's names."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+    from labkit.pipeline import executor, schedules
+    from labkit.topology import Topology, build_groups
+
+    torch.set_num_threads(1)
+    topo = Topology(dist.get_world_size(), dp=dp, pp=pp)
+    groups = build_groups(topo)
+    d = groups.coords["dp"]
+    gcfg = GPTConfig(**cfg)
+    model = GPT(gcfg, seed=0)
+    x, y = get_batch(tiny_corpus(), batch, gcfg.block_size, 0)          # (B, T) global batch
+    xs, ys = shard_rows(x, d, dp), shard_rows(y, d, dp)                  # (B_d, T) this replica's
+    out = executor.run_schedule(schedules.one_f_one_b(pp, micro_batches), model, xs, ys,
+                                group=groups.pp)
+    share = xs.shape[0] / batch                                          # replica's loss is a mean
+    grads = {}
+    for name, g in sorted(out["grads"].items()):
+        g = g * share
+        dist.all_reduce(g, group=groups.dp)
+        grads[name] = g
+    loss = torch.zeros(()) if out["loss"] is None else out["loss"].detach() * share
+    dist.all_reduce(loss, group=groups.dp)
+    return {"coords": groups.coords, "loss": None if out["loss"] is None else loss.item(),
+            "grads": grads}
+
+
 def reference(cfg: dict, steps: int, batch: int, lr: float = 1e-2, optim: str = "adamw"):
     """The one-process GPT on the whole global batch: the same losses, gradients, parameters."""
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
@@ -112,7 +149,11 @@ def main(argv=()):
     p.add_argument("--batch", type=int, default=5, help="global batch (sequences); need not "
                    "divide by DP")
     p.add_argument("--optim", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--pp", type=int, default=1, help="with --pp > 1: DP x PP instead of DP x TP "
+                   "(one 1F1B step, gradients compared)")
     a = p.parse_args(list(argv))
+    if a.pp > 1:
+        return _main_dp_pp(a)
     topo = Topology(a.nproc, dp=a.dp, tp=a.tp)      # checked here, before any process starts
     results = run(train_dp_tp, a.nproc, args=(a.dp, a.tp, DEFAULT_CFG, a.steps, a.batch, 1e-2,
                                                a.optim))
@@ -130,4 +171,27 @@ def main(argv=()):
         d = max_differences(res, ref)
         print(f"{rank:>4} {str((res['coords']['dp'], res['coords']['tp'])):>9} "
               f"{d['loss']:>15.2e} {d['grads']:>15.2e} {d['params']:>16.2e}")
+    return 0
+
+
+def _main_dp_pp(a) -> int:
+    from labkit.launch import run
+    from labkit.pipeline.executor import reference_step
+    from labkit.model import GPTConfig
+    from labkit.topology import Topology
+
+    topo = Topology(a.nproc, dp=a.dp, pp=a.pp)
+    results = run(train_dp_pp, a.nproc, args=(a.dp, a.pp, DEFAULT_CFG, a.batch, a.pp))
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    ref = reference_step(GPTConfig(**DEFAULT_CFG), a.batch)
+    print(topo.picture())
+    print(f"\nGPT {DEFAULT_CFG}, global batch {a.batch}, one 1F1B step with K={a.pp} per replica")
+    loss = next(r["loss"] for r in results if r["loss"] is not None)
+    print(f"loss: one process {ref['loss'].item():.6f}, DP x PP {loss:.6f}")
+    print(f"{'rank':>4} {'(pp, dp)':>9} {'params owned':>13} {'max|grad diff|':>15}")
+    for rank, r in enumerate(results):
+        diff = max((g - ref["grads"][n]).abs().max().item() for n, g in r["grads"].items())
+        print(f"{rank:>4} {str((r['coords']['pp'], r['coords']['dp'])):>9} {len(r['grads']):>13} "
+              f"{diff:>15.2e}")
     return 0
