@@ -109,3 +109,20 @@ def test_ch07_judge_accepts_sound_plans_and_says_why_others_fail():
         ch07.judge(planner.Config(8, 4, 4, zero=1), GPT3, A100_256)
     with pytest.raises(AssertionError, match="spans nodes"):
         ch07.judge(planner.Config(16, 4, 4, zero=1), GPT3, A100_256)
+
+
+def test_widgets_draw_what_the_planner_computes():
+    from labkit.topology import Topology
+    from labkit.widgets import intro
+    from labkit.widgets import planner as pw
+
+    ranked = planner.plan(GPT3, A100_256)[:5]
+    fig = pw.ranked_figure(ranked, A100_256)
+    parts = [t for t in fig.data if t.xaxis == "x"]          # the time panel
+    for i, e in enumerate(ranked[::-1]):                     # bars are drawn bottom-up
+        assert sum(t.x[i] for t in parts) == pytest.approx(e.step_s)
+    mesh = pw.mesh_figure(Topology(16, dp=2, tp=4, pp=2, gpus_per_node=8))
+    assert len(mesh.data[0].z) == 2 and mesh.data[0].text[1][5] == "r13<br>dp1 tp1"
+    rows = intro.state_rows("llama2-7b", "mixed")
+    assert rows["total"] == pytest.approx(16 * 6_738_415_616 / 1e9)
+    assert pw.planner() is not None and intro.calculator() is not None
