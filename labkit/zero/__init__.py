@@ -8,11 +8,15 @@ Toward Training Trillion Parameter Models"), each checked against one process.
     zero.held_bytes()      # {"params": ..., "grads": ..., "optimizer": ...} on this rank
     zero.counter.sent      # bytes this rank sent through each ring collective
 
-    shard       per-parameter padded chunks, reduce-scatter / all-gather, byte counting
-    zero1       DataParallel (stage 0), zero1_step, ZeRO1: sharded optimizer states
-    zero2       ZeRO2: gradients reduce-scattered during backward, full gradients freed
+    shard       per-parameter padded chunks, reduce-scatter / all-gather (one tensor or many in
+                one message), byte counting, what a rank holds
+    zero1       DataParallel (stage 0); zero1_step (per parameter, the exercise),
+                zero1_step_flat (one message each way), naive_zero1_step (all-reduce: 3Ψ); ZeRO1
+    zero2       ZeRO2: gradients reduce-scattered in buckets during backward, full ones freed
     zero3       ZeRO3: parameters sharded, gathered just in time per unit (FSDP)
     train       the same few training steps for any stage, and the one-process reference
+    fsdp        the same training with PyTorch's FSDP2 fully_shard and ZeroRedundancyOptimizer
+    measure     bytes held and sent per stage next to labkit.costs (lab, bench, chapter)
 
 Process groups are arguments (default: the world).
 """
