@@ -1,11 +1,5 @@
 """Chapter 06: exact resume, atomic writes, bad-input errors, sharded resharding, async save."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import pytest
 import torch

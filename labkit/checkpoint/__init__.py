@@ -8,6 +8,8 @@
     labkit.checkpoint.errors     what can be wrong with a checkpoint, said clearly
     labkit.checkpoint.resume     a tiny run that uses every generator (the exact-resume lab)
     labkit.checkpoint.activation activation checkpointing: saved bytes and time, measured
+    labkit.checkpoint.dcp_compare the same state through torch.distributed.checkpoint (DCP)
+    labkit.checkpoint.crash      SIGKILL a process mid-save and see what survives
 
 Import the submodule you need (nothing runs at import).
 """

@@ -37,3 +37,25 @@ def dcp_load(shapes: dict, path: str, group=None) -> dict:
     target = to_dtensors(empty, _mesh(group))
     dcp.load(target, checkpoint_id=path)
     return {k: target[k].full_tensor().reshape(shapes[k][0]) for k in target}
+
+
+def reshard_both(root: str, mode: str, seed: int = 0):
+    """One rank of the chapter's side-by-side: mode "save" writes the demo state (GPT weights +
+    Adam moments) sharded with labkit (ZeRO layout) and with DCP; mode "load" reads both back at
+    this world size (resharding) and returns (labkit equal?, DCP equal?, labkit pieces held)."""
+    from labkit.checkpoint import sharded as sh
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    state = sh.demo_state(seed=seed)
+    shapes = sh.shapes_of(state)
+    layout = sh.zero_layout(shapes, world)
+    if mode == "save":
+        sh.save_sharded(f"{root}/labkit", 1, sh.shard_state(state, layout, rank), layout)
+        dcp_save(state, f"{root}/dcp")
+        return None
+    got = sh.load_sharded(f"{root}/labkit", layout, rank)
+    mine = sh.shard_state(state, layout, rank)
+    labkit_ok = all(torch.equal(got[k], v) for k, v in mine.items())
+    whole = dcp_load(shapes, f"{root}/dcp")
+    dcp_ok = all(torch.equal(whole[k], v) for k, v in state.items())
+    return labkit_ok, dcp_ok, sum(v.numel() for v in got.values())

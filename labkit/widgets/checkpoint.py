@@ -115,3 +115,36 @@ def calculator():
     display(w.VBox([w.HBox([w.VBox(list(ui.children[:5])), w.VBox(list(ui.children[5:-1]))]),
                     out]))
     update(**{k: c.value for k, c in controls.items()})
+
+
+def timeline_figure(interval: float = 4, save: float = 0.6, fail_at: float = 10.3,
+                    restart: float = 1.5, end: float = 18):
+    """The idea in one picture: work, checkpoints, a failure, the work lost since the last
+    checkpoint, the restart, and the resumed run redoing that work (units: arbitrary time)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    t, k, spans = 0.0, 0, []
+    while t + interval <= fail_at:  # work + save cycles until the failure
+        spans.append(("work", t, t + interval - save))
+        spans.append(("save", t + interval - save, t + interval))
+        t += interval
+    last_ckpt = t
+    spans.append(("lost", last_ckpt, fail_at))
+    spans.append(("restart", fail_at, fail_at + restart))
+    spans.append(("redo", fail_at + restart, fail_at + restart + (fail_at - last_ckpt)))
+    spans.append(("work", fail_at + restart + (fail_at - last_ckpt), end))
+    colors = {"work": "#4C78A8", "save": "#54A24B", "lost": "#E45756", "restart": "#BAB0AC",
+              "redo": "#F58518"}
+    shown = set()
+    for kind, a, b in spans:
+        fig.add_bar(x=[b - a], base=[a], y=["run"], orientation="h", marker_color=colors[kind],
+                    name=kind, showlegend=kind not in shown, width=0.5)
+        shown.add(kind)
+    fig.add_scatter(x=[fail_at], y=["run"], mode="markers+text", text=["failure"],
+                    textposition="top center", marker=dict(symbol="x", size=16, color="black"),
+                    showlegend=False)
+    fig.update_layout(barmode="overlay", height=220, xaxis_title="time",
+                      title="work since the last checkpoint is lost; on average half an interval",
+                      legend_orientation="h", legend_y=-0.6)
+    return fig
