@@ -24,6 +24,11 @@ def _everything(world):
     out = {(st, opt): sharded_train(st, TINY, opt, steps=STEPS)
            for opt in ("sgd", "adamw") for st in range(4)}
     out["naive1"] = sharded_train(1, TINY, "adamw", steps=STEPS, naive=True)
+    # gradients accumulated over 2 micro-batches before each step; ZeRO-2 with one bucket that
+    # is sent only at the step, so every gradient accumulates while queued
+    out[("accumulate", 2)] = sharded_train(2, TINY, "sgd", steps=STEPS, accumulate=2,
+                                           stage_kw=dict(bucket_bytes=10**9))
+    out[("accumulate", 3)] = sharded_train(3, TINY, "sgd", steps=STEPS, accumulate=2)
     out["fsdp2"] = fsdp2_train(TINY, "adamw", steps=STEPS)
     out["zero_redundancy"] = zero_redundancy_train(TINY, "adamw", steps=STEPS)
     return out
@@ -48,6 +53,13 @@ def test_stage_equals_one_process(runs, stage, opt):
     results = _results(per_rank, (stage, opt))
     ch03.assert_matches_reference(results, refs[opt], what=f"ZeRO-{stage}, {opt}, {world} ranks")
     ch03.assert_ranks_agree(results)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gradient_accumulation_equals_one_process(runs, stage):
+    world, per_rank, refs = runs
+    ch03.assert_matches_reference(_results(per_rank, ("accumulate", stage)), refs["sgd"],
+                                  what=f"ZeRO-{stage}, 2 micro-batches per step")
 
 
 def test_losses_are_the_global_loss(runs):

@@ -49,8 +49,10 @@ def reference_train(cfg: GPTConfig, optimizer: str, steps: int = 3, batch_size: 
             "losses": losses}
 
 
-def make_stage(stage: int, model, optimizer: str, group=None, naive: bool = False):
-    """DataParallel / ZeRO1 / ZeRO2 / ZeRO3 over `model` with a named optimizer."""
+def make_stage(stage: int, model, optimizer: str, group=None, naive: bool = False, **stage_kw):
+    """DataParallel / ZeRO1 / ZeRO2 / ZeRO3 over `model` with a named optimizer.
+
+    stage_kw go to the stage's class (e.g. bucket_bytes for ZeRO2)."""
     from labkit.zero import DataParallel, ZeRO1, ZeRO2, ZeRO3
 
     opt_class, kw = optimizer_spec(optimizer)
@@ -59,7 +61,7 @@ def make_stage(stage: int, model, optimizer: str, group=None, naive: bool = Fals
     if stage == 1:
         return ZeRO1(model.parameters(), opt_class, group, naive=naive, **kw)
     if stage == 2:
-        return ZeRO2(model.parameters(), opt_class, group, **kw)
+        return ZeRO2(model.parameters(), opt_class, group, **stage_kw, **kw)
     if stage == 3:
         return ZeRO3(model, opt_class, group, **kw)
     raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
@@ -74,12 +76,14 @@ def full_params(zero, model) -> dict:
 
 def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
                   batch_size: int = 12, seed: int = 0, group=None, naive: bool = False,
-                  step_fn=None) -> dict:
+                  step_fn=None, accumulate: int = 1, stage_kw=None) -> dict:
     """Run on every rank (via labkit.launch.run): train `steps` steps with a ZeRO stage.
 
     Returns {"params", "losses" (this rank's local losses), "held" (bytes kept after the last
     step, before zero_grad), "sent" (bytes sent per step, by collective), "numel"}.
-    step_fn(params, shards, optimizer, group) replaces ZeRO-1's step (the exercise)."""
+    step_fn(params, shards, optimizer, group) replaces ZeRO-1's step (the exercise).
+    accumulate: split this rank's rows into that many micro-batches, one backward each, before
+    the step (gradient accumulation; the losses are scaled so the sum is the mean)."""
     import torch.distributed as dist
 
     from labkit.launch import note
@@ -90,15 +94,18 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
                          f"that every rank's mean loss weighs the same")
     model = GPT(cfg, seed=seed)
     numel = sum(p.numel() for p in model.parameters())
-    zero = make_stage(stage, model, optimizer, group, naive=naive)
+    zero = make_stage(stage, model, optimizer, group, naive=naive, **(stage_kw or {}))
     tokens, losses = tiny_corpus(), []
     for step in range(steps):
         note(f"ZeRO-{stage} step {step}")
         zero.counter.reset()  # ZeRO-2 and -3 communicate during forward and backward too
         x, y = get_batch(tokens, batch_size, cfg.block_size, step, seed)   # (B, T) global
         x, y = shard_rows(x, rank, world), shard_rows(y, rank, world)     # (B/N, T) mine
-        loss = model(x, y)[1]
-        loss.backward()
+        loss = 0.0
+        for xm, ym in zip(x.chunk(accumulate), y.chunk(accumulate)):    # (B/N/k, T) each
+            part = model(xm, ym)[1] * (xm.shape[0] / x.shape[0])
+            part.backward()
+            loss = loss + part.detach()
         if step_fn is not None:
             step_fn(zero.params, zero.shards, zero.optimizer, group)
         else:
