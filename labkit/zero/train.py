@@ -86,13 +86,14 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     the step (gradient accumulation; the losses are scaled so the sum is the mean)."""
     import torch.distributed as dist
 
-    from labkit.launch import note
+    from labkit.launch import device, note
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    dev = device()  # this rank's GPU under NCCL, else the CPU
     if batch_size % world:
         raise ValueError(f"batch_size={batch_size} must divide by the world size {world} so "
                          f"that every rank's mean loss weighs the same")
-    model = GPT(cfg, seed=seed)
+    model = GPT(cfg, seed=seed).to(dev)
     numel = sum(p.numel() for p in model.parameters())
     zero = make_stage(stage, model, optimizer, group, naive=naive, **(stage_kw or {}))
     tokens, losses = tiny_corpus(), []
@@ -100,7 +101,7 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
         note(f"ZeRO-{stage} step {step}")
         zero.counter.reset()  # ZeRO-2 and -3 communicate during forward and backward too
         x, y = get_batch(tokens, batch_size, cfg.block_size, step, seed)   # (B, T) global
-        x, y = shard_rows(x, rank, world), shard_rows(y, rank, world)     # (B/N, T) mine
+        x, y = shard_rows(x, rank, world).to(dev), shard_rows(y, rank, world).to(dev)  # (B/N, T)
         loss = 0.0
         for xm, ym in zip(x.chunk(accumulate), y.chunk(accumulate)):    # (B/N/k, T) each
             part = model(xm, ym)[1] * (xm.shape[0] / x.shape[0])
