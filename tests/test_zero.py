@@ -18,6 +18,21 @@ from labkit.zero.train import TINY, make_stage, reference_train, sharded_train
 STEPS = 3
 
 
+def _step_wrong(params, shards, optimizer, group=None):
+    """A typical mistake: step with the SUM of the gradients over ranks, not their mean."""
+    import torch.distributed as dist
+
+    from labkit.zero import all_gather_full, reduce_scatter_mean
+
+    n = dist.get_world_size(group)
+    for p, s in zip(params, shards):
+        s.grad = reduce_scatter_mean(p.grad, group) * n
+    optimizer.step()
+    with torch.no_grad():
+        for p, s in zip(params, shards):
+            p.copy_(all_gather_full(s, p.shape, group))
+
+
 def _everything(world):
     from labkit.zero.fsdp import fsdp2_train, zero_redundancy_train
 
@@ -29,6 +44,7 @@ def _everything(world):
     out[("accumulate", 2)] = sharded_train(2, TINY, "sgd", steps=STEPS, accumulate=2,
                                            stage_kw=dict(bucket_bytes=10**9))
     out[("accumulate", 3)] = sharded_train(3, TINY, "sgd", steps=STEPS, accumulate=2)
+    out["wrong_step"] = sharded_train(1, TINY, "sgd", steps=STEPS, step_fn=_step_wrong)
     out["fsdp2"] = fsdp2_train(TINY, "adamw", steps=STEPS)
     out["zero_redundancy"] = zero_redundancy_train(TINY, "adamw", steps=STEPS)
     return out
@@ -60,6 +76,18 @@ def test_gradient_accumulation_equals_one_process(runs, stage):
     world, per_rank, refs = runs
     ch03.assert_matches_reference(_results(per_rank, ("accumulate", stage)), refs["sgd"],
                                   what=f"ZeRO-{stage}, 2 micro-batches per step")
+
+
+def test_shared_assertions_fail_a_wrong_step(runs):
+    world, per_rank, refs = runs
+    with pytest.raises(AssertionError, match="differs at"):
+        ch03.assert_matches_reference(_results(per_rank, "wrong_step"), refs["sgd"])
+
+
+def test_model_state_checker_fails_wrong_code_with_a_hint():
+    result = ch03.model_state_bytes(lambda n, s, dp, w, g, o: n * (w + g + o))
+    assert result.cases[0]["passed"] and not result.passed
+    assert "stage 2 divides optimizer states and gradients by dp=8" in result.cases[1]["message"]
 
 
 def test_losses_are_the_global_loss(runs):
