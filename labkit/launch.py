@@ -127,8 +127,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _child(rundir: str, rank: int) -> None:
-    """Entry point of one rank (`python -m labkit.launch RUNDIR RANK`)."""
+def _child(rundir: str, rank: int, parent_pid: int | None = None) -> None:
+    """Entry point of one rank: `python -m labkit.launch RUNDIR RANK`, or forked by the zygote."""
     global _note_slot
     rundir = Path(rundir)
     import pickle
@@ -137,7 +137,11 @@ def _child(rundir: str, rank: int) -> None:
     world, backend, timeout = spec["world"], spec["backend"], spec["timeout"]
     # Functions of importable modules travel by reference: see the modules the parent sees.
     sys.path += [p for p in spec["sys_path"] if p not in sys.path]
-    _die_with_parent(spec["parent"])
+    _die_with_parent(parent_pid or spec["parent"])
+    if parent_pid:  # forked from the warm zygote: take the caller's current environment and folder
+        os.environ.clear()
+        os.environ.update(spec["env"])
+        os.chdir(spec["cwd"])
     stack_file = open(rundir / f"stack{rank}.txt", "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
     with open(rundir / "notes.bin", "r+b") as f:
@@ -239,11 +243,14 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
     try:
         (rundir / "spec.pkl").write_bytes(pickle.dumps(dict(
             world=nprocs, backend=backend, timeout=timeout, parent=os.getpid(), payload=payload,
-            sys_path=list(sys.path))))
+            sys_path=list(sys.path), env=_child_env(), cwd=os.getcwd())))
         (rundir / "notes.bin").write_bytes(bytes(nprocs * _NOTE_BYTES))
-        env = dict(os.environ, **_CHILD_ENV)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [_PACKAGE_ROOT, env.get("PYTHONPATH")] if p)
+        env = _child_env()
+        zygote = _zygote()
         for rank in range(nprocs):
+            if zygote is not None:
+                procs.append(zygote.fork(rundir, rank))
+                continue
             out = open(rundir / f"out{rank}.txt", "wb")
             outs.append(out)
             procs.append(subprocess.Popen(
@@ -263,6 +270,111 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
 _CHILD_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def _child_env() -> dict:
+    env = dict(os.environ, **_CHILD_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [_PACKAGE_ROOT, env.get("PYTHONPATH")] if p)
+    return env
+
+
+class _ForkedRank:
+    """A rank forked by the zygote: the Popen-like handle _wait and _kill_all need."""
+
+    def __init__(self, pid: int, rundir: Path, rank: int):
+        self.pid, self._exit = pid, rundir / f"exit{rank}"
+
+    def poll(self):
+        try:
+            return int(self._exit.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout=None):
+        end = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.poll()
+
+
+class _Zygote:
+    """The warm parent of ranks (labkit._zygote): torch imported once, a fork per rank."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "labkit._zygote"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=_child_env(), cwd=os.getcwd())
+        self.lock = threading.Lock()
+        if self._readline(timeout=STARTUP_TIMEOUT) != "ready":
+            self.close()
+            raise OSError("the zygote did not start")
+
+    def _readline(self, timeout: float) -> str:
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise OSError("no answer from the zygote")
+        return self.proc.stdout.readline().decode().strip()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self, rundir: Path, rank: int) -> _ForkedRank:
+        with self.lock:
+            self.proc.stdin.write(f"{rundir} {rank}\n".encode())
+            self.proc.stdin.flush()
+            return _ForkedRank(int(self._readline(timeout=30)), rundir, rank)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_ZYGOTE = None
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote():
+    """The process's zygote, started on first use; None where forking is not available
+    (then every rank is a fresh `python -m labkit.launch`). LABKIT_LAUNCH=spawn forces that."""
+    global _ZYGOTE
+    if os.environ.get("LABKIT_LAUNCH", "") == "spawn" or not sys.platform.startswith("linux"):
+        return None
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is None or not _ZYGOTE.alive():
+            try:
+                _ZYGOTE = _Zygote()
+            except OSError:
+                _ZYGOTE = None
+                return None
+            import atexit
+
+            atexit.register(shutdown)
+        return _ZYGOTE
+
+
+def shutdown() -> None:
+    """End the warm zygote (its ranks, if any, end with it). The next run starts a new one."""
+    global _ZYGOTE
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is not None:
+            _ZYGOTE.close()
+            _ZYGOTE = None
 
 
 class _Echo:
@@ -365,7 +477,8 @@ def _format_stack(raw: str) -> str:
         if not m:
             continue
         file, lineno, func = m["file"], int(m["line"]), m["func"]
-        if file.endswith(("labkit/launch.py", "c10d_logger.py")) or file.startswith("<frozen"):
+        if file.endswith(("labkit/launch.py", "labkit/_zygote.py", "c10d_logger.py")) \
+                or file.startswith("<frozen"):
             continue
         frames.append((file, lineno, func))
     out = []

@@ -10,8 +10,16 @@ from labkit.launch import HangError, LaunchError, RankError, resolve_backend, ru
 
 
 def _children():
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    """This process's live descendants, less the warm zygote (a helper kept between runs, which
+    no run leaves behind: it has no rank of its own)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "labkit._zygote" not in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 def _rank_and_sum(offset):
