@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 
 
@@ -51,10 +52,18 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="labkit run checkpoint")
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--folder", default=None, help="scratch folder shared by the ranks")
     a, _ = p.parse_known_args(argv)
     world = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else a.nproc
     rows = []
-    with tempfile.TemporaryDirectory(prefix="labkit-ch06-") as root:
+    # every rank must write into the same folder: under torchrun, name it after the run id
+    base = a.folder or tempfile.gettempdir()
+    if _under_torchrun():
+        root = os.path.join(base, f"labkit-ch06-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+        os.makedirs(root, exist_ok=True)
+    else:
+        root = tempfile.mkdtemp(prefix="labkit-ch06-", dir=base)
+    try:
         if not _under_torchrun():  # the resume needs fresh processes, which torchrun owns
             eq, eq_no_rng, diff = _exact_resume(world, f"{root}/resume")
             rows.append(("resume with RNG state: bitwise equal", eq))
@@ -74,6 +83,9 @@ def main(argv=None) -> int:
                                        args=(f"{root}/hb", world - 1), echo=False)[0]
             rows.append((f"frozen rank {world - 1} reported", silent))
             rows.append(("  detected within the bound", delay <= bound + 0.5))
+    finally:
+        if os.environ.get("RANK", "0") == "0":  # the last run() gathered: everyone is done
+            shutil.rmtree(root, ignore_errors=True)
     if os.environ.get("RANK", "0") == "0":
         print(f"chapter 06 lab on {world} rank(s)")
         for what, value in rows:
