@@ -251,3 +251,20 @@ def test_naive_save_killed_midway_loses_the_checkpoint(tmp_path):
     crash_during_save(tmp_path, atomic=False)
     with pytest.raises(CorruptCheckpointError, match="cannot be read"):
         atomic.load_file(tmp_path / "ckpt.pt")
+
+
+def test_costs_checkpoint_young_is_the_minimum_of_the_waste():
+    from labkit import costs
+
+    ck = costs.checkpoint
+    assert ck.checkpoint_bytes(70e9) == 980e9  # 14 bytes/param: gradients are not saved
+    assert ck.save_time(980e9, 512, 2.0, 100.0) == pytest.approx(9.8)
+    delta, M = 30.0, 50 * 3600.0
+    grid = [60.0 * k for k in range(1, 600)]
+    best = min(grid, key=lambda t: ck.waste_fraction(t, delta, M))
+    assert abs(best - ck.young_interval(delta, M)) <= 60.0
+    assert ck.daly_interval(delta, M) == pytest.approx(ck.young_interval(delta, M), rel=0.02)
+    assert ck.daly_interval(3 * M, M) == M
+    assert ck.recompute_time_factor(2.0) == pytest.approx(4 / 3)
+    with pytest.raises(ValueError, match="unknown recipe"):
+        ck.bytes_per_param("fp8_magic")
