@@ -59,7 +59,9 @@ def main(argv=None) -> int:
     args, rest = parser.parse_known_args(argv)
 
     if args.cmd == "run":
-        return _load("labkit.labs", args.lab).main(rest) or 0
+        code = _load("labkit.labs", args.lab).main(rest) or 0
+        _finish_torchrun_rank()
+        return code
     if args.cmd == "bench":
         return _bench(args.names, rest)
     if args.cmd == "exercises":
@@ -82,6 +84,20 @@ def main(argv=None) -> int:
         print("benchmarks: " + ", ".join(_names("labkit.bench")))
         return 0
     return 2
+
+
+def _finish_torchrun_rank() -> None:
+    """Under torchrun the lab ran in this process: leave the group cleanly (a Gloo group torn
+    down by interpreter exit can abort the process, which torchrun reports as a failure)."""
+    import os
+
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _bench(names, rest) -> int:
