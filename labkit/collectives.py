@@ -99,33 +99,67 @@ def _scratch(numel: int, dtype, device) -> torch.Tensor:
     return buf[:numel]
 
 
-def _ring_phase(flat, n, rank, group, phase, pieces, traffic, reduce: bool):
-    """Run the n-1 steps of one ring phase on the flat buffer, in place."""
+def _ring_steps(flat, n, rank, group, phases, pieces, traffic, divide_by: int = 1):
+    """Run ring phases on the flat buffer, in place, as one stream of pieces.
+
+    The chunk a rank sends at step t+1 is the chunk it received at step t (true across the
+    switch from reduce-scatter to all-gather too), so piece j is forwarded the moment it has
+    arrived and been added: the reduction of one piece overlaps the transfer of the next, and no
+    step waits for the whole previous one."""
     right, left = (rank + 1) % n, (rank - 1) % n
     bounds = chunk_bounds(flat.numel(), n)
-    scratch = _scratch(bounds[0][1] - bounds[0][0], flat.dtype, flat.device) if reduce else None
+    longest = bounds[0][1] - bounds[0][0]
     # Small chunks are latency-bound: cutting them further only adds messages.
-    chunk_bytes = (bounds[0][1] - bounds[0][0]) * flat.element_size()
-    pieces = max(1, min(pieces, chunk_bytes // MIN_PIECE_BYTES))
-    for step, plan in enumerate(ring_schedule(n, phase)):
-        send_chunk, recv_chunk = plan[rank]
-        send_parts = _pieces(*bounds[send_chunk], pieces)
-        recv_parts = _pieces(*bounds[recv_chunk], pieces)
-        # Post every transfer of this step at once; then reduce piece j while j+1.. still arrive.
-        base = recv_parts[0][0] if recv_parts else 0
-        bufs = [scratch[a - base:b - base] if reduce else flat[a:b] for a, b in recv_parts]
-        recvs = [dist.irecv(buf, group=group, group_src=left) for buf in bufs]
-        sends = [dist.isend(flat[a:b], group=group, group_dst=right) for a, b in send_parts]
-        for (a, b), buf, work in zip(recv_parts, bufs, recvs):
+    pieces = max(1, min(pieces, longest * flat.element_size() // MIN_PIECE_BYTES))
+    steps = [(phase, plan[rank]) for phase in phases for plan in ring_schedule(n, phase)]
+    scratch = _scratch(2 * longest, flat.dtype, flat.device)  # double buffer: steps t and t+1
+
+    def parts(chunk):
+        return _pieces(*bounds[chunk], pieces)
+
+    def post_recv(t, j):
+        phase, (_, chunk) = steps[t]
+        a, b = parts(chunk)[j]
+        if phase == "reduce_scatter":  # into scratch, to be added
+            off = (t % 2) * longest + a - bounds[chunk][0]
+            buf = scratch[off:off + b - a]
+        else:                          # straight into place
+            buf = flat[a:b]
+        return buf, dist.irecv(buf, group=group, group_src=left)
+
+    def post_send(t, j):
+        a, b = parts(steps[t][1][0])[j]
+        return dist.isend(flat[a:b], group=group, group_dst=right)
+
+    recvs = [[post_recv(0, j) for j in range(len(parts(steps[0][1][1])))]]
+    sends = [[post_send(0, j) for j in range(len(parts(steps[0][1][0])))]]
+    for t, (phase, (send_chunk, recv_chunk)) in enumerate(steps):
+        last_reduce = phase == "reduce_scatter" and (t + 1 == len(steps)
+                                                     or steps[t + 1][0] != phase)
+        if t + 1 < len(steps):
+            recvs.append([])
+            sends.append([])
+        for j, (buf, work) in enumerate(recvs[t]):
             work.wait()
-            if reduce:
+            a, b = parts(recv_chunk)[j]
+            if phase == "reduce_scatter":
                 flat[a:b].add_(buf)
-        for work in sends:
-            work.wait()
+                if last_reduce and divide_by != 1:
+                    flat[a:b].div_(divide_by)  # 'avg': divide only the chunk this rank owns
+            if t + 1 < len(steps):  # forward this piece now, and listen for the next step's
+                sends[t + 1].append(post_send(t + 1, j))
+                if j < len(parts(steps[t + 1][1][1])):
+                    recvs[t + 1].append(post_recv(t + 1, j))
+        if t + 1 < len(steps):  # chunks of 0 and 1 elements can have different piece counts
+            for j in range(len(recvs[t + 1]), len(parts(steps[t + 1][1][1]))):
+                recvs[t + 1].append(post_recv(t + 1, j))
+        for work in sends[t]:
+            work.wait()  # before any later step may write into what it sent
         if traffic is not None:
             esize = flat.element_size()
-            traffic.record(phase, step, sum(b - a for a, b in send_parts) * esize,
-                           sum(b - a for a, b in recv_parts) * esize)
+            traffic.record(phase, t if phase == phases[0] else t - (n - 1),
+                           (bounds[send_chunk][1] - bounds[send_chunk][0]) * esize,
+                           (bounds[recv_chunk][1] - bounds[recv_chunk][0]) * esize)
 
 
 def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None, *, pieces: int = 8,
@@ -137,7 +171,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None, *, pi
     group, rank, n = _setup(tensor, op, group)
     flat = tensor.view(-1)
     if n > 1:
-        _ring_phase(flat, n, rank, group, "reduce_scatter", pieces, traffic, reduce=True)
+        _ring_steps(flat, n, rank, group, ("reduce_scatter",), pieces, traffic)
     a, b = chunk_bounds(flat.numel(), n)[rank]
     out = flat[a:b].clone()
     return out.div_(n) if op == "avg" else out
@@ -161,7 +195,7 @@ def ring_all_gather(chunk: torch.Tensor, group=None, *, sizes=None, pieces: int 
         if [b - a for a, b in bounds] != sizes:  # arbitrary sizes: gather on the caller's layout
             _ring_gather_layout(flat, n, rank, group, sizes, offsets, traffic)
         else:
-            _ring_phase(flat, n, rank, group, "all_gather", pieces, traffic, reduce=False)
+            _ring_steps(flat, n, rank, group, ("all_gather",), pieces, traffic)
     return flat
 
 
@@ -185,11 +219,8 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *, pieces
     if n == 1:
         return tensor
     flat = tensor.view(-1)
-    _ring_phase(flat, n, rank, group, "reduce_scatter", pieces, traffic, reduce=True)
-    if op == "avg":
-        a, b = chunk_bounds(flat.numel(), n)[rank]
-        flat[a:b].div_(n)  # divide only the chunk this rank owns: 1/N of the work
-    _ring_phase(flat, n, rank, group, "all_gather", pieces, traffic, reduce=False)
+    _ring_steps(flat, n, rank, group, ("reduce_scatter", "all_gather"), pieces, traffic,
+                divide_by=n if op == "avg" else 1)
     return tensor
 
 
