@@ -288,7 +288,12 @@ class _ForkedRank:
         try:
             return int(self._exit.read_text())
         except (OSError, ValueError):
-            return None
+            pass
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:  # gone with no status written: the zygote itself died
+            return -signal.SIGKILL
+        return None
 
     def kill(self):
         try:
