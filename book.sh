@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/env.sh
-exec jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. chapters/ "$@"
+extra=()
+[ "$(id -u)" = "0" ] && extra+=(--allow-root)  # containers often run as root
+exec jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. "${extra[@]}" chapters/ "$@"
