@@ -1,11 +1,14 @@
 """The `labkit` command.
 
     labkit run LAB [--nproc N] [lab options]   run a chapter's lab on N local processes
-    torchrun --nproc-per-node N -m labkit.cli run LAB   the same lab, one rank per process
+    torchrun --nproc-per-node N -m labkit run LAB       the same lab, one rank per process
     labkit bench [NAME ...] [--json FILE]      benchmarks: a table, and JSON
     labkit exercises [--check]                 generate exercises/ from solutions/ (or check)
     labkit grade PATH [PATH ...] [--csv FILE]  execute exercise notebooks and score them
-    labkit list                                labs and benchmarks available
+    labkit list                                labs (by chapter) and benchmarks available
+
+`labkit run` exits 0 when the lab ran, 1 when a rank failed or hung (its report is printed), and
+2 on bad input (one line saying what to change, e.g. a DP x TP that does not fit --nproc).
 
 Labs live in labkit/labs/NAME.py (a `main(argv)` function), benchmarks in labkit/bench/NAME.py
 (a `main(argv)` function returning a dict with "rows"); both are found by name.
@@ -59,9 +62,7 @@ def main(argv=None) -> int:
     args, rest = parser.parse_known_args(argv)
 
     if args.cmd == "run":
-        code = _load("labkit.labs", args.lab).main(rest) or 0
-        _finish_torchrun_rank()
-        return code
+        return _run_lab(args.lab, rest)
     if args.cmd == "bench":
         return _bench(args.names, rest)
     if args.cmd == "exercises":
@@ -80,10 +81,57 @@ def main(argv=None) -> int:
         grade(args.paths, csv_path=args.csv, cell_timeout=args.cell_timeout)
         return 0
     if args.cmd == "list":
-        print("labs:       " + ", ".join(_names("labkit.labs")))
-        print("benchmarks: " + ", ".join(_names("labkit.bench")))
+        from labkit.labs import CHAPTER_LABS
+
+        print("labs (labkit run LAB --nproc N), by chapter:")
+        for ch, (title, labs) in sorted(CHAPTER_LABS.items()):
+            print(f"  {ch:02d} {title:<38} {', '.join(labs)}")
+        listed = {lab for _, labs in CHAPTER_LABS.values() for lab in labs}
+        extra = [n for n in _names("labkit.labs") if n not in listed]
+        if extra:
+            print(f"  -- {'(no chapter)':<38} {', '.join(extra)}")
+        print("benchmarks (labkit bench NAME): " + ", ".join(_names("labkit.bench")))
         return 0
     return 2
+
+
+def _input_errors() -> tuple:
+    """Errors that mean "the command asked for something impossible": the message says what to
+    change, so the reader gets that one line, not a Python traceback."""
+    from labkit.launch import LaunchError
+    from labkit.topology import TopologyError
+
+    return (LaunchError, TopologyError, ValueError)
+
+
+def _run_lab(name: str, rest) -> int:
+    """Run a lab's main. Bad input -> `labkit: ...` on stderr and exit code 2; a rank that failed
+    or hung -> its report (the rank's traceback, or every rank's stack) and exit code 1.
+    LABKIT_DEBUG=1 re-raises, with the local traceback."""
+    return run_lab_main(name, _load("labkit.labs", name).main, rest)
+
+
+def run_lab_main(name: str, main, rest) -> int:
+    """`main(rest)` of the lab `name`, with _run_lab's exit codes and messages."""
+    import os
+
+    from labkit.launch import HangError, RankError
+
+    try:
+        code = main(rest) or 0
+    except (RankError, HangError) as err:
+        if os.environ.get("LABKIT_DEBUG"):
+            raise
+        print(f"labkit: lab {name!r} failed: {err}", file=sys.stderr, flush=True)
+        return 1
+    except _input_errors() as err:
+        if os.environ.get("LABKIT_DEBUG"):
+            raise
+        text = " ".join(str(err).split()) or type(err).__name__
+        print(f"labkit: {name}: {text}", file=sys.stderr, flush=True)
+        return 2
+    _finish_torchrun_rank()
+    return code
 
 
 def _finish_torchrun_rank() -> None:

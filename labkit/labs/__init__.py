@@ -1,4 +1,19 @@
 """Every chapter's lab as a script: `labkit run NAME --nproc N`, or under torchrun.
 
 One module per lab with `main(argv)`. Each lab calls labkit.launch.run, which starts N local
-processes, or, under `torchrun`, runs as the current rank; rank 0 prints the table."""
+processes, or, under `torchrun`, runs as the current rank; rank 0 prints a line per finished
+phase (labkit.progress) and ends with a table.
+
+CHAPTER_LABS says which lab belongs to which chapter (`labkit list` prints it; a test checks that
+every chapter has one and that each exists)."""
+
+CHAPTER_LABS = {
+    0: ("Why distribute?", ["intro"]),
+    1: ("Collectives and ring all-reduce", ["ring"]),
+    2: ("Data parallelism (DDP)", ["ddp"]),
+    3: ("ZeRO and FSDP", ["zero"]),
+    4: ("Tensor parallelism", ["tp"]),
+    5: ("Pipeline parallelism", ["pipeline"]),
+    6: ("Checkpointing and fault tolerance", ["checkpoint", "train_ft"]),
+    7: ("Putting it together: 3D parallelism", ["hybrid"]),
+}

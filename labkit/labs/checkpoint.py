@@ -2,7 +2,7 @@
 frozen rank caught by a heartbeat.
 
     labkit run checkpoint --nproc 2
-    torchrun --nproc-per-node 2 -m labkit.cli run checkpoint
+    torchrun --nproc-per-node 2 -m labkit run checkpoint
 
 Rank 0 prints one table. Under torchrun every part runs on the torchrun world instead of
 starting its own processes (the resharding row then saves and loads at that size).
@@ -49,12 +49,15 @@ def _reshard_job(root: str, mode: str):
 def main(argv=None) -> int:
     from labkit import faults
     from labkit.launch import _under_torchrun, run
+    from labkit.progress import Progress
 
     p = argparse.ArgumentParser(prog="labkit run checkpoint")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--folder", default=None, help="scratch folder shared by the ranks")
     a, _ = p.parse_known_args(argv)
     world = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else a.nproc
+    prog = Progress("checkpoint", total=(0 if _under_torchrun() else 1) + 1
+                    + (world >= 2) + (world >= 2 and not _under_torchrun()))
     rows = []
     # every rank must write into the same folder: under torchrun, name it after the run id
     base = a.folder or tempfile.gettempdir()
@@ -69,20 +72,24 @@ def main(argv=None) -> int:
             rows.append(("resume with RNG state: bitwise equal", eq))
             rows.append(("resume without RNG state: bitwise equal", eq_no_rng))
             rows.append(("  max weight difference without RNG", f"{diff:.3g}"))
+            prog.done(f"exact resume: with RNG state equal={eq}, without equal={eq_no_rng}")
             save_world = 4
         else:
             save_world = world
         run(_reshard_job, save_world, args=(f"{root}/shard", "save"), echo=False)
         ok = run(_reshard_job, world, args=(f"{root}/shard", "load"), echo=False)
         rows.append((f"sharded save at {save_world}, load at {world}: equal", all(ok)))
+        prog.done(f"resharding: saved at {save_world} ranks, loaded at {world}")
         if world >= 2:
             medians, found = run(faults.straggler_job, world, args=(world - 1, 3.0), echo=False)[0]
             rows.append((f"straggler (rank {world - 1} slowed 3x) found", [r for r, _ in found]))
+            prog.done(f"straggler search: found ranks {[r for r, _ in found]}")
         if world >= 2 and not _under_torchrun():  # SIGSTOP under torchrun would stall its agent
             silent, delay, bound = run(faults.health_job, world,
                                        args=(f"{root}/hb", world - 1), echo=False)[0]
             rows.append((f"frozen rank {world - 1} reported", silent))
             rows.append(("  detected within the bound", delay <= bound + 0.5))
+            prog.done(f"heartbeat: frozen rank {world - 1} reported after {delay:.1f} s")
     finally:
         if os.environ.get("RANK", "0") == "0":  # the last run() gathered: everyone is done
             shutil.rmtree(root, ignore_errors=True)

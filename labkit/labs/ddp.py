@@ -14,28 +14,43 @@ import os
 FROZEN = ("blocks.0.attn.q_proj.bias",)
 
 
-def _train_all(steps, batch, bucket_mb):
+KINDS = ("naive", "overlap", "bucketed", "torch")
+
+
+def _train(kind, steps, batch, bucket_mb):
     from labkit.ddp.verify import train_on_rank
 
-    return {kind: train_on_rank(kind, steps=steps, batch=batch, bucket_mb=bucket_mb,
-                                frozen=FROZEN)
-            for kind in ("naive", "overlap", "bucketed", "torch")}
+    return train_on_rank(kind, steps=steps, batch=batch, bucket_mb=bucket_mb, frozen=FROZEN)
 
 
 def main(argv=()):
     from labkit.ddp.verify import reference_train
     from labkit.launch import run
+    from labkit.progress import Progress
 
     p = argparse.ArgumentParser(prog="labkit run ddp")
     p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch", type=int, default=7, help="global batch (rows); need not divide")
     p.add_argument("--bucket-mb", type=float, default=0.01)
+    p.add_argument("--versions", nargs="+", choices=KINDS, default=list(KINDS),
+                   help="which DDP versions to train (default: all)")
     args = p.parse_args(list(argv))
-    per_rank = run(_train_all, args.nproc, args=(args.steps, args.batch, args.bucket_mb))
+    if args.steps < 1 or args.batch < 1 or args.bucket_mb <= 0:
+        raise ValueError(f"--steps ({args.steps}) and --batch ({args.batch}) must be >= 1 and "
+                         f"--bucket-mb ({args.bucket_mb:g}) > 0")
+    prog = Progress("ddp", total=len(args.versions) + 1)
+    ref = reference_train(steps=args.steps, batch=args.batch, frozen=FROZEN)
+    prog.done(f"one process, whole batch: {args.steps} steps")
+    per_rank = [{} for _ in range(args.nproc)]
+    for kind in args.versions:  # one launch per version: a line as each one finishes
+        got = run(_train, args.nproc, args=(kind, args.steps, args.batch, args.bucket_mb))
+        for r, res in enumerate(got):
+            per_rank[r][kind] = res
+        diff = max((res["params"][n] - ref[n]).abs().max().item() for res in got for n in ref)
+        prog.done(f"{kind} DDP on {args.nproc} ranks: max |param - one process| {diff:.1e}")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    ref = reference_train(steps=args.steps, batch=args.batch, frozen=FROZEN)
     print(f"{args.nproc} ranks, {args.steps} SGD steps, global batch {args.batch}, "
           f"bucket {args.bucket_mb:g} MiB (float64)")
     print(f"{'version':<9} {'max |param - one process|':>26} {'all-reduces/step':>17} "

@@ -137,14 +137,40 @@ def max_differences(rank_result: dict, ref: dict) -> dict:
             "params": worst(rank_result["params"], ref["params"])}
 
 
+def default_dims(nproc: int, dp=None, tp=None, pp=None) -> tuple:
+    """(dp, tp, pp) for `nproc` ranks, filling what the user left out so that the defaults fit
+    any world: tp = 2 when it divides (else 1), pp = 1, dp = what is left. What the user gave
+    is kept as is: labkit.topology.Topology then says what to change if it does not fit."""
+    from labkit.topology import TopologyError
+
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise TopologyError(f"--nproc must be a positive integer, got {nproc!r}")
+    pp = 1 if pp is None else pp
+    if pp > 1 and tp not in (None, 1):
+        raise TopologyError(f"--pp {pp} with --tp {tp}: this lab runs DP x TP or DP x PP, not "
+                            f"both; drop --tp (or --pp)")
+    if pp > 1:
+        tp = 1
+    elif tp is None and dp is None:
+        tp = 2 if nproc % 2 == 0 else 1
+    elif tp is None:                       # --dp given: TP takes what is left, if it divides
+        tp = nproc // dp if dp >= 1 and nproc % dp == 0 else 1
+    if dp is None:
+        dp = max(1, nproc // (tp * pp)) if tp >= 1 and pp >= 1 else 1
+    return dp, tp, pp
+
+
 def main(argv=()):
     from labkit.launch import run
+    from labkit.progress import Progress
     from labkit.topology import Topology
 
     p = argparse.ArgumentParser(prog="labkit run hybrid")
     p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 4)))
-    p.add_argument("--dp", type=int, default=2)
-    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default: what "
+                   "is left of --nproc)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel shards (default: 2 "
+                   "when --nproc is even, else 1)")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=5, help="global batch (sequences); need not "
                    "divide by DP")
@@ -152,14 +178,22 @@ def main(argv=()):
     p.add_argument("--pp", type=int, default=1, help="with --pp > 1: DP x PP instead of DP x TP "
                    "(one 1F1B step, gradients compared)")
     a = p.parse_args(list(argv))
+    a.dp, a.tp, a.pp = default_dims(a.nproc, a.dp, a.tp, a.pp)
+    if a.batch < a.dp:
+        raise ValueError(f"--batch {a.batch} is smaller than --dp {a.dp}: every replica needs "
+                         f"at least one row; use --batch >= {a.dp}")
     if a.pp > 1:
         return _main_dp_pp(a)
     topo = Topology(a.nproc, dp=a.dp, tp=a.tp)      # checked here, before any process starts
+    prog = Progress("hybrid", total=2)
+    prog.say(f"DP {a.dp} x TP {a.tp} on {a.nproc} ranks, {a.steps} {a.optim} steps")
     results = run(train_dp_tp, a.nproc, args=(a.dp, a.tp, DEFAULT_CFG, a.steps, a.batch, 1e-2,
                                                a.optim))
+    prog.done(f"DP x TP trained {a.steps} steps, last loss {results[0]['losses'][-1]:.4f}")
+    ref = reference(DEFAULT_CFG, a.steps, a.batch, 1e-2, a.optim)
+    prog.done(f"one-process reference trained, last loss {ref['losses'][-1]:.4f}")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    ref = reference(DEFAULT_CFG, a.steps, a.batch, 1e-2, a.optim)
     print(topo.picture())
     print(f"\nGPT {DEFAULT_CFG}, global batch {a.batch}, {a.optim}, fp32")
     print(f"{'step':>4} {'loss (1 process)':>17} {'loss (DP x TP)':>15}")
@@ -176,15 +210,20 @@ def main(argv=()):
 
 def _main_dp_pp(a) -> int:
     from labkit.launch import run
-    from labkit.pipeline.executor import reference_step
     from labkit.model import GPTConfig
+    from labkit.pipeline.executor import reference_step
+    from labkit.progress import Progress
     from labkit.topology import Topology
 
     topo = Topology(a.nproc, dp=a.dp, pp=a.pp)
+    prog = Progress("hybrid", total=2)
+    prog.say(f"DP {a.dp} x PP {a.pp} on {a.nproc} ranks, one 1F1B step per replica")
     results = run(train_dp_pp, a.nproc, args=(a.dp, a.pp, DEFAULT_CFG, a.batch, a.pp))
+    prog.done("DP x PP step done")
+    ref = reference_step(GPTConfig(**DEFAULT_CFG), a.batch)
+    prog.done("one-process reference step done")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    ref = reference_step(GPTConfig(**DEFAULT_CFG), a.batch)
     print(topo.picture())
     print(f"\nGPT {DEFAULT_CFG}, global batch {a.batch}, one 1F1B step with K={a.pp} per replica")
     loss = next(r["loss"] for r in results if r["loss"] is not None)

@@ -1,7 +1,7 @@
 """Lab 05: GPipe, 1F1B and interleaved 1F1B on real processes; bubble measured vs formula.
 
     labkit run pipeline --nproc 4 [--K 8] [--v 2] [--pad-ms 5 10] [--batch 16]
-    torchrun --nproc-per-node 4 -m labkit.cli run pipeline --K 8
+    torchrun --nproc-per-node 4 -m labkit run pipeline --K 8
 
 Splits labkit.model's GPT (8 blocks) into one stage per process, runs one training step of each
 schedule, checks the loss and every gradient against the one-process reference, and prints
@@ -17,6 +17,7 @@ def main(argv=()) -> int:
     from labkit.cli import is_rank_zero
     from labkit.launch import run
     from labkit.pipeline import executor, measure, schedules
+    from labkit.progress import Progress
 
     p = argparse.ArgumentParser(prog="labkit run pipeline")
     p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 4)),
@@ -28,6 +29,11 @@ def main(argv=()) -> int:
                    help="stand-in compute slept per forward/backward (0 0: real compute only)")
     args = p.parse_args(list(argv))
     P, K, v = args.nproc, args.K, args.v
+    if P < 2:
+        raise ValueError(f"a pipeline needs at least 2 stages: --nproc {P}; use --nproc 2 or more")
+    if K < 1 or args.batch < K:
+        raise ValueError(f"--K {K} micro-batches of a --batch {args.batch} rows: need "
+                         f"1 <= K <= batch; use --batch {max(K, 1)} or more")
     cfg = measure.DEFAULT_CFG
     specs = [("gpipe", K, 1), ("1f1b", K, 1)]
     if K % P == 0 and cfg.n_layer >= P * v:
@@ -36,14 +42,22 @@ def main(argv=()) -> int:
         print(f"(interleaved skipped: needs K a multiple of P (K={K}, P={P}) and n_layer="
               f"{cfg.n_layer} >= P*v = {P * v})")
 
+    prog = Progress("pipeline", total=1 + len(specs))
     # correctness first: one step of each schedule against the one-process reference
     sched = [schedules.make(n, P, k, vv) for n, k, vv in specs]
     per_rank = run(executor.schedules_job, P, args=(sched, cfg, args.batch), timeout=120, echo=False)
     ref = executor.reference_step(cfg, args.batch)
     for i, s in enumerate(sched):
         executor.compare_to_reference(executor.merge([r[i] for r in per_rank]), ref)
+    prog.done(f"loss and gradients of {', '.join(n for n, _, _ in specs)} equal the "
+              f"one-process step")
     pad = None if max(args.pad_ms) <= 0 else (args.pad_ms[0] / 1e3, args.pad_ms[1] / 1e3)
-    rows = measure.measure(P, specs, cfg, args.batch, pad=pad)
+    rows = []
+    for spec in specs:  # one launch per schedule: a line as each one is timed
+        row = measure.measure(P, [spec], cfg, args.batch, pad=pad)[0]
+        rows.append(row)
+        prog.done(f"{spec[0]} timed: step {row['step_s'] * 1e3:.0f} ms, bubble "
+                  f"{row['bubble']:.0%} (formula {row['formula_bubble']:.0%})")
     if is_rank_zero():
         print(f"P={P} stages, K={K} micro-batches, batch {args.batch}: loss and all gradients "
               f"equal the one-process reference for {', '.join(n for n, _, _ in specs)}")

@@ -14,6 +14,9 @@ import os
 def main(argv=()):
     from labkit.costs import tensor_parallel as tpc
     from labkit.launch import run
+    from labkit.model import GPTConfig
+    from labkit.progress import Progress
+    from labkit.tp.gpt import check_tp_sizes
     from labkit.tp.measure import train_side_by_side
 
     p = argparse.ArgumentParser(prog="labkit run tp")
@@ -26,7 +29,14 @@ def main(argv=()):
     p.add_argument("--block-size", type=int, default=32)
     a = p.parse_args(list(argv))
     cfg = dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, block_size=a.block_size)
+    check_tp_sizes(GPTConfig(**cfg), a.nproc)     # before any process starts: one clear line
+    prog = Progress("tp", total=1)
+    prog.say(f"TP={a.nproc}: the tensor-parallel GPT and the one-process GPT, {a.steps} SGD "
+             f"steps side by side")
     res = run(train_side_by_side, a.nproc, args=(cfg, a.steps, a.batch))[0]
+    worst = max(d for _, _, _, d in res["rows"])
+    prog.done(f"trained {a.steps} steps; max |grad diff| {worst:.1e}; "
+              f"{len(res['events'])} all-reduces recorded")
     if os.environ.get("RANK", "0") != "0":
         return 0
     print(f"TP={a.nproc}: GPT n_layer={a.n_layer} n_embd={a.n_embd} n_head={a.n_head}, "

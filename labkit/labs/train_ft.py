@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 2 --max-restarts 1 --rdzv-backend c10d \\
         --rdzv-endpoint 127.0.0.1:29511 --nnodes 1 \\
-        -m labkit.cli run train_ft --steps 12 --save-every 3 --kill-rank 1 --kill-step 7 \\
+        -m labkit run train_ft --steps 12 --save-every 3 --kill-rank 1 --kill-step 7 \\
         --ckpt /tmp/ft --out /tmp/ft/params.pt
     labkit run train_ft --nproc 2 ...      # the same, restarted by labkit's own little loop
 
@@ -62,21 +62,27 @@ def _tensor_bytes(t) -> bytes:
     return buf.getvalue()
 
 
-def _init_for_attempt(attempt: int) -> None:
-    """Join the process group under a key prefix unique to this attempt.
+def _default_ckpt() -> tuple:
+    """(folder, made here): a fresh folder in the system's temporary directory. Under torchrun
+    every rank, and every restarted attempt, must find the same one: it is named after the
+    job's run id (TORCHELASTIC_RUN_ID), which torchrun keeps across restarts."""
+    import tempfile
 
-    torchrun keeps one key-value store across restarts; a fresh attempt that rendezvoused under
-    the default keys would read the dead attempt's Gloo addresses and fail to connect."""
-    import torch.distributed as dist
+    from labkit.launch import _under_torchrun
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, wait_for_workers=False)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"labkit-attempt{attempt}", store),
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    if _under_torchrun():
+        root = os.path.join(tempfile.gettempdir(),
+                            f"labkit-train_ft-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+        os.makedirs(root, exist_ok=True)
+        return root, True
+    return tempfile.mkdtemp(prefix="labkit-train_ft-"), True
 
 
 def main(argv=None) -> int:
+    import shutil
+
     from labkit.launch import RankError, _under_torchrun, run
+    from labkit.progress import Progress
 
     p = argparse.ArgumentParser(prog="labkit run train_ft")
     p.add_argument("--nproc", type=int, default=2)
@@ -84,28 +90,54 @@ def main(argv=None) -> int:
     p.add_argument("--save-every", type=int, default=3)
     p.add_argument("--kill-rank", type=int, default=1)
     p.add_argument("--kill-step", type=int, default=7, help="-1: never kill")
-    p.add_argument("--ckpt", required=True, help="checkpoint folder (empty at the first start)")
+    p.add_argument("--ckpt", default=None, help="checkpoint folder (empty at the first start); "
+                   "default: a fresh folder in the system's temporary directory, removed at the "
+                   "end")
     p.add_argument("--out", default=None, help="rank 0 writes the final parameters here")
     p.add_argument("--max-restarts", type=int, default=1, help="without torchrun only")
     a = p.parse_args(argv)
-    job_args = (a.steps, a.save_every, a.kill_rank, a.kill_step, a.ckpt)
-    if _under_torchrun():
-        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        world = int(os.environ["WORLD_SIZE"])
-        _init_for_attempt(attempt)
-        results = run(ft_job, world, args=(*job_args, attempt, a.out))
-    else:
-        for attempt in range(a.max_restarts + 1):
-            try:
-                results = run(ft_job, a.nproc, args=(*job_args, attempt, a.out), echo=False)
-                break
-            except RankError as err:
-                print(f"attempt {attempt}: rank {err.rank} died; restarting from the last "
-                      f"checkpoint", flush=True)
+    if a.save_every < 1 or a.steps < 1:
+        raise ValueError(f"--steps ({a.steps}) and --save-every ({a.save_every}) must be >= 1")
+    ckpt, temporary = (a.ckpt, False) if a.ckpt else _default_ckpt()
+    prog = Progress("train_ft")
+    prog.say(f"checkpoints in {ckpt}" + (" (temporary: removed at the end; --ckpt DIR keeps "
+                                         "them)" if temporary else ""))
+    job_args = (a.steps, a.save_every, a.kill_rank, a.kill_step, ckpt)
+    attempts = []  # (attempt, what happened)
+    try:
+        if _under_torchrun():
+            attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            world = int(os.environ["WORLD_SIZE"])
+            if attempt:
+                prog.say(f"attempt {attempt} (torchrun restarted every rank)")
+            results = run(ft_job, world, args=(*job_args, attempt, a.out))
+            attempts.append((attempt, f"finished from step {results[0][1]}"))
         else:
-            raise SystemExit(f"gave up after {a.max_restarts} restart(s)")
+            world = a.nproc
+            for attempt in range(a.max_restarts + 1):
+                try:
+                    results = run(ft_job, a.nproc, args=(*job_args, attempt, a.out), echo=False)
+                    attempts.append((attempt, f"finished from step {results[0][1]}"))
+                    break
+                except RankError as err:
+                    attempts.append((attempt, f"rank {err.rank} died"))
+                    prog.done(f"attempt {attempt}: rank {err.rank} died; restarting from the "
+                              f"last checkpoint")
+            else:
+                raise SystemExit(f"gave up after {a.max_restarts} restart(s)")
+        prog.done(f"attempt {attempts[-1][0]}: trained to step {a.steps}")
+    finally:
+        if temporary and os.environ.get("RANK", "0") == "0":
+            shutil.rmtree(ckpt, ignore_errors=True)  # the last run() gathered: every rank is done
     if os.environ.get("RANK", "0") == "0":
         start = results[0][1]
+        agree = all(torch.equal(results[0][0], r[0]) for r in results)
         print(f"finished {a.steps} steps; this attempt resumed at step {start}; "
-              f"ranks agree: {all(torch.equal(results[0][0], r[0]) for r in results)}")
+              f"ranks agree: {agree}")
+        print(f"{'attempt':>7}  what happened")
+        for n, what in attempts:
+            print(f"{n:>7}  {what}")
+        print(f"{world} ranks, checkpoint every {a.save_every} steps, rank {a.kill_rank} killed "
+              f"at step {a.kill_step} (first attempt); final parameters equal on every rank: "
+              f"{agree}")
     return 0

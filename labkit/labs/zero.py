@@ -12,16 +12,16 @@ import argparse
 import os
 
 
-def _lab(stages, steps, batch):
+def _lab(stage, steps, batch):
     from labkit.zero.measure import LAB_MODEL
     from labkit.zero.train import sharded_train
 
-    return {st: sharded_train(st, LAB_MODEL, "adamw", steps=steps, batch_size=batch)
-            for st in stages}
+    return sharded_train(stage, LAB_MODEL, "adamw", steps=steps, batch_size=batch)
 
 
 def main(argv=()):
     from labkit.launch import run
+    from labkit.progress import Progress
     from labkit.zero.measure import LAB_MODEL, rows, table
     from labkit.zero.train import reference_train
 
@@ -29,14 +29,28 @@ def main(argv=()):
     p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch", type=int, default=0, help="global batch (default: 2 per rank)")
+    p.add_argument("--stages", type=int, nargs="+", choices=(0, 1, 2, 3), default=[0, 1, 2, 3],
+                   help="which ZeRO stages to train (default: all)")
     args = p.parse_args(list(argv))
+    if args.steps < 1 or args.batch < 0:
+        raise ValueError(f"--steps must be >= 1 (got {args.steps}) and --batch >= 0 (got "
+                         f"{args.batch}; 0 means 2 per rank)")
     batch = args.batch or 2 * args.nproc
-    per_rank = run(_lab, args.nproc, args=((0, 1, 2, 3), args.steps, batch))
+    prog = Progress("zero", total=len(args.stages) + 1)
+    ref = reference_train(LAB_MODEL, "adamw", steps=args.steps, batch_size=batch)["params"]
+    prog.done(f"one process, whole batch: {args.steps} AdamW steps")
+    per_rank = [{} for _ in range(args.nproc)]
+    for st in args.stages:  # one launch per stage: a line as each one finishes
+        got = run(_lab, args.nproc, args=(st, args.steps, batch))
+        for r, res in enumerate(got):
+            per_rank[r][st] = res
+        held = max(sum(res["held"].values()) for res in got)
+        prog.done(f"ZeRO-{st} on {args.nproc} ranks: {held / 1e3:.1f} KB of model states on "
+                  f"the largest rank")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    ref = reference_train(LAB_MODEL, "adamw", steps=args.steps, batch_size=batch)["params"]
     print(f"{args.nproc} ranks, {args.steps} AdamW steps, global batch {batch}, fp32, "
-          f"Ψ = {per_rank[0][0]['numel']:,} parameters")
+          f"Ψ = {per_rank[0][args.stages[0]]['numel']:,} parameters")
     for st in per_rank[0]:
         diff = max((r[st]["params"][n] - ref[n]).abs().max().item() for r in per_rank for n in ref)
         print(f"  ZeRO-{st}: max |param - one process| = {diff:.1e}")

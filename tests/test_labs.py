@@ -1,0 +1,156 @@
+"""Every chapter's lab as a script: `labkit run NAME --nproc N` and the same under torchrun.
+
+Each lab runs as a reader would run it (a subprocess), with tiny options, and must exit 0, print
+a progress line per phase and end with its table; under torchrun rank 0 prints them once. Bad
+input exits 2 with one line and no traceback.
+"""
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.labs import CHAPTER_LABS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# lab -> (tiny options, a line of its final table that must appear)
+LABS = {
+    "intro": (["--sizes-kib", "4", "256", "--repeats", "2"], "bytes/param"),
+    "ring": (["--sizes-mib", "0.0625", "--repeats", "1"], "max bytes received by a rank"),
+    "ddp": (["--steps", "1", "--batch", "5", "--versions", "bucketed", "torch"],
+            "all-reduces/step"),
+    "zero": (["--steps", "1", "--stages", "1", "3"], "the ring predicts"),
+    "tp": (["--steps", "1", "--batch", "2", "--n-layer", "1", "--block-size", "8"],
+           "all-reduces for 1 layers"),
+    "pipeline": (["--K", "2", "--batch", "4", "--pad-ms", "0", "0"], "formula (P-1)/(vK+P-1)"),
+    "checkpoint": ([], "straggler (rank 1 slowed 3x) found"),
+    "train_ft": (["--steps", "4", "--save-every", "2", "--kill-step", "3"], "ranks agree: True"),
+    "hybrid": (["--steps", "1", "--batch", "3"], "max|param diff|"),
+}
+PROGRESS = re.compile(r"^\[(\w+)\] .*\((\d+/\d+, )?\d+\.\d s\)$", re.M)
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p))
+
+
+def _labkit(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _torchrun(*args, timeout=240):
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    return subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "labkit",
+                           *args], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _progress_lines(name, stdout):
+    return [m.group(0) for m in PROGRESS.finditer(stdout) if m.group(1) == name]
+
+
+def test_every_chapter_has_a_lab_and_every_lab_exists():
+    chapters = sorted(int(p.name[:2]) for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    assert chapters, "no chapter notebooks found"
+    missing = [c for c in chapters if not CHAPTER_LABS.get(c, ("", []))[1]]
+    assert not missing, f"chapters without a lab in CHAPTER_LABS: {missing}"
+    for _, labs in CHAPTER_LABS.values():
+        for name in labs:
+            mod = importlib.import_module(f"labkit.labs.{name}")
+            assert callable(getattr(mod, "main", None)), f"labkit.labs.{name} has no main()"
+    listed = {lab for _, labs in CHAPTER_LABS.values() for lab in labs}
+    assert listed == set(LABS), "every lab is exercised by this file"
+    out = _labkit("list", timeout=60)
+    assert out.returncode == 0, out.stderr
+    for ch, (_, labs) in CHAPTER_LABS.items():
+        assert re.search(rf"^\s+{ch:02d} .*{', '.join(labs)}$", out.stdout, re.M), out.stdout
+
+
+@pytest.mark.parametrize("name", sorted(LABS))
+def test_lab_runs_on_two_local_processes(name):
+    opts, marker = LABS[name]
+    out = _labkit("run", name, "--nproc", "2", *opts)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert marker in out.stdout, out.stdout[-2000:]
+    lines = _progress_lines(name, out.stdout)
+    assert lines, f"no progress line from {name}:\n{out.stdout[-2000:]}"
+    # progress comes before the table, not after it
+    assert out.stdout.index(lines[-1]) < out.stdout.index(marker)
+    if name == "train_ft":  # no --ckpt: a fresh temporary folder, named, then removed
+        m = re.search(r"checkpoints in (\S+) \(temporary", out.stdout)
+        assert m, out.stdout
+        assert "resumed at step 2" in out.stdout and "rank 1 died" in out.stdout, out.stdout
+        assert not Path(m.group(1)).exists(), "the temporary folder is removed at the end"
+
+
+@pytest.mark.parametrize("name,opts", [
+    ("ring", ["--sizes-mib", "0.0625", "--repeats", "1"]),
+    ("hybrid", ["--steps", "1", "--batch", "4"]),               # defaults: dp 3 x tp 1
+    ("tp", ["--steps", "1", "--batch", "2", "--n-layer", "1", "--n-head", "3", "--n-embd", "24",
+            "--block-size", "8"]),
+])
+def test_lab_runs_on_three_local_processes(name, opts):
+    out = _labkit("run", name, "--nproc", "3", *opts)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert LABS[name][1] in out.stdout, out.stdout[-2000:]
+    assert _progress_lines(name, out.stdout)
+    if name == "hybrid":
+        assert "dp 3 x tp 1" in out.stdout and "r2(p0 d2 t0)" in out.stdout
+
+
+@pytest.mark.parametrize("name", sorted(LABS))
+def test_lab_runs_under_torchrun(name):
+    opts, marker = LABS[name]
+    if name == "train_ft":
+        opts = ["--steps", "4", "--save-every", "2", "--kill-step", "-1"]  # restarts: test_faults
+    out = _torchrun("run", name, *opts)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.count(marker) == 1, out.stdout[-3000:]        # rank 0 only
+    lines = _progress_lines(name, out.stdout)
+    assert lines and len(lines) == len(set(lines)), out.stdout[-2000:]
+
+
+def test_bad_topology_exits_2_with_one_clear_line():
+    out = _labkit("run", "hybrid", "--nproc", "2", "--dp", "3", "--tp", "2", timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert err[0].startswith("labkit: ") and "3 x 2" in err[0] and "2 ranks" in err[0], err[0]
+    assert out.stdout == ""
+
+
+def test_other_bad_input_exits_2_without_traceback():
+    for args in (["tp", "--nproc", "3"],                      # 4 heads over 3 ranks
+                 ["intro", "--nproc", "1"],
+                 ["pipeline", "--nproc", "2", "--K", "8", "--batch", "4"]):
+        out = _labkit("run", *args, timeout=60)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr and out.stderr.startswith("labkit: "), out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def _fails_on_rank_1():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 trips on purpose")
+    return 0
+
+
+def test_a_failing_rank_still_shows_its_report(capsys):
+    """A ValueError inside a rank is a RankError, not bad input: exit 1 with the rank's report."""
+    from labkit import cli
+    from labkit.launch import run
+
+    code = cli.run_lab_main("demo", lambda argv: run(_fails_on_rank_1, 2, echo=False), [])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "rank 1 failed" in err and "rank 1 trips on purpose" in err
+    assert "--- traceback from rank 1 ---" in err
