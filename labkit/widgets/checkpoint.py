@@ -53,12 +53,17 @@ def waste_figure(save_s: float, mtbf_s: float, restart_s: float = 0.0, mark_s: f
                     line_dash="dot")
     fig.add_scatter(x=xs / 60, y=[100 * (x / 2 + restart_s) / mtbf_s for x in xs],
                     name="lost work + restart", line_dash="dot")
-    fig.add_vline(x=young / 60, line_dash="dash", annotation_text="Young")
-    fig.add_vline(x=ck.daly_interval(save_s, mtbf_s) / 60, line_dash="dot",
-                  annotation_text="Daly", annotation_position="bottom right")
+    # On a log axis plotly places annotations at log10(x) but shapes at x: label by hand, or the
+    # labels land at 10**x and the autorange runs off to 1e56.
+    marks = [(young, "Young", "dash", None), (ck.daly_interval(save_s, mtbf_s), "Daly", "dot", None)]
     if mark_s:
-        fig.add_vline(x=mark_s / 60, line_color="red", annotation_text="yours")
+        marks.append((mark_s, "yours", "solid", "red"))
+    for i, (x, label, dash, color) in enumerate(marks):
+        fig.add_vline(x=x / 60, line_dash=dash, line_color=color)
+        fig.add_annotation(x=float(np.log10(x / 60)), y=1 - 0.07 * i, yref="paper", text=label,
+                           showarrow=False, xanchor="left", font_color=color)
     fig.update_layout(xaxis_type="log", xaxis_title="checkpoint interval (minutes)",
+                      xaxis_range=[float(np.log10(xs[0] / 60)), float(np.log10(xs[-1] / 60))],
                       yaxis_title="time wasted (%)", height=380,
                       yaxis_range=[0, min(100, 4 * max(min(ys), 0.5))],
                       title=f"save {save_s:.0f} s, cluster MTBF {mtbf_s / 3600:.1f} h")

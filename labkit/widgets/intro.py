@@ -9,6 +9,8 @@ Every number comes from labkit.costs.models (parameter counts) and labkit.costs.
 """
 from __future__ import annotations
 
+import math
+
 from labkit.costs import memory, models
 
 GB = 1e9
@@ -37,8 +39,11 @@ def memory_figure(models_=("gpt2-124m", "llama2-7b", "llama2-13b", "llama2-70b",
     for _, label in PARTS:
         fig.add_bar(name=label, x=names, y=[r[label] for r in rows])
     for gpu in ("A100 40GB", "H100 80GB", "H200 141GB"):
-        fig.add_hline(y=memory.GPUS[gpu] / GB, line_dash="dot",
-                      annotation_text=f"{gpu} ({memory.GPUS[gpu] / GB:.0f} GB)")
+        y = memory.GPUS[gpu] / GB
+        fig.add_hline(y=y, line_dash="dot")
+        # On a log axis plotly places annotations at log10(y) but lines at y: label by hand.
+        fig.add_annotation(y=math.log10(y) if log else y, x=1, xref="paper", xanchor="right",
+                           yanchor="bottom", text=f"{gpu} ({y:.0f} GB)", showarrow=False)
     where = f"ZeRO-{zero_stage} over {dp} GPUs" if zero_stage else "one GPU"
     fig.update_layout(barmode="stack", height=380, yaxis_type="log" if log else "linear",
                       title=f"Model states per GPU, recipe '{recipe}' "
