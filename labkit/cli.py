@@ -108,6 +108,10 @@ def _run_lab(name: str, rest) -> int:
     """Run a lab's main. Bad input -> `labkit: ...` on stderr and exit code 2; a rank that failed
     or hung -> its report (the rank's traceback, or every rank's stack) and exit code 1.
     LABKIT_DEBUG=1 re-raises, with the local traceback."""
+    if name not in _names("labkit.labs"):
+        print(f"labkit: no lab named {name!r}; available: {', '.join(_names('labkit.labs'))} "
+              f"(labkit list shows them by chapter)", file=sys.stderr)
+        return 2
     return run_lab_main(name, _load("labkit.labs", name).main, rest)
 
 
@@ -130,22 +134,30 @@ def run_lab_main(name: str, main, rest) -> int:
         text = " ".join(str(err).split()) or type(err).__name__
         print(f"labkit: {name}: {text}", file=sys.stderr, flush=True)
         return 2
-    _finish_torchrun_rank()
+    _finish_torchrun_rank(code)
     return code
 
 
-def _finish_torchrun_rank() -> None:
-    """Under torchrun the lab ran in this process: leave the group cleanly (a Gloo group torn
-    down by interpreter exit can abort the process, which torchrun reports as a failure)."""
+def _finish_torchrun_rank(code: int = 0) -> None:
+    """Under torchrun the lab ran in this process: leave the group cleanly, then exit at once.
+
+    A Gloo group torn down by interpreter exit can abort the process, which torchrun reports as
+    a failure; and even after destroy_process_group, a rank of a restarted attempt
+    (--max-restarts) sometimes aborts in C++ static destructors during interpreter shutdown
+    ("terminate called without an active exception", about 1 run in 4 here). The lab's work is
+    done and its output flushed by then, so the rank skips that shutdown (os._exit)."""
     import os
 
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
+    if "TORCHELASTIC_RUN_ID" not in os.environ or "LABKIT_CHILD" in os.environ:
         return
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _bench(names, rest) -> int:

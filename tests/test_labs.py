@@ -154,3 +154,19 @@ def test_a_failing_rank_still_shows_its_report(capsys):
     assert code == 1, err
     assert "rank 1 failed" in err and "rank 1 trips on purpose" in err
     assert "--- traceback from rank 1 ---" in err
+
+
+def test_hybrid_defaults_fit_any_world_and_keep_what_was_given():
+    from labkit.labs.hybrid import default_dims
+    from labkit.topology import Topology, TopologyError
+
+    for n in range(1, 9):
+        dp, tp, pp = default_dims(n)
+        Topology(n, dp=dp, tp=tp, pp=pp)                     # fits: no error
+        assert tp == (2 if n % 2 == 0 else 1) and pp == 1
+    assert default_dims(4, dp=4) == (4, 1, 1)
+    assert default_dims(8, tp=4) == (2, 4, 1)
+    assert default_dims(6, pp=2) == (3, 1, 2)
+    assert default_dims(2, dp=3, tp=2) == (3, 2, 1)          # kept: Topology reports it
+    with pytest.raises(TopologyError, match="--pp 2 with --tp 2"):
+        default_dims(4, tp=2, pp=2)

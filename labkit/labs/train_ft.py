@@ -110,6 +110,7 @@ def main(argv=None) -> int:
             world = int(os.environ["WORLD_SIZE"])
             if attempt:
                 prog.say(f"attempt {attempt} (torchrun restarted every rank)")
+            attempts += [(n, "a rank failed; torchrun restarted every rank") for n in range(attempt)]
             results = run(ft_job, world, args=(*job_args, attempt, a.out))
             attempts.append((attempt, f"finished from step {results[0][1]}"))
         else:
@@ -126,18 +127,22 @@ def main(argv=None) -> int:
             else:
                 raise SystemExit(f"gave up after {a.max_restarts} restart(s)")
         prog.done(f"attempt {attempts[-1][0]}: trained to step {a.steps}")
-    finally:
-        if temporary and os.environ.get("RANK", "0") == "0":
-            shutil.rmtree(ckpt, ignore_errors=True)  # the last run() gathered: every rank is done
+    except BaseException:
+        # under torchrun a restart may still need the checkpoints: keep them
+        if temporary and not _under_torchrun():
+            shutil.rmtree(ckpt, ignore_errors=True)
+        raise
+    if temporary and os.environ.get("RANK", "0") == "0":
+        shutil.rmtree(ckpt, ignore_errors=True)  # the last run() gathered: every rank is done
     if os.environ.get("RANK", "0") == "0":
         start = results[0][1]
         agree = all(torch.equal(results[0][0], r[0]) for r in results)
         print(f"finished {a.steps} steps; this attempt resumed at step {start}; "
               f"ranks agree: {agree}")
+        killed = (f"rank {a.kill_rank} killed at step {a.kill_step} on the first attempt"
+                  if 0 <= a.kill_step < a.steps else "no rank killed")
+        print(f"{world} ranks, {a.steps} steps, a checkpoint every {a.save_every}; {killed}")
         print(f"{'attempt':>7}  what happened")
         for n, what in attempts:
             print(f"{n:>7}  {what}")
-        print(f"{world} ranks, checkpoint every {a.save_every} steps, rank {a.kill_rank} killed "
-              f"at step {a.kill_step} (first attempt); final parameters equal on every rank: "
-              f"{agree}")
     return 0
