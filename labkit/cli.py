@@ -112,7 +112,19 @@ def _run_lab(name: str, rest) -> int:
         print(f"labkit: no lab named {name!r}; available: {', '.join(_names('labkit.labs'))} "
               f"(labkit list shows them by chapter)", file=sys.stderr)
         return 2
-    return run_lab_main(name, _load("labkit.labs", name).main, rest)
+    lab = _load("labkit.labs", name)
+    if getattr(lab, "BACKEND", "auto") == "gloo":
+        _hide_gpus()
+    return run_lab_main(name, lab.main, rest)
+
+
+def _hide_gpus() -> None:
+    """For a lab whose ranks keep their tensors on the CPU (its module says BACKEND = "gloo"):
+    hide the GPUs from this process and the ranks it starts, so that labkit.launch's automatic
+    choice (NCCL when there is a GPU per rank) picks Gloo, locally and under torchrun alike."""
+    import os
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def run_lab_main(name: str, main, rest) -> int:

@@ -65,6 +65,8 @@ def test_every_chapter_has_a_lab_and_every_lab_exists():
         for name in labs:
             mod = importlib.import_module(f"labkit.labs.{name}")
             assert callable(getattr(mod, "main", None)), f"labkit.labs.{name} has no main()"
+            # "gloo": its ranks keep tensors on the CPU, so `labkit run` hides the GPUs from it
+            assert getattr(mod, "BACKEND", None) in ("auto", "gloo"), name
     listed = {lab for _, labs in CHAPTER_LABS.values() for lab in labs}
     assert listed == set(LABS), "every lab is exercised by this file"
     out = _labkit("list", timeout=60)

@@ -4,6 +4,10 @@ One module per lab with `main(argv)`. Each lab calls labkit.launch.run, which st
 processes, or, under `torchrun`, runs as the current rank; rank 0 prints a line per finished
 phase (labkit.progress) and ends with a table.
 
+A lab module may say BACKEND = "gloo" (its ranks keep their tensors on the CPU): `labkit run`
+then hides the GPUs from it, so it runs on Gloo even on a GPU machine; BACKEND = "auto" labs put
+their tensors on labkit.launch.device() and run on NCCL where there is a GPU per rank.
+
 CHAPTER_LABS says which lab belongs to which chapter (`labkit list` prints it; a test checks that
 every chapter has one and that each exists)."""
 

@@ -11,6 +11,7 @@ produced its last gradient.
 import argparse
 import os
 
+BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 FROZEN = ("blocks.0.attn.q_proj.bias",)
 
 

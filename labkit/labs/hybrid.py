@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import os
 
+BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+
 DEFAULT_CFG = dict(n_layer=2, n_embd=32, n_head=4, block_size=16)
 
 

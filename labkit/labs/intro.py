@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 
+BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 SIZES_KIB = (4, 16, 64, 256, 1024, 4096, 16384)  # float32 buffers, KiB: latency- to bandwidth-bound
 
 

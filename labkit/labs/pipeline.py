@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
+BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+
 
 def main(argv=()) -> int:
     from labkit.cli import is_rank_zero

@@ -10,6 +10,8 @@ collective one step moved, measured on this rank next to the formula b*s*h eleme
 import argparse
 import os
 
+BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+
 
 def main(argv=()):
     from labkit.costs import tensor_parallel as tpc

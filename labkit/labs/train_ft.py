@@ -22,6 +22,8 @@ import signal
 
 import torch
 
+BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+
 
 def ft_job(steps: int, save_every: int, kill_rank: int, kill_step: int, root: str, attempt: int,
            out: str | None = None):

@@ -12,6 +12,9 @@ import argparse
 import os
 
 
+BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
+
+
 def _lab(stage, steps, batch):
     from labkit.zero.measure import LAB_MODEL
     from labkit.zero.train import sharded_train
