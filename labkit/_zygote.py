@@ -52,6 +52,9 @@ def main():
     import torch.distributed  # noqa: F401
 
     signal.signal(signal.SIGCHLD, _reap)
+    # A notebook interrupt (or a kernel shutdown) signals the kernel's whole process group: the
+    # zygote outlives it quietly; launch stops the ranks of an interrupted run itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout
     stdout.write("ready\n")
     stdout.flush()
@@ -64,6 +67,7 @@ def main():
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a rank as if started afresh
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
             _pdeathsig()  # a fork clears it: die with the zygote
             _become_rank(rundir, int(rank))

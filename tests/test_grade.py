@@ -1,0 +1,96 @@
+"""An instructor grades a folder: one row per student file, one column per exercise; a notebook
+that crashes or hangs scores zero for what it had not reached, and the rest are still graded."""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit.grade import chapter_of_submission, grade
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "solutions" / "00_why_distribute.ipynb"
+
+
+def _with_cell_after_first_checker(code: str) -> nbformat.NotebookNode:
+    """The chapter 00 solution with `code` inserted right after the checker of exercise 0.1."""
+    nb = nbformat.read(str(SOLUTION), as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "ch00.state_bytes(" in c.source)
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(code))
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    sub = tmp_path_factory.mktemp("submissions")
+    (sub / "alice").mkdir()
+    (sub / "bob").mkdir()
+    nbformat.write(nbformat.read(str(SOLUTION), as_version=4), str(sub / "alice" / SOLUTION.name))
+    nbformat.write(_with_cell_after_first_checker("import os\nos._exit(1)  # the kernel dies"),
+                   str(sub / "bob" / SOLUTION.name))
+    nbformat.write(_with_cell_after_first_checker("import time\ntime.sleep(600)  # hangs"),
+                   str(sub / "carol_00_why_distribute.ipynb"))
+    (sub / "dave_00_why_distribute.ipynb").write_text("{ this is not json")
+    untouched = nbformat.read(str(ROOT / "exercises" / SOLUTION.name), as_version=4)
+    nbformat.write(untouched, str(sub / "erin-homework.ipynb"))  # no chapter in the name
+    lines = []
+    rows = grade([sub], csv_path=sub / "scores.csv", cell_timeout=20,
+                 echo=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    return {r["file"]: r for r in rows}, sub / "scores.csv", "\n".join(lines)
+
+
+def test_every_file_gets_a_row_with_the_right_scores(graded):
+    rows, _, _ = graded
+    assert sorted(rows) == ["alice/00_why_distribute.ipynb", "bob/00_why_distribute.ipynb",
+                            "carol_00_why_distribute.ipynb", "dave_00_why_distribute.ipynb",
+                            "erin-homework.ipynb"]
+    assert rows["alice/00_why_distribute.ipynb"]["scores"] == {"0.1": 2, "0.2": 2, "0.3": 2}
+    assert rows["alice/00_why_distribute.ipynb"]["error"] == ""
+    for crashed in ("bob/00_why_distribute.ipynb", "carol_00_why_distribute.ipynb"):
+        assert rows[crashed]["scores"] == {"0.1": 2, "0.2": 0, "0.3": 0}, rows[crashed]
+    assert "kernel died" in rows["bob/00_why_distribute.ipynb"]["error"]
+    carol = rows["carol_00_why_distribute.ipynb"]["error"]
+    assert "longer than 20 s" in carol and "code cell 4 ('import time')" in carol, carol
+    assert rows["dave_00_why_distribute.ipynb"]["scores"] == {"0.1": 0, "0.2": 0, "0.3": 0}
+    assert "not a readable notebook" in rows["dave_00_why_distribute.ipynb"]["error"]
+    erin = rows["erin-homework.ipynb"]  # chapter found from the checker it imports
+    assert erin["chapter"] == 0 and erin["scores"] == {"0.1": 0, "0.2": 0, "0.3": 0}
+    assert any("NotImplementedError" in f or "Exercise 0.1" in f for f in erin["failures"]["0.1"])
+
+
+def test_csv_and_summary(graded):
+    _, path, printed = graded
+    with open(path) as f:
+        table = list(csv.DictReader(f))
+    assert [r["notebook"] for r in table][0] == "alice/00_why_distribute.ipynb"
+    assert {r["notebook"]: float(r["total"]) for r in table}["alice/00_why_distribute.ipynb"] == 6
+    assert all(set(r) >= {"0.1", "0.2", "0.3", "total", "possible", "failures", "error"} for r in table)
+    assert "[5/5] grading" in printed and "stopped early" in printed
+    assert "6/6" in printed
+
+
+def test_no_process_left_behind(graded):
+    import psutil
+
+    mine = [p for p in psutil.Process().children(recursive=True)
+            if "ipykernel" in " ".join(p.cmdline())]
+    assert not mine, [p.cmdline() for p in mine]
+
+
+def test_chapter_from_name_or_content(tmp_path):
+    assert chapter_of_submission(Path("submissions/03_zero_fsdp.ipynb")) == 3
+    assert chapter_of_submission(Path("alice_05_pipeline_parallel.ipynb")) == 5
+    p = tmp_path / "homework.ipynb"
+    p.write_text('{"cells": [{"source": "from labkit.check import ch04"}]}')
+    assert chapter_of_submission(p) == 4
+    (tmp_path / "x.ipynb").write_text("{}")
+    assert chapter_of_submission(tmp_path / "x.ipynb") is None
+
+
+def test_cli_on_an_empty_folder_says_so(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "labkit", "grade", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "no .ipynb files" in r.stderr
