@@ -78,11 +78,13 @@ def grade_notebook(path: Path, cell_timeout: int = CELL_TIMEOUT, name: str | Non
         for cell in nb.cells:  # the student's own run is not evidence: start clean
             if cell.cell_type == "code":
                 cell.execution_count, cell.outputs = None, []
+        running = {}
         client = NotebookClient(nb, timeout=cell_timeout, allow_errors=True, kernel_name="python3",
-                                resources={"metadata": {"path": str(path.parent.resolve())}})
+                                resources={"metadata": {"path": str(path.parent.resolve())}},
+                                on_cell_execute=lambda cell, cell_index: running.update(cell=cell))
         client.execute()
     except Exception as err:  # noqa: BLE001 - a hung or dead notebook still gets a row
-        error = _explain(err, nb, cell_timeout)
+        error = _explain(err, nb, cell_timeout, running.get("cell") if nb is not None else None)
     finally:
         if old is None:
             os.environ.pop(GRADE_FILE_ENV, None)
@@ -97,7 +99,7 @@ def grade_notebook(path: Path, cell_timeout: int = CELL_TIMEOUT, name: str | Non
     return row
 
 
-def _explain(err: Exception, nb, cell_timeout: int) -> str:
+def _explain(err: Exception, nb, cell_timeout: int, cell=None) -> str:
     """One line for the table: what stopped the notebook, and in which cell."""
     kind = type(err).__name__
     if kind == "CellTimeoutError":
@@ -109,12 +111,11 @@ def _explain(err: Exception, nb, cell_timeout: int) -> str:
     else:
         text = str(err).strip()
         what = f"{kind}: {text.splitlines()[0] if text else ''}"
-    code = [c for c in nb.cells if c.cell_type == "code"] if nb is not None else []
-    started = [i for i, c in enumerate(code) if c.get("execution_count") is not None]
-    stuck = started[-1] if started else None  # the kernel numbers a cell when it starts it
-    if stuck is not None:
-        first = next((ln for ln in code[stuck].source.splitlines() if ln.strip()), "")
-        what += f", in code cell {stuck + 1} ({first.strip()[:60]!r})"
+    if cell is not None:
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        number = next(i for i, c in enumerate(code, 1) if c is cell)
+        first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")
+        what += f", in code cell {number} ({first.strip()[:60]!r})"
     return what
 
 
