@@ -99,13 +99,44 @@ def _scratch(numel: int, dtype, device) -> torch.Tensor:
     return buf[:numel]
 
 
+class _AllOf:
+    """One handle for several works: NCCL may answer a batch with a single work for all."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+
+
+def exchange(ops) -> list:
+    """Post point-to-point ops [(dist.isend | dist.irecv, tensor, peer's group rank, group[,
+    tag])] as one batch; return one waitable per op.
+
+    Why a batch and not isend + irecv: under NCCL a receive occupies the GPU's stream until its
+    message arrives, and NCCL ignores tags and matches messages in order. Two ranks that each
+    post "receive from you, then send to you" (a ring of 2) would both wait forever; in one
+    batch (batch_isend_irecv: ncclGroupStart/End) NCCL runs both directions together. On Gloo a
+    batch is the same isend/irecv calls, one by one."""
+    if not ops:
+        return []
+    works = dist.batch_isend_irecv([dist.P2POp(op, t, group=group, group_peer=peer,
+                                               tag=rest[0] if rest else 0)
+                                    for op, t, peer, group, *rest in ops])
+    if len(works) == len(ops):
+        return list(works)
+    return [_AllOf(list(works))] * len(ops)  # coalesced (NCCL): one work stands for all
+
+
 def _ring_steps(flat, n, rank, group, phases, pieces, traffic, divide_by: int = 1):
     """Run ring phases on the flat buffer, in place, as one stream of pieces.
 
     The chunk a rank sends at step t+1 is the chunk it received at step t (true across the
     switch from reduce-scatter to all-gather too), so piece j is forwarded the moment it has
     arrived and been added: the reduction of one piece overlaps the transfer of the next, and no
-    step waits for the whole previous one."""
+    step waits for the whole previous one. Each (step, piece) is one batch of its send to the
+    right and its receive from the left (`exchange`), posted in the same order on every rank."""
     right, left = (rank + 1) % n, (rank - 1) % n
     bounds = chunk_bounds(flat.numel(), n)
     longest = bounds[0][1] - bounds[0][0]
@@ -117,29 +148,39 @@ def _ring_steps(flat, n, rank, group, phases, pieces, traffic, divide_by: int = 
     def parts(chunk):
         return _pieces(*bounds[chunk], pieces)
 
-    def post_recv(t, j):
-        phase, (_, chunk) = steps[t]
-        a, b = parts(chunk)[j]
-        if phase == "reduce_scatter":  # into scratch, to be added
-            off = (t % 2) * longest + a - bounds[chunk][0]
-            buf = scratch[off:off + b - a]
-        else:                          # straight into place
-            buf = flat[a:b]
-        return buf, dist.irecv(buf, group=group, group_src=left)
+    def post(t, j):
+        """Step t, piece j: its receive (if chunk has piece j) and its send, as one batch.
+        Returns (receive buffer or None, receive work or None, send work or None)."""
+        phase, (send_chunk, recv_chunk) = steps[t]
+        ops, buf = [], None
+        if j < len(parts(recv_chunk)):
+            a, b = parts(recv_chunk)[j]
+            if phase == "reduce_scatter":  # into scratch, to be added
+                off = (t % 2) * longest + a - bounds[recv_chunk][0]
+                buf = scratch[off:off + b - a]
+            else:                          # straight into place
+                buf = flat[a:b]
+            ops.append((dist.irecv, buf, left, group))
+        if j < len(parts(send_chunk)):
+            a, b = parts(send_chunk)[j]
+            ops.append((dist.isend, flat[a:b], right, group))
+        works = exchange(ops)
+        recv_work = works[0] if buf is not None else None
+        send_work = works[-1] if j < len(parts(send_chunk)) else None
+        return buf, recv_work, send_work
 
-    def post_send(t, j):
-        a, b = parts(steps[t][1][0])[j]
-        return dist.isend(flat[a:b], group=group, group_dst=right)
+    def width(t):  # pieces of step t: the larger of its send and receive chunk's
+        return max(len(parts(steps[t][1][0])), len(parts(steps[t][1][1])))
 
-    recvs = [[post_recv(0, j) for j in range(len(parts(steps[0][1][1])))]]
-    sends = [[post_send(0, j) for j in range(len(parts(steps[0][1][0])))]]
+    posted = [[post(0, j) for j in range(width(0))]]
     for t, (phase, (send_chunk, recv_chunk)) in enumerate(steps):
         last_reduce = phase == "reduce_scatter" and (t + 1 == len(steps)
                                                      or steps[t + 1][0] != phase)
         if t + 1 < len(steps):
-            recvs.append([])
-            sends.append([])
-        for j, (buf, work) in enumerate(recvs[t]):
+            posted.append([])
+        for j, (buf, work, _) in enumerate(posted[t]):
+            if work is None:
+                continue
             work.wait()
             a, b = parts(recv_chunk)[j]
             if phase == "reduce_scatter":
@@ -147,14 +188,13 @@ def _ring_steps(flat, n, rank, group, phases, pieces, traffic, divide_by: int = 
                 if last_reduce and divide_by != 1:
                     flat[a:b].div_(divide_by)  # 'avg': divide only the chunk this rank owns
             if t + 1 < len(steps):  # forward this piece now, and listen for the next step's
-                sends[t + 1].append(post_send(t + 1, j))
-                if j < len(parts(steps[t + 1][1][1])):
-                    recvs[t + 1].append(post_recv(t + 1, j))
+                posted[t + 1].append(post(t + 1, j))
         if t + 1 < len(steps):  # chunks of 0 and 1 elements can have different piece counts
-            for j in range(len(recvs[t + 1]), len(parts(steps[t + 1][1][1]))):
-                recvs[t + 1].append(post_recv(t + 1, j))
-        for work in sends[t]:
-            work.wait()  # before any later step may write into what it sent
+            for j in range(len(posted[t + 1]), width(t + 1)):
+                posted[t + 1].append(post(t + 1, j))
+        for _, _, send in posted[t]:
+            if send is not None:
+                send.wait()  # before any later step may write into what it sent
         if traffic is not None:
             esize = flat.element_size()
             traffic.record(phase, t if phase == phases[0] else t - (n - 1),
@@ -203,10 +243,10 @@ def _ring_gather_layout(flat, n, rank, group, sizes, offsets, traffic):
     right, left = (rank + 1) % n, (rank - 1) % n
     for step, plan in enumerate(ring_schedule(n, "all_gather")):
         s, r = plan[rank]
-        recv = dist.irecv(flat[offsets[r]:offsets[r] + sizes[r]], group=group, group_src=left)
-        send = dist.isend(flat[offsets[s]:offsets[s] + sizes[s]], group=group, group_dst=right)
-        recv.wait()
-        send.wait()
+        works = exchange([(dist.irecv, flat[offsets[r]:offsets[r] + sizes[r]], left, group),
+                          (dist.isend, flat[offsets[s]:offsets[s] + sizes[s]], right, group)])
+        for work in works:
+            work.wait()
         if traffic is not None:
             traffic.record("all_gather", step, sizes[s] * flat.element_size(),
                            sizes[r] * flat.element_size())

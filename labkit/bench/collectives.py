@@ -17,13 +17,14 @@ ALGORITHMS = ("builtin", "ring", "parameter_server")
 
 
 def _time_on_ranks(sizes_bytes, algorithms, repeats, dtype_name="float32"):
-    """Rank side: min-of-repeats seconds per (size, algorithm), plus bytes this rank moved."""
-    import time
-
+    """Rank side: min-of-repeats seconds per (size, algorithm), plus bytes this rank moved.
+    The buffer lives on labkit.launch.device() (this rank's GPU under NCCL, else the CPU)."""
     import torch
     import torch.distributed as dist
 
     from labkit.collectives import Traffic, parameter_server_all_reduce, ring_all_reduce
+    from labkit.launch import device
+    from labkit.timing import now
 
     fns = {"builtin": lambda x, t: dist.all_reduce(x),
            "ring": lambda x, t: ring_all_reduce(x, traffic=t),
@@ -32,7 +33,8 @@ def _time_on_ranks(sizes_bytes, algorithms, repeats, dtype_name="float32"):
     out = []
     for nbytes in sizes_bytes:
         numel = max(1, int(nbytes) // (torch.finfo(dtype).bits // 8))
-        x = torch.ones(numel, dtype=dtype)
+        dev = device()
+        x = torch.ones(numel, dtype=dtype, device=dev)
         best = {a: float("inf") for a in algorithms}
         traffic = {}
         for a in algorithms:  # warm-up: connections, allocations
@@ -41,21 +43,23 @@ def _time_on_ranks(sizes_bytes, algorithms, repeats, dtype_name="float32"):
             for a in algorithms:  # interleaved, so drifting load hits every algorithm alike
                 t = Traffic()
                 dist.barrier()
-                start = time.perf_counter()
+                start = now(dev)                 # GPU: wait for queued work, then read
                 fns[a](x, t)
                 dist.barrier()
-                best[a] = min(best[a], time.perf_counter() - start)
+                best[a] = min(best[a], now(dev) - start)
                 # the built-in's own traffic is not visible from Python
                 traffic[a] = (None, None) if a == "builtin" else (t.sent, t.received)
         for a in algorithms:
             out.append({"bytes": numel * x.element_size(), "algorithm": a, "seconds": best[a],
-                        "sent": traffic[a][0], "received": traffic[a][1]})
+                        "sent": traffic[a][0], "received": traffic[a][1],
+                        "backend": dist.get_backend(), "device": str(dev)})
     return out
 
 
 def measure(nprocs: int, sizes_bytes, algorithms=ALGORITHMS, repeats: int = 3,
             timeout: float = 600) -> list:
-    """Rows {ranks, bytes, algorithm, seconds, busbw, ratio_to_builtin, root_received, sent}."""
+    """Rows {ranks, bytes, algorithm, seconds, busbw, ratio_to_builtin, max_received, max_sent,
+    backend, device} (backend and device: what rank 0 ran on)."""
     per_rank = run(_time_on_ranks, nprocs, args=(list(sizes_bytes), tuple(algorithms), repeats),
                    timeout=timeout)
     rows = []
@@ -68,7 +72,8 @@ def measure(nprocs: int, sizes_bytes, algorithms=ALGORITHMS, repeats: int = 3,
                      "max_received": None if row["received"] is None
                      else max(r[i]["received"] for r in per_rank),
                      "max_sent": None if row["sent"] is None
-                     else max(r[i]["sent"] for r in per_rank)})
+                     else max(r[i]["sent"] for r in per_rank),
+                     "backend": row["backend"], "device": row["device"]})
     builtin = {r["bytes"]: r["seconds"] for r in rows if r["algorithm"] == "builtin"}
     for r in rows:
         if r["bytes"] in builtin:

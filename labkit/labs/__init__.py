@@ -4,9 +4,12 @@ One module per lab with `main(argv)`. Each lab calls labkit.launch.run, which st
 processes, or, under `torchrun`, runs as the current rank; rank 0 prints a line per finished
 phase (labkit.progress) and ends with a table.
 
-A lab module may say BACKEND = "gloo" (its ranks keep their tensors on the CPU): `labkit run`
-then hides the GPUs from it, so it runs on Gloo even on a GPU machine; BACKEND = "auto" labs put
-their tensors on labkit.launch.device() and run on NCCL where there is a GPU per rank.
+A lab module says BACKEND = "auto" when its ranks put their tensors on labkit.launch.device():
+it runs on NCCL where there is a GPU per (local) rank, else on Gloo, and prints the backend and
+device in its table's header (`ran_on`). BACKEND = "gloo" is for a lab whose lesson is on the
+CPU (checkpoint: bitwise RNG equality and file I/O; train_ft: a killed rank and its restart):
+`labkit run` hides the GPUs from it, so it runs on Gloo even on a GPU machine, and `labkit list`
+says so (`backend_of`).
 
 CHAPTER_LABS says which lab belongs to which chapter (`labkit list` prints it; a test checks that
 every chapter has one and that each exists)."""
@@ -21,3 +24,24 @@ CHAPTER_LABS = {
     6: ("Checkpointing and fault tolerance", ["checkpoint", "train_ft"]),
     7: ("Putting it together: 3D parallelism", ["hybrid"]),
 }
+
+
+def backend_of(name: str) -> str:
+    """The lab's BACKEND ("auto" or "gloo"); imports the lab's module (cheap: no work at import)."""
+    import importlib
+
+    return getattr(importlib.import_module(f"labkit.labs.{name}"), "BACKEND", "auto")
+
+
+def ran_on(backend: str, device: str) -> str:
+    """What a lab's table header says about where it ran: 'backend nccl, device cuda:0'."""
+    return f"backend {backend}, device {device}"
+
+
+def rank_place() -> tuple:
+    """(backend, device) of this rank, as strings (call inside a launched function)."""
+    import torch.distributed as dist
+
+    from labkit.launch import device
+
+    return dist.get_backend(), str(device())

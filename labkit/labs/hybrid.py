@@ -14,13 +14,16 @@ labkit.topology (TP innermost, so a TP group is consecutive ranks, inside a node
 
 DP x PP the same way: each replica runs one 1F1B step (labkit.pipeline.executor) over its PP
 group on its rows; each stage's gradients are then all-reduced over the DP group.
+
+The parallel model lives on labkit.launch.device() (a GPU per rank under NCCL); the one-process
+reference runs on the CPU, and the results are compared there.
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
 DEFAULT_CFG = dict(n_layer=2, n_embd=32, n_head=4, block_size=16)
 
@@ -37,9 +40,10 @@ def train_dp_tp(dp: int, tp: int, cfg: dict, steps: int, batch: int, lr: float =
                 optim: str = "adamw"):
     """Rank side. Returns the global loss per step, the first step's full gradients and the
     final full parameters (gathered over TP, by the one-process GPT's names)."""
-    import torch
     import torch.distributed as dist
 
+    from labkit.labs import rank_place
+    from labkit.launch import device
     from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
     from labkit.topology import Topology, build_groups
     from labkit.tp import apply_tp
@@ -47,14 +51,14 @@ def train_dp_tp(dp: int, tp: int, cfg: dict, steps: int, batch: int, lr: float =
 
     topo = Topology(dist.get_world_size(), dp=dp, tp=tp)
     groups = build_groups(topo)
-    d = groups.coords["dp"]
-    model = apply_tp(GPT(GPTConfig(**cfg), seed=0), groups.tp)
+    d, dev = groups.coords["dp"], device()
+    model = apply_tp(GPT(GPTConfig(**cfg), seed=0).to(dev), groups.tp)
     opt = _optimizer(model.parameters(), optim, lr)
     tokens = tiny_corpus()
     losses, first_grads = [], None
     for step in range(steps):
         x, y = get_batch(tokens, batch, cfg["block_size"], step)       # (B, T) global batch
-        xs, ys = shard_rows(x, d, dp), shard_rows(y, d, dp)              # (B_d, T) this replica's
+        xs, ys = shard_rows(x, d, dp).to(dev), shard_rows(y, d, dp).to(dev)  # (B_d, T) mine
         _, loss = model(xs, ys)                                          # mean over B_d rows
         weighted = loss * xs.shape[0] / batch                            # share of the global mean
         opt.zero_grad(set_to_none=True)
@@ -69,7 +73,7 @@ def train_dp_tp(dp: int, tp: int, cfg: dict, steps: int, batch: int, lr: float =
         losses.append(total.item())
     local = sum(p.numel() for p in model.parameters())                  # this rank's shards
     return {"coords": groups.coords, "losses": losses, "grads": first_grads,
-            "params": gather_tp_state(model), "local_params": local}
+            "params": gather_tp_state(model), "local_params": local, "ran_on": rank_place()}
 
 
 def train_dp_pp(dp: int, pp: int, cfg: dict, batch: int, micro_batches: int = 2):
@@ -79,6 +83,8 @@ def train_dp_pp(dp: int, pp: int, cfg: dict, batch: int, micro_batches: int = 2)
     import torch
     import torch.distributed as dist
 
+    from labkit.labs import rank_place
+    from labkit.launch import device
     from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
     from labkit.pipeline import executor, schedules
     from labkit.topology import Topology, build_groups
@@ -88,7 +94,8 @@ def train_dp_pp(dp: int, pp: int, cfg: dict, batch: int, micro_batches: int = 2)
     groups = build_groups(topo)
     d = groups.coords["dp"]
     gcfg = GPTConfig(**cfg)
-    model = GPT(gcfg, seed=0)
+    dev = device()
+    model = GPT(gcfg, seed=0).to(dev)
     x, y = get_batch(tiny_corpus(), batch, gcfg.block_size, 0)          # (B, T) global batch
     xs, ys = shard_rows(x, d, dp), shard_rows(y, d, dp)                  # (B_d, T) this replica's
     out = executor.run_schedule(schedules.one_f_one_b(pp, micro_batches), model, xs, ys,
@@ -99,10 +106,10 @@ def train_dp_pp(dp: int, pp: int, cfg: dict, batch: int, micro_batches: int = 2)
         g = g * share
         dist.all_reduce(g, group=groups.dp)
         grads[name] = g
-    loss = torch.zeros(()) if out["loss"] is None else out["loss"].detach() * share
+    loss = torch.zeros((), device=dev) if out["loss"] is None else out["loss"].detach() * share
     dist.all_reduce(loss, group=groups.dp)
     return {"coords": groups.coords, "loss": None if out["loss"] is None else loss.item(),
-            "grads": grads}
+            "grads": grads, "ran_on": rank_place()}
 
 
 def reference(cfg: dict, steps: int, batch: int, lr: float = 1e-2, optim: str = "adamw"):
@@ -163,6 +170,7 @@ def default_dims(nproc: int, dp=None, tp=None, pp=None) -> tuple:
 
 
 def main(argv=()):
+    from labkit.labs import ran_on
     from labkit.launch import run
     from labkit.progress import Progress
     from labkit.topology import Topology
@@ -197,7 +205,8 @@ def main(argv=()):
     if os.environ.get("RANK", "0") != "0":
         return 0
     print(topo.picture())
-    print(f"\nGPT {DEFAULT_CFG}, global batch {a.batch}, {a.optim}, fp32")
+    print(f"\nGPT {DEFAULT_CFG}, global batch {a.batch}, {a.optim}, fp32; "
+          f"{ran_on(*results[0]['ran_on'])} (rank 0)")
     print(f"{'step':>4} {'loss (1 process)':>17} {'loss (DP x TP)':>15}")
     for s, (lr_, lh) in enumerate(zip(ref["losses"], results[0]["losses"])):
         print(f"{s:>4} {lr_:>17.6f} {lh:>15.6f}")
@@ -211,6 +220,7 @@ def main(argv=()):
 
 
 def _main_dp_pp(a) -> int:
+    from labkit.labs import ran_on
     from labkit.launch import run
     from labkit.model import GPTConfig
     from labkit.pipeline.executor import reference_step
@@ -227,7 +237,8 @@ def _main_dp_pp(a) -> int:
     if os.environ.get("RANK", "0") != "0":
         return 0
     print(topo.picture())
-    print(f"\nGPT {DEFAULT_CFG}, global batch {a.batch}, one 1F1B step with K={a.pp} per replica")
+    print(f"\nGPT {DEFAULT_CFG}, global batch {a.batch}, one 1F1B step with K={a.pp} per replica; "
+          f"{ran_on(*results[0]['ran_on'])} (rank 0)")
     loss = next(r["loss"] for r in results if r["loss"] is not None)
     print(f"loss: one process {ref['loss'].item():.6f}, DP x PP {loss:.6f}")
     print(f"{'rank':>4} {'(pp, dp)':>9} {'params owned':>13} {'max|grad diff|':>15}")

@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 
-BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
 
 def main(argv=()) -> int:
     from labkit.cli import is_rank_zero
+    from labkit.labs import ran_on
     from labkit.launch import run
     from labkit.pipeline import executor, measure, schedules
     from labkit.progress import Progress
@@ -63,6 +64,7 @@ def main(argv=()) -> int:
     if is_rank_zero():
         print(f"P={P} stages, K={K} micro-batches, batch {args.batch}: loss and all gradients "
               f"equal the one-process reference for {', '.join(n for n, _, _ in specs)}")
+        print(ran_on(rows[0]["backend"], rows[0]["device"]) + " (rank 0)")
         print(measure.table(rows))
         print("bubble: measured idle share of P x step time; formula (P-1)/(vK+P-1). "
               "peak mb / KiB: activations held on stage 0.")

@@ -12,8 +12,9 @@ import os
 
 from labkit.bench.collectives import measure
 from labkit.costs import comm
+from labkit.labs import ran_on
 
-BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
 
 def main(argv=()):
@@ -36,6 +37,7 @@ def main(argv=()):
         prog.done(f"{mib:g} MiB: " + ", ".join(
             f"{r['algorithm'].replace('_', ' ')} {r['seconds'] * 1e3:.2f} ms" for r in got))
     if os.environ.get("RANK", "0") == "0":
+        print(f"all-reduce on {args.nproc} ranks, {ran_on(rows[0]['backend'], rows[0]['device'])}")
         print(f"{'size':>9} {'algorithm':>17} {'time ms':>8} {'busbw GB/s':>10} "
               f"{'vs built-in':>11} {'max bytes received by a rank':>29}")
         for r in rows:

@@ -3,18 +3,20 @@
     labkit run tp --nproc 2 [--steps 2 --batch 4 --n-layer 2]
     torchrun --nproc-per-node 2 -m labkit run tp                 # one rank per process
 
-Every rank builds the same GPT (seed 0) and keeps its shards (labkit.tp.apply_tp). Rank 0 prints,
+Every rank builds the same GPT (seed 0) and keeps its shards (labkit.tp.apply_tp) on its device
+(its GPU under NCCL); the one-process reference runs on the CPU. Rank 0 prints,
 per SGD step, the loss of both models and the largest gradient difference, then every
 collective one step moved, measured on this rank next to the formula b*s*h elements.
 """
 import argparse
 import os
 
-BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
 
 def main(argv=()):
     from labkit.costs import tensor_parallel as tpc
+    from labkit.labs import ran_on
     from labkit.launch import run
     from labkit.model import GPTConfig
     from labkit.progress import Progress
@@ -42,7 +44,7 @@ def main(argv=()):
     if os.environ.get("RANK", "0") != "0":
         return 0
     print(f"TP={a.nproc}: GPT n_layer={a.n_layer} n_embd={a.n_embd} n_head={a.n_head}, "
-          f"batch {a.batch} x {a.block_size} tokens, fp32")
+          f"batch {a.batch} x {a.block_size} tokens, fp32; {ran_on(res['backend'], res['device'])}")
     print(f"{'step':>4} {'loss (1 process)':>17} {'loss (TP)':>10} {'max |grad diff|':>16}")
     for step, lr, lt, d in res["rows"]:
         print(f"{step:>4} {lr:>17.6f} {lt:>10.6f} {d:>16.2e}")

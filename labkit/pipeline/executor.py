@@ -12,17 +12,28 @@ The GPT's blocks are split over the P*v chunks as evenly as possible (earlier ch
 extra block); chunk 0 also holds the embeddings, the last chunk ln_f and the output head.
 The global batch (B rows) is split into K micro-batches of rows (uneven splits allowed).
 
-A forward receives the previous chunk's activations (B_k, T, h) with a blocking recv, runs the
-chunk and posts the output with isend (never waits, so 1F1B's send-while-the-neighbour-sends
-cannot deadlock); a backward receives the output's gradient, runs autograd and posts the input's
-gradient. Tags name (micro-batch, chunk, direction), so a message can never be taken for
-another. Parameter gradients accumulate over the K micro-batches (each micro-batch's loss is
+A forward receives the previous chunk's activations (B_k, T, h) and waits for them, runs the
+chunk and posts the output without waiting for it to be taken (so 1F1B's
+send-while-the-neighbour-sends cannot deadlock); a backward receives the output's gradient, runs
+autograd and posts the input's gradient. An action's output is posted together with the next
+action's receive, as one batch (labkit.collectives.exchange; Megatron's send_forward_recv_backward):
+under NCCL a receive holds the GPU stream until its message comes, so two neighbours that each
+sent and then received would otherwise wait on each other. Gloo matches messages by tag, which
+names (micro-batch, chunk, direction); NCCL ignores tags and matches them in order, so under
+NCCL the schedule must send and receive each pair's messages in the same order
+(labkit.pipeline.validate.check_message_order; true of GPipe, 1F1B and interleaved 1F1B).
+Parameter gradients accumulate over the K micro-batches (each micro-batch's loss is
 its token-sum divided by all B*T tokens, so the sum is the whole batch's mean loss).
+
+Tensors live on the device of the model's parameters (labkit.launch.device() in the jobs below:
+this rank's GPU under NCCL); results are moved to the CPU by labkit.launch.run, where the
+one-process reference is computed.
 
 The embedding is tied to the output head (GPT-2), but they live on the first and last stage:
 as in Megatron-LM, the two copies' gradients are summed after the step (a send/recv pair).
 
-Every action is timed (a shared monotonic clock on one machine), and each stage counts the
+Every action is timed (a shared monotonic clock on one machine, read after the GPU finished
+its queued work: labkit.timing.now), and each stage counts the
 micro-batches and the bytes of saved activations it holds, to measure the peak.
 """
 from __future__ import annotations
@@ -34,10 +45,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.launch import note
+from labkit.collectives import exchange
+from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.pipeline.schedules import Schedule
-from labkit.pipeline.validate import validate
+from labkit.pipeline.validate import check_message_order, validate
+from labkit.timing import now
 
 
 def split_blocks(n_layer: int, n_chunks: int) -> list:
@@ -126,9 +139,11 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     compute: a stand-in for each stage having its own accelerator when many ranks share few
     CPU cores. Returns loss (last stage; None elsewhere), grads {name: tensor} of the parameters
     this stage owns, timeline (absolute perf_counter times), peaks."""
+    group = group or dist.group.WORLD
     if check:
         validate(s)
-    group = group or dist.group.WORLD
+        if dist.get_backend(group) == "nccl":  # NCCL ignores tags: messages match in order
+            check_message_order(s)
     P, stage = dist.get_world_size(group), dist.get_rank(group)
     if P != s.P:
         raise ValueError(f"the schedule has P={s.P} stages but the process group has {P} ranks")
@@ -144,14 +159,23 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     ys = [shard_rows(y, k, s.K).to(dev) for k in range(s.K)]
     n_tokens, h = y.numel(), model.config.n_embd
 
-    def peer(g):  # global rank of the stage that holds global chunk g (what send/recv take)
-        return dist.get_global_rank(group, s.stage_of(g))
+    def post(t, kind, mb, g_from, g_to):  # sent with the next receive: never waited for here
+        pending.append((dist.isend, t, s.stage_of(g_to), group, _tag(s, kind, mb, g_from)))
 
-    def post(t, kind, mb, g_from, g_to):  # isend: never wait, so neighbours cannot deadlock
-        sends.append((t, dist.isend(t, dst=peer(g_to), group=group, tag=_tag(s, kind, mb, g_from))))
+    def receive(buf, kind, mb, g_from):
+        """Post what is pending and this receive as one batch; wait for the receive only."""
+        ops = pending + [(dist.irecv, buf, s.stage_of(g_from), group, _tag(s, kind, mb, g_from))]
+        works = exchange(ops)
+        sends.extend(zip((op[1] for op in pending), works[:-1]))
+        pending.clear()
+        works[-1].wait()
+
+    def flush():
+        sends.extend(zip((op[1] for op in pending), exchange(pending)))
+        pending.clear()
 
     meter = _ActivationMeter(params.values())
-    saved, sends, timeline = {}, [], []
+    saved, sends, pending, timeline = {}, [], [], []
     held = held_bytes = peak = peak_bytes = 0.0
     loss_total = torch.zeros((), device=dev)
     for i, a in enumerate(s.stages[stage]):
@@ -160,12 +184,13 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
         note(f"stage {stage}: action #{i} {a!r}")
         if a.kind == "F":
             if chunk.first:
+                flush()
                 inp = xs[a.mb]                                           # (B_k, T) tokens
             else:
                 inp = torch.empty(xs[a.mb].shape + (h,), device=dev)     # (B_k, T, h)
-                dist.recv(inp, src=peer(g - 1), group=group, tag=_tag(s, "F", a.mb, g - 1))
+                receive(inp, "F", a.mb, g - 1)
                 inp.requires_grad_(True)
-            t0 = time.perf_counter()
+            t0 = now(dev)
             meter.current = (a.mb, a.chunk)
             with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
                 out = chunk(inp)                                         # (B_k, T, h) or logits
@@ -185,21 +210,24 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
         else:
             inp, out, nbytes = saved.pop((a.mb, a.chunk))
             grad_out = None
-            if not chunk.last:
+            if chunk.last:
+                flush()
+            else:
                 grad_out = torch.empty_like(out)                         # (B_k, T, h)
-                dist.recv(grad_out, src=peer(g + 1), group=group, tag=_tag(s, "B", a.mb, g + 1))
-            t0 = time.perf_counter()
+                receive(grad_out, "B", a.mb, g + 1)
+            t0 = now(dev)
             torch.autograd.backward(out, grad_out)
             _pad(pad, 1, s.v)
             if not chunk.first:
                 post(inp.grad, "B", a.mb, g, g - 1)                      # (B_k, T, h)
             held, held_bytes = held - 1 / s.v, held_bytes - nbytes
         timeline.append(dict(stage=stage, kind=a.kind, mb=a.mb, chunk=a.chunk,
-                             start=t0, end=time.perf_counter()))
+                             start=t0, end=now(dev)))
+    flush()
     for _, work in sends:
         work.wait()
     note(f"stage {stage}: tied embedding gradient")
-    _sum_tied_embedding(s, model, stage, group, peer)
+    _sum_tied_embedding(s, model, stage, group)
     return {"stage": stage, "loss": loss_total if s.stage_of(s.n_chunks - 1) == stage else None,
             "grads": {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None},
             "timeline": timeline, "peak_in_flight": peak, "peak_activation_bytes": peak_bytes}
@@ -211,17 +239,17 @@ def _pad(pad, i: int, v: int) -> None:
         time.sleep(pad[i] / v)
 
 
-def _sum_tied_embedding(s: Schedule, model: GPT, stage: int, group, peer) -> None:
+def _sum_tied_embedding(s: Schedule, model: GPT, stage: int, group) -> None:
     """wte is used by chunk 0 (embedding) and by the last chunk (head): add the two gradients."""
     first, last = s.stage_of(0), s.stage_of(s.n_chunks - 1)
     if not model.config.tie_weights or first == last or stage not in (first, last):
         return
     mine = model.wte.weight.grad
-    other = torch.empty_like(mine)
-    other_end = peer(s.n_chunks - 1 if stage == first else 0)
-    work = dist.isend(mine.clone(), dst=other_end, group=group, tag=1 << 20)
-    dist.recv(other, src=other_end, group=group, tag=1 << 20)
-    work.wait()
+    other = torch.empty_like(mine)                                       # (V, h)
+    other_end = s.stage_of(s.n_chunks - 1 if stage == first else 0)
+    for work in exchange([(dist.isend, mine.clone(), other_end, group, 1 << 20),
+                          (dist.irecv, other, other_end, group, 1 << 20)]):
+        work.wait()
     mine += other
 
 
@@ -232,9 +260,10 @@ def make_batch(batch_size: int, cfg: GPTConfig, step: int = 0):
 
 def train_step_job(s: Schedule, cfg: GPTConfig, batch_size: int, seed: int = 0, pad=None,
                    steps: int = 1) -> dict:
-    """What each rank runs (use with labkit.launch.run): `steps` steps of schedule `s`."""
+    """What each rank runs (use with labkit.launch.run): `steps` steps of schedule `s`, on
+    labkit.launch.device()."""
     torch.set_num_threads(1)  # many ranks share few cores
-    model = GPT(cfg, seed=seed)
+    model = GPT(cfg, seed=seed).to(device())
     x, y = make_batch(batch_size, cfg)
     for _ in range(steps):
         dist.barrier()
@@ -247,7 +276,7 @@ def schedules_job(schedule_list, cfg: GPTConfig, batch_size: int, seed: int = 0,
     """Run several schedules (same P) in one launch, each `repeats` times; keep each one's last
     result. Launching costs seconds on a small machine, so labs and tests batch their runs."""
     torch.set_num_threads(1)
-    model = GPT(cfg, seed=seed)
+    model = GPT(cfg, seed=seed).to(device())
     x, y = make_batch(batch_size, cfg)
     results = []
     for s in schedule_list:

@@ -29,12 +29,14 @@ DEFAULT_CFG = GPTConfig(n_layer=8, n_embd=32, n_head=4, block_size=32)
 def _job(specs, cfg, batch_size, pad, repeats):
     import torch.distributed as dist
 
+    import torch
+
+    from labkit.launch import device
     from labkit.pipeline.executor import GPT, make_batch, run_schedule
 
-    import torch
     torch.set_num_threads(1)
     P = dist.get_world_size()
-    model = GPT(cfg, seed=0)
+    model = GPT(cfg, seed=0).to(device())       # this rank's GPU under NCCL, else the CPU
     x, y = make_batch(batch_size, cfg)
     out = []
     for i, (name, K, v) in enumerate(specs):
@@ -51,7 +53,8 @@ def _job(specs, cfg, batch_size, pad, repeats):
             step = max(g[1] for g in gathered) - min(g[0] for g in gathered)
             if best is None or step < best[0]:
                 best = (step, r["timeline"], r["peak_in_flight"], r["peak_activation_bytes"])
-        out.append({"timeline": best[1], "peak_in_flight": best[2], "peak_bytes": best[3]})
+        out.append({"timeline": best[1], "peak_in_flight": best[2], "peak_bytes": best[3],
+                    "backend": dist.get_backend(), "device": str(device())})
     return out
 
 
@@ -108,6 +111,7 @@ def measure(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, p
                      "formula_bubble": costs.pipeline.bubble_fraction(P, K, v),
                      "peak_in_flight": [r[i]["peak_in_flight"] for r in per_rank],
                      "peak_bytes": [r[i]["peak_bytes"] for r in per_rank],
+                     "backend": per_rank[0][i]["backend"], "device": per_rank[0][i]["device"],
                      "timeline": timeline})
     return rows
 

@@ -14,6 +14,8 @@ The rules (what the executor needs to run it on real processes):
    message that its sender will only send after an action that is itself waiting.
 
 Rule 4 is checked by replaying the schedule (`replay`), which `simulate` also uses for times.
+Under NCCL one more rule (`check_message_order`): between two stages, messages are received in
+the order they are sent (NCCL ignores tags).
 """
 from __future__ import annotations
 
@@ -131,6 +133,35 @@ def validate(s: Schedule) -> None:
                      f"({s.stages[q][stuck[q]]!r}) where it is itself waiting")
     raise ScheduleError("deadlock: every unfinished stage waits for a message that is never "
                         "sent.\n" + "\n".join(lines))
+
+
+def message_orders(s: Schedule) -> dict:
+    """{(sender, receiver): (keys in the order the sender sends them, keys in the order the
+    receiver waits for them)} for every pair of stages that exchange messages."""
+    orders = {}
+    for p, actions in enumerate(s.stages):
+        for a in actions:
+            out, need = produces(s, p, a), needs(s, p, a)
+            if out is not None:
+                dst = s.stage_of(out[2] + (1 if out[0] == "F" else -1))
+                orders.setdefault((p, dst), ([], []))[0].append(out)
+            if need is not None:
+                orders.setdefault((s.stage_of(need[2]), p), ([], []))[1].append(need)
+    return orders
+
+
+def check_message_order(s: Schedule) -> None:
+    """NCCL ignores tags: between two stages it hands over messages in the order they were sent.
+    Raise ScheduleError when some stage would receive a pair's messages in another order than
+    they were sent (the executor would then pair a message with the wrong receive)."""
+    for (src, dst), (sent, wanted) in sorted(message_orders(s).items()):
+        if sent != wanted:
+            i = next(i for i, (a, b) in enumerate(zip(sent, wanted)) if a != b)
+            raise ScheduleError(
+                f"stage {src} sends its messages to stage {dst} in another order than stage "
+                f"{dst} receives them: message #{i} is {_describe(sent[i], s)} but stage {dst} "
+                f"waits for {_describe(wanted[i], s)}. Gloo matches them by tag; NCCL only in "
+                f"order: reorder the actions, or run this schedule on Gloo")
 
 
 def is_valid(s: Schedule) -> bool:

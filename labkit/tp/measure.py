@@ -22,30 +22,40 @@ def _config(h: int, s: int, n_head: int, n_layer: int = 1):
 
 def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
     """On each rank: one fwd+bwd of a 1-layer TP GPT ('layer'), a TP MLP ('mlp') or the naive
-    all-gathering MLP ('naive mlp'); returns the CommLog's events, each marked by pass."""
+    all-gathering MLP ('naive mlp'), on labkit.launch.device(); returns the CommLog's events,
+    each marked by pass."""
     import torch
 
+    from labkit.launch import device
     from labkit.model import GPT, MLP, get_batch, tiny_corpus
     from labkit.tp import CommLog, NaiveTensorParallelMLP, TensorParallelMLP, apply_tp
 
-    cfg = _config(h, s, n_head)
+    cfg, dev = _config(h, s, n_head), device()
     if what in ("mlp", "naive mlp"):
         cls = NaiveTensorParallelMLP if what == "naive mlp" else TensorParallelMLP
         torch.manual_seed(0)
-        mlp = cls.from_mlp(MLP(cfg), None)
-        x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        mlp = cls.from_mlp(MLP(cfg).to(dev), None)
+        x = _input(b, s, h, dev)                              # (b, s, h), the same on every rank
         with CommLog() as log:
             y = mlp(x)
             n_fwd = len(log.events)
             y.sum().backward()
     else:
-        model = apply_tp(GPT(cfg, seed=0), None)
-        x, y = get_batch(tiny_corpus(), b, s, step=0)
+        model = apply_tp(GPT(cfg, seed=0).to(dev), None)
+        x, y = (t.to(dev) for t in get_batch(tiny_corpus(), b, s, step=0))  # (b, s) tokens
         with CommLog() as log:
             _, loss = model(x, y)
             n_fwd = len(log.events)
             loss.backward()
     return [dict(e, phase="forward" if i < n_fwd else "backward") for i, e in enumerate(log.events)]
+
+
+def _input(b: int, s: int, h: int, dev):
+    """(b, s, h) activations drawn on the CPU (the same numbers on any device), then moved."""
+    import torch
+
+    x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1))
+    return x.to(dev).requires_grad_()
 
 
 def _comm_jobs(h, s, b, n_head, whats):
@@ -77,68 +87,73 @@ def count_layer_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int 
 
 
 def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
-    """On each rank: the one-process GPT and its TP version trained by SGD on the same batches.
+    """On each rank: the one-process GPT (on the CPU: the reference) and its TP version (on
+    labkit.launch.device(): this rank's GPU under NCCL) trained by SGD on the same batches.
 
     Returns {"rows": [(step, loss_ref, loss_tp, max |grad diff|)], "events": the last step's
-    collectives (CommLog events marked forward/backward)}."""
+    collectives (CommLog events marked forward/backward), "backend", "device"}."""
     import torch
+    import torch.distributed as dist
 
+    from labkit.launch import device
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit.tp import CommLog, apply_tp, gather_tp_grads
 
-    cfg = GPTConfig(**cfg_kwargs)
-    ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0), None)
+    cfg, dev = GPTConfig(**cfg_kwargs), device()
+    ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0).to(dev), None)
     opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ref, tp)]
     tokens, rows, events = tiny_corpus(), [], []
     for step in range(steps):
-        x, y = get_batch(tokens, batch, cfg.block_size, step)
+        x, y = get_batch(tokens, batch, cfg.block_size, step)           # (B, T) on the CPU
         _, loss_r = ref(x, y)
         loss_r.backward()
         with CommLog() as log:
-            _, loss_t = tp(x, y)
+            _, loss_t = tp(x.to(dev), y.to(dev))
             n_fwd = len(log.events)
             loss_t.backward()
         events = [dict(e, phase="forward" if i < n_fwd else "backward")
                   for i, e in enumerate(log.events)]
-        grads = gather_tp_grads(tp)
-        diff = max((grads[n] - p.grad).abs().max().item() for n, p in ref.named_parameters())
+        grads = gather_tp_grads(tp)                                     # full, on dev
+        diff = max((grads[n].cpu() - p.grad).abs().max().item() for n, p in ref.named_parameters())
         rows.append((step, loss_r.item(), loss_t.item(), diff))
         for o in opts:
             o.step()
             o.zero_grad()
-    return {"rows": rows, "events": events}
+    return {"rows": rows, "events": events, "backend": dist.get_backend(), "device": str(dev)}
 
 
 def time_job(kinds, h: int, s: int, b: int, n_head: int, repeats: int, warmup: int = 2):
-    """On each rank: median seconds of fwd+bwd for each kind ('mlp', 'block'), synchronised."""
+    """On each rank: median seconds of fwd+bwd for each kind ('mlp', 'block'), synchronised,
+    on labkit.launch.device() (the clock is read after the GPU finished: labkit.timing.now)."""
     import statistics
-    import time
 
     import torch
     import torch.distributed as dist
 
+    from labkit.launch import device
     from labkit.model import MLP, Block
+    from labkit.timing import now
     from labkit.tp import TensorParallelAttention, TensorParallelMLP
 
-    cfg = _config(h, s, n_head)
+    cfg, dev = _config(h, s, n_head), device()
     torch.manual_seed(0)
     out = {}
     for kind in kinds:
         if kind == "mlp":
-            mod = TensorParallelMLP.from_mlp(MLP(cfg), None)
+            mod = TensorParallelMLP.from_mlp(MLP(cfg).to(dev), None)
         else:
-            mod = Block(cfg)
+            mod = Block(cfg).to(dev)
             mod.attn = TensorParallelAttention.from_attention(mod.attn, None)
             mod.mlp = TensorParallelMLP.from_mlp(mod.mlp, None)
-        x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        x = _input(b, s, h, dev)                                        # (b, s, h)
         times = []
         for i in range(warmup + repeats):
             dist.barrier()
-            t0 = time.perf_counter()
+            t0 = now(dev)
             mod(x).sum().backward()
             dist.barrier()
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
+                times.append(now(dev) - t0)
         out[kind] = statistics.median(times)
     out["threads"] = torch.get_num_threads()
     return out
