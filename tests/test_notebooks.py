@@ -30,3 +30,13 @@ def test_plotly_renderer_is_the_jupyterlab_mimetype(path):
     assert 'pio.renderers.default = "plotly_mimetype"' in code[0], path.name
     text = path.read_text()
     assert "cdn.plot.ly" not in text and "plotly.min.js" not in text  # no plotly.js per output
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.name)
+def test_chapter_names_its_labs_as_scripts(path):
+    from labkit.labs import CHAPTER_LABS
+
+    _, labs = CHAPTER_LABS[int(path.name[:2])]
+    text = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+    for lab in labs:
+        assert f"labkit run {lab}" in text, f"{path.name} does not show `labkit run {lab}`"
