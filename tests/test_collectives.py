@@ -135,3 +135,82 @@ def test_bad_input():
         ring_all_reduce(torch.ones(4), op="max")
     with pytest.raises(ValueError, match="contiguous"):
         ring_all_reduce(torch.ones(4, 4).t(), op="sum")
+
+
+# ----------------------------------------------------------------------------- GPU-readiness
+def _on_the_input_device(sizes, dtype_name):
+    """Every collective with torch's default device set to "meta" (tests/devicecheck.py): a
+    buffer made without device= would be a meta tensor and break the result."""
+    import torch
+    import torch.distributed as dist
+
+    from devicecheck import default_device
+    from labkit.collectives import (chunk_bounds, parameter_server_all_reduce, ring_all_gather,
+                                    ring_all_reduce, ring_reduce_scatter)
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dtype = getattr(torch, dtype_name)
+    rows = []
+    with default_device("meta"):
+        for numel in sizes:
+            x = (torch.arange(numel, device="cpu") % 7 + rank).to(dtype)       # exact in bf16
+            ref = x.clone()
+            dist.all_reduce(ref)
+            lo, hi = chunk_bounds(numel, n)[rank]
+            sizes_ = [b - a for a, b in chunk_bounds(numel, n)]
+            outs = {"ring": (ring_all_reduce(x.clone()), ref),
+                    "ps": (parameter_server_all_reduce(x.clone()), ref),
+                    "rs": (ring_reduce_scatter(x.clone()), ref[lo:hi]),
+                    "ag uneven": (ring_all_gather(ref[lo:hi].clone(), sizes=sizes_), ref)}
+            for name, (got, want) in outs.items():
+                rows.append((numel, name, str(got.device), got.dtype == dtype,
+                             torch.equal(got, want)))
+    return rows
+
+
+@pytest.mark.parametrize("n,dtype", [(2, "float32"), (3, "bfloat16")])
+def test_collectives_make_every_buffer_on_the_input_device(n, dtype):
+    # 2_100_001 floats on 2 ranks: chunks of 4 MiB, sent as several pipelined pieces
+    sizes = (1, 7, 1001) + ((2_100_001,) if dtype == "float32" else ())
+    for rows in run(_on_the_input_device, n, args=(sizes, dtype), echo=False):
+        for numel, name, device, dtype_kept, equal in rows:
+            assert device == "cpu" and dtype_kept and equal, (numel, name, device, dtype_kept)
+
+
+def test_ring_and_pipeline_messages_go_through_exchange():
+    """NCCL-safety, checked in the source: the ring and the pipeline executor post their
+    point-to-point messages as batches (labkit.collectives.exchange), never a bare
+    isend/irecv/send/recv (under NCCL a receive posted before the matching send deadlocks a
+    ring of 2). The parameter server's send-then-receive order is safe as it is."""
+    import ast
+    import inspect
+    import textwrap
+
+    import labkit.collectives as C
+    import labkit.pipeline.executor as E
+
+    def bare_p2p(fn):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("send", "recv", "isend", "irecv")]
+
+    for fn in (C._ring_steps, C._ring_gather_layout, C.ring_all_reduce, C.ring_all_gather,
+               C.ring_reduce_scatter, E.run_schedule, E._sum_tied_embedding):
+        assert bare_p2p(fn) == [], f"{fn.__name__} calls send/recv directly"
+    assert bare_p2p(C.parameter_server_all_reduce), "the detector finds direct calls"
+
+
+def _bench_rank_side():
+    from devicecheck import RANK_SIDE, ImplicitDevice
+    from labkit.bench.collectives import _time_on_ranks
+
+    with ImplicitDevice(RANK_SIDE) as mode:
+        rows = _time_on_ranks([4096], ("builtin", "ring", "parameter_server"), 1)
+    return mode.calls, rows
+
+
+def test_benchmark_names_its_device_and_backend():
+    for calls, rows in run(_bench_rank_side, 2, echo=False):
+        assert calls == [], f"tensors made without device=: {calls}"
+        assert {(r["backend"], r["device"]) for r in rows} == {("gloo", "cpu")}

@@ -47,3 +47,24 @@ def test_dp_x_pp_equals_one_process():
             assert (g - ref["grads"][name]).abs().max().item() < 1e-6, (r["coords"], name)
             covered.add(name)
     assert covered == set(ref["grads"])                 # the stages together own every parameter
+
+
+def _hybrid_watched(dp, tp, pp):
+    """The lab's rank functions, watched for tensors made without device= (they would stay on
+    the CPU on a GPU rank; tests/devicecheck.py)."""
+    from devicecheck import RANK_SIDE, ImplicitDevice
+    from labkit.labs.hybrid import train_dp_pp
+
+    with ImplicitDevice(RANK_SIDE) as mode:
+        if pp > 1:
+            res = train_dp_pp(dp, pp, DEFAULT_CFG, 3, pp)
+        else:
+            res = train_dp_tp(dp, tp, DEFAULT_CFG, 1, 3)
+    return mode.calls, res["ran_on"]
+
+
+@pytest.mark.parametrize("dp,tp,pp", [(1, 2, 1), (1, 1, 2)])
+def test_rank_code_names_the_device_of_every_tensor(dp, tp, pp):
+    for calls, ran_on in run(_hybrid_watched, dp * tp * pp, args=(dp, tp, pp), echo=False):
+        assert calls == [], f"tensors made without device=: {calls}"
+        assert ran_on == ("gloo", "cpu")

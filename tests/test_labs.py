@@ -32,6 +32,8 @@ LABS = {
     "train_ft": (["--steps", "4", "--save-every", "2", "--kill-step", "3"], "ranks agree: True"),
     "hybrid": (["--steps", "1", "--batch", "3"], "max|param diff|"),
 }
+CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons
+GPU_READY = ("ring", "tp", "pipeline", "hybrid")  # print "backend B, device D" in their table
 PROGRESS = re.compile(r"^\[(\w+)\] .*\((\d+/\d+, )?\d+\.\d s\)$", re.M)
 
 
@@ -65,14 +67,16 @@ def test_every_chapter_has_a_lab_and_every_lab_exists():
         for name in labs:
             mod = importlib.import_module(f"labkit.labs.{name}")
             assert callable(getattr(mod, "main", None)), f"labkit.labs.{name} has no main()"
-            # "gloo": its ranks keep tensors on the CPU, so `labkit run` hides the GPUs from it
-            assert getattr(mod, "BACKEND", None) in ("auto", "gloo"), name
+            # "gloo": its lesson is on the CPU, so `labkit run` hides the GPUs from it
+            assert getattr(mod, "BACKEND", None) == ("gloo" if name in CPU_ONLY else "auto"), name
     listed = {lab for _, labs in CHAPTER_LABS.values() for lab in labs}
     assert listed == set(LABS), "every lab is exercised by this file"
     out = _labkit("list", timeout=60)
     assert out.returncode == 0, out.stderr
     for ch, (_, labs) in CHAPTER_LABS.items():
         assert re.search(rf"^\s+{ch:02d} .*{', '.join(labs)}$", out.stdout, re.M), out.stdout
+    assert re.search(r"^backend: NCCL where .*always Gloo .*: checkpoint, train_ft$", out.stdout,
+                     re.M), out.stdout
 
 
 @pytest.mark.parametrize("name", sorted(LABS))
@@ -85,6 +89,8 @@ def test_lab_runs_on_two_local_processes(name):
     assert lines, f"no progress line from {name}:\n{out.stdout[-2000:]}"
     # progress comes before the table, not after it
     assert out.stdout.index(lines[-1]) < out.stdout.index(marker)
+    if name in GPU_READY:  # no GPU here: Gloo on the CPU, and the table says so
+        assert "backend gloo, device cpu" in out.stdout, out.stdout[-2000:]
     if name == "train_ft":  # no --ckpt: a fresh temporary folder, named, then removed
         m = re.search(r"checkpoints in (\S+) \(temporary", out.stdout)
         assert m, out.stdout
@@ -172,3 +178,17 @@ def test_hybrid_defaults_fit_any_world_and_keep_what_was_given():
     assert default_dims(2, dp=3, tp=2) == (3, 2, 1)          # kept: Topology reports it
     with pytest.raises(TopologyError, match="--pp 2 with --tp 2"):
         default_dims(4, tp=2, pp=2)
+
+
+def test_gpus_are_hidden_only_from_the_cpu_lessons(monkeypatch):
+    """`labkit run` hides the GPUs (CUDA_VISIBLE_DEVICES="") from checkpoint and train_ft only;
+    the other labs choose NCCL themselves where there is a GPU per rank."""
+    from labkit import cli
+
+    hidden = []
+    monkeypatch.setattr(cli, "_hide_gpus", lambda: hidden.append(True))
+    monkeypatch.setattr(cli, "run_lab_main", lambda name, main, rest: 0)
+    for name in sorted(LABS):
+        hidden.clear()
+        assert cli._run_lab(name, []) == 0
+        assert bool(hidden) == (name in CPU_ONLY), name

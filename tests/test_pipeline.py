@@ -222,3 +222,67 @@ def test_executor_on_subgroups():
     ref = E.reference_step(cfg, 5)
     for pair in (out[:2], out[2:]):
         E.compare_to_reference(E.merge(pair), ref)
+
+
+# ----------------------------------------------------------------------------- GPU-readiness
+def _out_of_order(p, P, K):
+    """Valid (no deadlock), but stage 1 takes micro-batch 1 before 0: fine where messages are
+    matched by tag (Gloo), wrong where they are matched in order (NCCL)."""
+    return [F(0), F(1), B(0), B(1)] if p == 0 else [F(1), B(1), F(0), B(0)]
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 5])
+def test_generated_schedules_keep_each_pairs_message_order(P):
+    """NCCL ignores tags: between two stages, messages must be received in the order sent.
+    GPipe, 1F1B and interleaved 1F1B (any K, v) do so; the check names a schedule that does not."""
+    from labkit.pipeline.validate import check_message_order, message_orders
+
+    for K in range(1, 10):
+        for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)):
+            if name == "interleaved" and K % P:
+                continue
+            s = S.make(name, P, K, v)
+            check_message_order(s)
+            if name == "interleaved":  # the wrap-around pair P-1 -> 0 carries messages too
+                assert (P - 1, 0) in message_orders(s)
+    s = S.from_stage_fn(_out_of_order, 2, 2)
+    validate(s)
+    with pytest.raises(ScheduleError, match=r"stage 0 sends its messages to stage 1 in another "
+                                            r"order.*micro-batch 0.*micro-batch 1.*NCCL"):
+        check_message_order(s)
+
+
+def _pipeline_on_the_model_device(schedule_list, cfg, batch):
+    """run_schedule with torch's default device set to "meta" (tests/devicecheck.py): an
+    activation or gradient buffer made without device= would be meta and break the step. Then
+    the benchmark's rank function, watched for factory calls without device=."""
+    import torch
+
+    from devicecheck import RANK_SIDE, ImplicitDevice, default_device
+    from labkit.pipeline import executor, measure
+
+    torch.set_num_threads(1)
+    model = executor.GPT(cfg, seed=0)
+    x, y = executor.make_batch(batch, cfg)
+    out = []
+    for s in schedule_list:
+        with default_device("meta"):
+            r = executor.run_schedule(s, model, x, y)
+        r["devices"] = {str(g.device) for g in r["grads"].values()}
+        out.append(r)
+    with ImplicitDevice(RANK_SIDE) as mode:
+        timed = measure._job([("1f1b", 2, 1)], cfg, batch, None, 1)
+    return out, mode.calls, (timed[0]["backend"], timed[0]["device"])
+
+
+def test_executor_makes_its_buffers_on_the_model_device():
+    cfg = GPTConfig(n_layer=4, n_embd=16, n_head=2, block_size=16)
+    sched = [S.one_f_one_b(2, 3), S.interleaved_1f1b(2, 2, 2), S.from_stage_fn(_out_of_order, 2, 2)]
+    per_rank = run(_pipeline_on_the_model_device, 2, args=(sched, cfg, 5), timeout=60, echo=False)
+    ref = E.reference_step(cfg, 5)
+    for i, s in enumerate(sched):  # the out-of-order one too: on Gloo the tags pair the messages
+        E.compare_to_reference(E.merge([r[0][i] for r in per_rank]), ref)
+        assert all(r[0][i]["devices"] == {"cpu"} for r in per_rank)
+    for _, calls, ran_on in per_rank:
+        assert calls == [], f"tensors made without device=: {calls}"
+        assert ran_on == ("gloo", "cpu")

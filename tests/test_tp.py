@@ -227,3 +227,43 @@ def test_alpha_beta_prediction_and_views():
     rows = [{"tp": 2, "phase": "forward", "measured_bytes": 8, "predicted_bytes": 8}]
     assert len(view.bytes_figure(rows).data) == 2
     view.split_picture(3)
+
+
+# ----------------------------------------------------------------------------- GPU-readiness
+def _tp_on_the_model_device(cfg_kwargs):
+    """The TP GPT's forward, backward and gathers with torch's default device set to "meta"
+    (tests/devicecheck.py): a tensor made without device= would be meta and break them. Then
+    the lab's and benchmark's rank functions, watched for factory calls without device=."""
+    import torch.distributed as dist
+
+    from devicecheck import RANK_SIDE, ImplicitDevice, default_device
+    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+    from labkit.tp import apply_tp, gather_tp_grads, gather_tp_state
+    from labkit.tp.measure import comm_job, time_job, train_side_by_side
+
+    cfg = GPTConfig(**cfg_kwargs)
+    ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0), None)
+    x, y = get_batch(tiny_corpus(), 3, cfg.block_size, 0)
+    ref(x, y)[1].backward()
+    with default_device("meta"):
+        _, loss = tp(x, y)
+        loss.backward()
+        grads, state = gather_tp_grads(tp), gather_tp_state(tp)
+    diff = max((grads[n] - p.grad).abs().max().item() for n, p in ref.named_parameters())
+    devices = {str(t.device) for t in list(grads.values()) + list(state.values())}
+    with ImplicitDevice(RANK_SIDE) as mode:
+        lab = train_side_by_side(cfg_kwargs, 1, 2)
+        h, heads = cfg.n_embd, cfg.n_head
+        comm_job(h, 8, 2, heads, "naive mlp")
+        time_job(("mlp", "block"), h, 8, 2, heads, repeats=1, warmup=0)
+    return {"diff": diff, "devices": devices, "calls": mode.calls,
+            "ran_on": (lab["backend"], lab["device"]), "world": dist.get_world_size()}
+
+
+@pytest.mark.parametrize("tp", [2, 3])
+def test_tp_makes_its_tensors_on_the_model_device(tp):
+    cfg = dict(n_layer=1, n_head=2 * tp, n_embd=8 * tp, block_size=8)
+    for res in run(_tp_on_the_model_device, tp, args=(cfg,), echo=False, timeout=120):
+        assert res["devices"] == {"cpu"} and res["diff"] < 1e-5, res
+        assert res["calls"] == [], f"tensors made without device=: {res['calls']}"
+        assert res["ran_on"] == ("gloo", "cpu") and res["world"] == tp

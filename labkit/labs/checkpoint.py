@@ -6,6 +6,9 @@ frozen rank caught by a heartbeat.
 
 Rank 0 prints one table. Under torchrun every part runs on the torchrun world instead of
 starting its own processes (the resharding row then saves and loads at that size).
+
+Gloo only (BACKEND = "gloo"; `labkit run` hides the GPUs from it): the lesson is on the CPU:
+bit-for-bit equal resumes need the CPU's deterministic kernels and RNG, and checkpoints are files.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import os
 import shutil
 import tempfile
 
-BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+BACKEND = "gloo"  # a CPU lesson (see above): Gloo, even where there are GPUs
 
 
 def _exact_resume(world: int, root: str) -> tuple:

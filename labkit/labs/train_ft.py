@@ -13,6 +13,10 @@ all-reduce; torchrun's agent sees the dead worker, stops the others and starts e
 optimizer, data position, RNG) and carries on; the parameters at the end equal those of a run
 that was never interrupted, bit for bit. Without torchrun the lab restarts the ranks itself
 (labkit.launch.run raises RankError when a rank dies; we launch again): the same contract.
+
+Gloo only (BACKEND = "gloo"; `labkit run` hides the GPUs from it): the lesson is on the CPU:
+a bit-for-bit equal resume relies on the CPU's deterministic kernels and its RNG state, and the
+checkpoints are files; the lesson (kill, restart, resume) is the same on a GPU.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import signal
 
 import torch
 
-BACKEND = "gloo"  # the ranks keep their tensors on the CPU: Gloo, even where there are GPUs
+BACKEND = "gloo"  # a CPU lesson (see above): Gloo, even where there are GPUs
 
 
 def ft_job(steps: int, save_every: int, kill_rank: int, kill_step: int, root: str, attempt: int,

@@ -150,7 +150,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     if x.shape[0] < s.K:
         raise ValueError(f"batch of {x.shape[0]} rows cannot make K={s.K} micro-batches; "
                          f"use batch_size >= K")
-    dev = next(model.parameters()).device
+    dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     chunks = build_chunks(model, s, stage)
     params = owned_parameters(model, chunks)
     for p in params.values():
@@ -177,7 +177,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     meter = _ActivationMeter(params.values())
     saved, sends, pending, timeline = {}, [], [], []
     held = held_bytes = peak = peak_bytes = 0.0
-    loss_total = torch.zeros((), device=dev)
+    loss_total = torch.zeros((), dtype=dtype, device=dev)
     for i, a in enumerate(s.stages[stage]):
         g = s.global_chunk(stage, a.chunk)
         chunk = chunks[a.chunk]
@@ -187,7 +187,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
                 flush()
                 inp = xs[a.mb]                                           # (B_k, T) tokens
             else:
-                inp = torch.empty(xs[a.mb].shape + (h,), device=dev)     # (B_k, T, h)
+                inp = torch.empty(xs[a.mb].shape + (h,), dtype=dtype, device=dev)  # (B_k, T, h)
                 receive(inp, "F", a.mb, g - 1)
                 inp.requires_grad_(True)
             t0 = now(dev)

@@ -54,7 +54,7 @@ def _input(b: int, s: int, h: int, dev):
     """(b, s, h) activations drawn on the CPU (the same numbers on any device), then moved."""
     import torch
 
-    x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1), device="cpu")
     return x.to(dev).requires_grad_()
 
 
