@@ -140,10 +140,13 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     CPU cores. Returns loss (last stage; None elsewhere), grads {name: tensor} of the parameters
     this stage owns, timeline (absolute perf_counter times), peaks."""
     group = group or dist.group.WORLD
+    nccl = dist.get_backend(group) == "nccl"
     if check:
         validate(s)
-        if dist.get_backend(group) == "nccl":  # NCCL ignores tags: messages match in order
+        if nccl:  # NCCL ignores tags: messages match in order
             check_message_order(s)
+    if nccl:  # batched P2P uses the group's communicator: every stage joins it first, together
+        dist.barrier(group=group)
     P, stage = dist.get_world_size(group), dist.get_rank(group)
     if P != s.P:
         raise ValueError(f"the schedule has P={s.P} stages but the process group has {P} ranks")
