@@ -272,7 +272,15 @@ def _pipeline_on_the_model_device(schedule_list, cfg, batch):
         out.append(r)
     with ImplicitDevice(RANK_SIDE) as mode:
         timed = measure._job([("1f1b", 2, 1)], cfg, batch, None, 1)
-    return out, mode.calls, (timed[0]["backend"], timed[0]["device"])
+    # NCCL ignores tags. With every tag 0, Gloo too pairs a stage's messages in order, as NCCL
+    # does: the schedules that keep each pair's order must still give the reference's step.
+    tag, executor._tag = executor._tag, lambda *args: 0
+    try:
+        untagged = [executor.run_schedule(s, model, x, y) for s in schedule_list
+                    if s.name != "custom"]
+    finally:
+        executor._tag = tag
+    return out, mode.calls, (timed[0]["backend"], timed[0]["device"]), untagged
 
 
 def test_executor_makes_its_buffers_on_the_model_device():
@@ -283,6 +291,8 @@ def test_executor_makes_its_buffers_on_the_model_device():
     for i, s in enumerate(sched):  # the out-of-order one too: on Gloo the tags pair the messages
         E.compare_to_reference(E.merge([r[0][i] for r in per_rank]), ref)
         assert all(r[0][i]["devices"] == {"cpu"} for r in per_rank)
-    for _, calls, ran_on in per_rank:
+    for _, calls, ran_on, _ in per_rank:
         assert calls == [], f"tensors made without device=: {calls}"
         assert ran_on == ("gloo", "cpu")
+    for i in range(2):  # 1F1B and interleaved, messages matched in order only (as under NCCL)
+        E.compare_to_reference(E.merge([r[3][i] for r in per_rank]), ref)
