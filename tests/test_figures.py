@@ -55,3 +55,20 @@ def test_labels_on_log_axes_are_placed_in_log10_units(name):
                     f"{name}: annotation {ann.text!r} at {letter}={pos} on a log axis whose data "
                     f"span 10^{lo:.1f}..10^{hi:.1f}: give log10 of the position")
     assert fig.data or fig.layout.shapes, f"{name} drew nothing"
+
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)
+
+
+def test_memory_calculator_shows_its_controls():
+    """Hiding the custom-model fields must not hide the others (a Layout shared by every control
+    once hid all of them in the browser, leaving two)."""
+    box = memory.calculator()
+    controls = [w for w in _walk(box) if hasattr(w, "description") and w.description]
+    shown = [w.description for w in controls if w.layout.display != "none"]
+    for name in ("model", "micro-batch", "DP degree", "ZeRO stage", "precision", "GPU"):
+        assert name in shown, f"{name} hidden; shown: {shown}"
+    assert len({id(w.layout) for w in controls}) == len(controls), "controls share a Layout"

@@ -97,40 +97,43 @@ def calculator():
     from IPython.display import display
 
     style = {"description_width": "110px"}
-    lay = w.Layout(width="330px")
+
+    def lay():  # one Layout per widget: a shared one would take display="none" to all of them
+        return w.Layout(width="330px")
+
     model = w.Dropdown(options=list(models.PRESETS) + [CUSTOM], value="llama2-7b",
-                       description="model", style=style, layout=lay)
-    hidden = w.IntText(4096, description="hidden", style=style, layout=lay)
-    layers = w.IntText(32, description="layers", style=style, layout=lay)
-    heads = w.IntText(32, description="heads", style=style, layout=lay)
-    kv = w.IntText(32, description="kv heads", style=style, layout=lay)
-    ffn = w.IntText(11008, description="FFN size", style=style, layout=lay)
-    vocab = w.IntText(32000, description="vocabulary", style=style, layout=lay)
+                       description="model", style=style, layout=lay())
+    hidden = w.IntText(4096, description="hidden", style=style, layout=lay())
+    layers = w.IntText(32, description="layers", style=style, layout=lay())
+    heads = w.IntText(32, description="heads", style=style, layout=lay())
+    kv = w.IntText(32, description="kv heads", style=style, layout=lay())
+    ffn = w.IntText(11008, description="FFN size", style=style, layout=lay())
+    vocab = w.IntText(32000, description="vocabulary", style=style, layout=lay())
     gated = w.Checkbox(True, description="gated MLP (SwiGLU)", indent=False)
     tied = w.Checkbox(False, description="tied embeddings", indent=False)
     custom_box = w.VBox([hidden, layers, heads, kv, ffn, vocab, gated, tied])
-    seq = w.IntText(4096, description="sequence length", style=style, layout=lay)
-    mbs = w.IntSlider(1, min=1, max=32, description="micro-batch", style=style, layout=lay)
+    seq = w.IntText(4096, description="sequence length", style=style, layout=lay())
+    mbs = w.IntSlider(1, min=1, max=32, description="micro-batch", style=style, layout=lay())
     dp = w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=8,
-                    description="DP degree", style=style, layout=lay)
-    tp = w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP degree", style=style, layout=lay)
+                    description="DP degree", style=style, layout=lay())
+    tp = w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP degree", style=style, layout=lay())
     pp = w.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="PP degree", style=style,
-                    layout=lay)
+                    layout=lay())
     stage = w.Dropdown(options=[("0 (DDP)", 0), ("1: optimizer", 1), ("2: + gradients", 2),
                                 ("3: + parameters (FSDP)", 3)], value=1,
-                       description="ZeRO stage", style=style, layout=lay)
+                       description="ZeRO stage", style=style, layout=lay())
     recipe = w.Dropdown(options=[(f"{r.name}: {r.weights:g}+{r.grads:g}+{r.optimizer:g}="
                                   f"{r.total:g} B/param", k) for k, r in memory.RECIPES.items()],
-                        value="mixed", description="precision", style=style, layout=lay)
+                        value="mixed", description="precision", style=style, layout=lay())
     recompute = w.Dropdown(options=list(memory.RECOMPUTE), value="selective",
-                           description="recompute", style=style, layout=lay)
+                           description="recompute", style=style, layout=lay())
     sp = w.Checkbox(False, description="sequence parallel (with TP)", indent=False)
     offload = w.Dropdown(options=[("none", 0), ("optimizer -> CPU", 1),
                                   ("optimizer + params -> CPU", 2)], value=0,
-                         description="offload", style=style, layout=lay)
+                         description="offload", style=style, layout=lay())
     gpu = w.Dropdown(options=list(memory.GPUS) + [CUSTOM], value="H100 80GB",
-                     description="GPU", style=style, layout=lay)
-    custom_gib = w.FloatText(24.0, description="custom GiB", style=style, layout=lay)
+                     description="GPU", style=style, layout=lay())
+    custom_gib = w.FloatText(24.0, description="custom GiB", style=style, layout=lay())
     unit = w.ToggleButtons(options=["GB", "GiB"], value="GB", description="unit", style=style)
     out = w.Output()
 
