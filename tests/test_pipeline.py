@@ -285,7 +285,8 @@ def _pipeline_on_the_model_device(schedule_list, cfg, batch):
 
 def test_executor_makes_its_buffers_on_the_model_device():
     cfg = GPTConfig(n_layer=4, n_embd=16, n_head=2, block_size=16)
-    sched = [S.one_f_one_b(2, 3), S.interleaved_1f1b(2, 2, 2), S.from_stage_fn(_out_of_order, 2, 2)]
+    # interleaved (2, 4, 2): its NCCL posting plan receives some inputs early (posting.plan)
+    sched = [S.one_f_one_b(2, 3), S.interleaved_1f1b(2, 4, 2), S.from_stage_fn(_out_of_order, 2, 2)]
     per_rank = run(_pipeline_on_the_model_device, 2, args=(sched, cfg, 5), timeout=60, echo=False)
     ref = E.reference_step(cfg, 5)
     for i, s in enumerate(sched):  # the out-of-order one too: on Gloo the tags pair the messages
@@ -296,3 +297,29 @@ def test_executor_makes_its_buffers_on_the_model_device():
         assert ran_on == ("gloo", "cpu")
     for i in range(2):  # 1F1B and interleaved, messages matched in order only (as under NCCL)
         E.compare_to_reference(E.merge([r[3][i] for r in per_rank]), ref)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 5])
+def test_posting_plan_cannot_deadlock_under_nccl_rules(P):
+    """Under NCCL a stage's batches run in order and a send waits for its receive. GPipe and
+    1F1B need nothing more; interleaved 1F1B needs some receives posted early, and gets them."""
+    from labkit.pipeline import posting
+
+    for K in range(1, 10):
+        for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)):
+            if name == "interleaved" and K % P:
+                continue
+            s = S.make(name, P, K, v)
+            plan = posting.plan(s)
+            assert posting.stuck(s, plan) == {}, (name, P, K, v)
+            if name != "interleaved":
+                assert plan == posting.default_plan(s), (name, P, K)
+            for p in range(P):  # receives only move earlier, in order, never past their action
+                order = [j for batch in plan[p] for j in batch]
+                assert order == sorted(order) == [j for j, a in enumerate(s.stages[p])
+                                                  if posting.needs(s, p, a) is not None]
+                assert all(j >= i for i, batch in enumerate(plan[p]) for j in batch)
+    s = S.interleaved_1f1b(2, 4, 2)
+    assert posting.stuck(s, posting.default_plan(s)) == {0: 5, 1: 4}   # why the plan exists
+    with pytest.raises(ScheduleError, match="no order of posting receives"):
+        posting.plan(S.from_stage_fn(_out_of_order, 2, 2))

@@ -15,10 +15,10 @@ The global batch (B rows) is split into K micro-batches of rows (uneven splits a
 A forward receives the previous chunk's activations (B_k, T, h) and waits for them, runs the
 chunk and posts the output without waiting for it to be taken (so 1F1B's
 send-while-the-neighbour-sends cannot deadlock); a backward receives the output's gradient, runs
-autograd and posts the input's gradient. An action's output is posted together with the next
-action's receive, as one batch (labkit.collectives.exchange; Megatron's send_forward_recv_backward):
-under NCCL a receive holds the GPU stream until its message comes, so two neighbours that each
-sent and then received would otherwise wait on each other. Gloo matches messages by tag, which
+autograd and posts the input's gradient. Before each action the stage posts one batch
+(labkit.collectives.exchange; Megatron's send_forward_recv_backward): the previous action's
+output and the receives labkit.pipeline.posting plans there (the action's own input, or a later
+one's, early, where NCCL would otherwise deadlock: see that module). Gloo matches messages by tag, which
 names (micro-batch, chunk, direction); NCCL ignores tags and matches them in order, so under
 NCCL the schedule must send and receive each pair's messages in the same order
 (labkit.pipeline.validate.check_message_order; true of GPipe, 1F1B and interleaved 1F1B).
@@ -48,8 +48,9 @@ import torch.nn.functional as F
 from labkit.collectives import exchange
 from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.pipeline import posting
 from labkit.pipeline.schedules import Schedule
-from labkit.pipeline.validate import check_message_order, validate
+from labkit.pipeline.validate import ScheduleError, check_message_order, validate
 from labkit.timing import now
 
 
@@ -162,37 +163,46 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     ys = [shard_rows(y, k, s.K).to(dev) for k in range(s.K)]
     n_tokens, h = y.numel(), model.config.n_embd
 
-    def post(t, kind, mb, g_from, g_to):  # sent with the next receive: never waited for here
+    def post(t, kind, mb, g_from, g_to):  # sent in the next batch: never waited for here
         pending.append((dist.isend, t, s.stage_of(g_to), group, _tag(s, kind, mb, g_from)))
 
-    def receive(buf, kind, mb, g_from):
-        """Post what is pending and this receive as one batch; wait for the receive only."""
-        ops = pending + [(dist.irecv, buf, s.stage_of(g_from), group, _tag(s, kind, mb, g_from))]
-        works = exchange(ops)
-        sends.extend(zip((op[1] for op in pending), works[:-1]))
-        pending.clear()
-        works[-1].wait()
+    def receive_op(j):  # the receive of action j's input: (B_k, T, h) from the next/previous chunk
+        a = actions[j]
+        g = s.global_chunk(stage, a.chunk)
+        g_from = g - 1 if a.kind == "F" else g + 1
+        buf = torch.empty(xs[a.mb].shape + (h,), dtype=dtype, device=dev)   # (B_k, T, h)
+        return (dist.irecv, buf, s.stage_of(g_from), group, _tag(s, a.kind, a.mb, g_from))
 
-    def flush():
-        sends.extend(zip((op[1] for op in pending), exchange(pending)))
+    def post_batch(i):
+        """Batch i: what action i-1 produced, and the receives the plan posts here."""
+        recvs = [receive_op(j) for j in layout[i]]
+        works = exchange(pending + recvs)
+        sends.extend(zip((op[1] for op in pending), works))
+        for j, op, work in zip(layout[i], recvs, works[len(pending):]):
+            inbox[j] = (op[1], work)
         pending.clear()
 
+    def take(i):  # action i's input, once it has arrived
+        buf, work = inbox.pop(i)
+        work.wait()
+        return buf
+
+    actions = s.stages[stage]
+    layout = _layout(s, stage, nccl)  # layout[i]: actions whose input is received in batch i
     meter = _ActivationMeter(params.values())
-    saved, sends, pending, timeline = {}, [], [], []
+    saved, sends, pending, inbox, timeline = {}, [], [], {}, []
     held = held_bytes = peak = peak_bytes = 0.0
     loss_total = torch.zeros((), dtype=dtype, device=dev)
-    for i, a in enumerate(s.stages[stage]):
+    for i, a in enumerate(actions):
         g = s.global_chunk(stage, a.chunk)
         chunk = chunks[a.chunk]
         note(f"stage {stage}: action #{i} {a!r}")
+        post_batch(i)
         if a.kind == "F":
             if chunk.first:
-                flush()
                 inp = xs[a.mb]                                           # (B_k, T) tokens
             else:
-                inp = torch.empty(xs[a.mb].shape + (h,), dtype=dtype, device=dev)  # (B_k, T, h)
-                receive(inp, "F", a.mb, g - 1)
-                inp.requires_grad_(True)
+                inp = take(i).requires_grad_(True)                       # (B_k, T, h)
             t0 = now(dev)
             meter.current = (a.mb, a.chunk)
             with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
@@ -212,12 +222,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
             peak, peak_bytes = max(peak, held), max(peak_bytes, held_bytes)
         else:
             inp, out, nbytes = saved.pop((a.mb, a.chunk))
-            grad_out = None
-            if chunk.last:
-                flush()
-            else:
-                grad_out = torch.empty_like(out)                         # (B_k, T, h)
-                receive(grad_out, "B", a.mb, g + 1)
+            grad_out = None if chunk.last else take(i)                   # (B_k, T, h)
             t0 = now(dev)
             torch.autograd.backward(out, grad_out)
             _pad(pad, 1, s.v)
@@ -226,7 +231,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
             held, held_bytes = held - 1 / s.v, held_bytes - nbytes
         timeline.append(dict(stage=stage, kind=a.kind, mb=a.mb, chunk=a.chunk,
                              start=t0, end=now(dev)))
-    flush()
+    post_batch(len(actions))
     for _, work in sends:
         work.wait()
     note(f"stage {stage}: tied embedding gradient")
@@ -234,6 +239,17 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     return {"stage": stage, "loss": loss_total if s.stage_of(s.n_chunks - 1) == stage else None,
             "grads": {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None},
             "timeline": timeline, "peak_in_flight": peak, "peak_activation_bytes": peak_bytes}
+
+
+def _layout(s: Schedule, stage: int, nccl: bool) -> list:
+    """The NCCL-safe posting plan (labkit.pipeline.posting), on both backends so that they post
+    the same batches. Gloo, which pairs messages by tag, also runs schedules that have none."""
+    try:
+        return posting.plan(s)[stage]
+    except ScheduleError:
+        if nccl:
+            raise
+        return posting.default_plan(s)[stage]
 
 
 def _pad(pad, i: int, v: int) -> None:
