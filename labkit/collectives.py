@@ -16,8 +16,10 @@
 
 The ring is pipelined: each chunk travels as `pieces` sub-chunks, and the reduction of one piece
 overlaps the transfer of the next, which is what lifts a Python ring to the built-in's speed.
-Every function takes a process `group` (default: the whole world) and works on CPU (Gloo) and
-GPU (NCCL) tensors; float32 and bfloat16; op "sum" or "avg".
+Every function takes a process `group` (default: the whole world) and is written for CPU (Gloo)
+and GPU (NCCL) tensors: buffers follow the input's device and dtype, and the ring's messages go
+as batches (`exchange`) that NCCL's rules cannot deadlock; float32 and bfloat16; op "sum" or
+"avg". (The tests run on Gloo; scripts/gpu-smoke.sh runs the labs on a GPU.)
 """
 from __future__ import annotations
 
