@@ -1,7 +1,6 @@
 """An instructor grades a folder: one row per student file, one column per exercise; a notebook
 that crashes or hangs scores zero for what it had not reached, and the rest are still graded."""
 import csv
-import json
 import subprocess
 import sys
 from pathlib import Path

@@ -129,7 +129,7 @@ def timeline_figure(interval: float = 4, save: float = 0.6, fail_at: float = 10.
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    t, k, spans = 0.0, 0, []
+    t, spans = 0.0, []
     while t + interval <= fail_at:  # work + save cycles until the failure
         spans.append(("work", t, t + interval - save))
         spans.append(("save", t + interval - save, t + interval))

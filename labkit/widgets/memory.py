@@ -29,7 +29,7 @@ def plan_table(plan: memory.MemoryPlan, gpu="H100 80GB", unit: str = "GB") -> st
     lines.append(f"{name + ' capacity':<24} {cap / scale:>10.2f} {unit}  -> {verdict}")
     s = plan.settings
     lines.append(f"model {s['model']}: {s['n_params'] / 1e9:.3f}B parameters; recipe {s['recipe']}")
-    lines.append(f"(1 GB = 1e9 bytes, 1 GiB = 2^30 bytes)")
+    lines.append("(1 GB = 1e9 bytes, 1 GiB = 2^30 bytes)")
     return "\n".join(lines)
 
 
@@ -183,7 +183,6 @@ def calculator():
 def shards_picture(n: int = 4):
     """Who holds what: for each stage, each GPU's parameters, gradients and optimizer states cut
     in N chunks; a filled chunk is held by that GPU, an empty one is not."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     titles = ["ZeRO-0 (DDP)", "ZeRO-1: P_os", "ZeRO-2: P_os+g", "ZeRO-3: P_os+g+p"]
