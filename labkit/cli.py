@@ -36,12 +36,6 @@ def _load(package: str, name: str):
     return importlib.import_module(f"{package}.{name}")
 
 
-def is_rank_zero() -> bool:
-    import os
-
-    return os.environ.get("RANK", "0") == "0"
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__.split("\n\n")[0])

@@ -17,7 +17,8 @@ import sys
 import time
 
 
-def _is_rank_zero() -> bool:
+def is_rank_zero() -> bool:
+    """Rank 0 of the initialised group, else RANK from the environment (a plain process: 0)."""
     try:
         import torch.distributed as dist
 
@@ -37,7 +38,7 @@ class Progress:
             raise ValueError(f"total must be a non-negative integer or None, got {total!r}")
         self.tag, self.total, self.count = tag, total, 0
         self.stream = stream
-        self.quiet = quiet or not _is_rank_zero()
+        self.quiet = quiet or not is_rank_zero()
         self.start = time.monotonic()
 
     def elapsed(self) -> float:

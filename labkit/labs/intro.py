@@ -34,22 +34,19 @@ def hello() -> dict:
 
 def time_all_reduce(numel: int, repeats: int = 5) -> float:
     """Rank side: mean seconds of one `dist.all_reduce` of `numel` float32 values on this rank."""
-    import time
-
     import torch
     import torch.distributed as dist
 
     from labkit.launch import device
+    from labkit.timing import now
 
     t = torch.ones(numel, device=device())
     dist.all_reduce(t)                                   # warm-up: connections, allocations
     dist.barrier()
-    start = time.perf_counter()
+    start = now(t.device)                                # waits for queued GPU work first
     for _ in range(repeats):
         dist.all_reduce(t)
-    if t.is_cuda:
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeats
+    return (now(t.device) - start) / repeats
 
 
 def model_state_bytes(n_layer: int = 2, n_embd: int = 32, n_head: int = 4) -> dict:

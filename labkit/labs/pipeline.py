@@ -16,7 +16,7 @@ BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU
 
 
 def main(argv=()) -> int:
-    from labkit.cli import is_rank_zero
+    from labkit.progress import is_rank_zero
     from labkit.labs import ran_on
     from labkit.launch import run
     from labkit.pipeline import executor, measure, schedules
