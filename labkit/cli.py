@@ -5,6 +5,8 @@
     labkit bench [NAME ...] [--json FILE]      benchmarks: a table, and JSON
     labkit exercises [--check]                 generate exercises/ from solutions/ (or check)
     labkit grade PATH [PATH ...] [--csv FILE]  execute exercise notebooks and score them
+    labkit book run [NN ...] [--solutions] [--check]   re-execute the book (or: which are stale)
+    labkit site build [--out build/site]       the book as a static website (offline)
     labkit list                                labs (by chapter) and benchmarks available
 
 `labkit run` exits 0 when the lab ran, 1 when a rank failed or hung (its report is printed), and
@@ -53,6 +55,8 @@ def main(argv=None) -> int:
     p_grade.add_argument("--csv", default=None)
     p_grade.add_argument("--cell-timeout", type=int, default=300)
     sub.add_parser("list", help="list labs and benchmarks")
+    sub.add_parser("book", help="re-execute notebooks, stamped; --check: which are stale", add_help=False)
+    sub.add_parser("site", help="build the book's static website (site build --out DIR)", add_help=False)
     args, rest = parser.parse_known_args(argv)
 
     if args.cmd == "run":
@@ -70,20 +74,37 @@ def main(argv=None) -> int:
             print(f"wrote {p}")
         return 0
     if args.cmd == "grade":
+        missing = [p for p in args.paths if not Path(p).exists()]
+        if missing or args.cell_timeout < 1:
+            print("labkit grade: " + (f"no such file or folder: {', '.join(missing)}" if missing else
+                  f"--cell-timeout must be 1 second or more (got {args.cell_timeout})"), file=sys.stderr)
+            return 2
+    if args.cmd == "grade":
         from labkit.grade import grade
 
         grade(args.paths, csv_path=args.csv, cell_timeout=args.cell_timeout)
         return 0
+    if args.cmd == "book":
+        from labkit import book
+
+        return book.main(rest)
+    if args.cmd == "site":
+        from labkit import site
+
+        return site.main(rest)
     if args.cmd == "list":
         from labkit.labs import CHAPTER_LABS
 
-        print("labs (labkit run LAB --nproc N), by chapter:")
-        for ch, (title, labs) in sorted(CHAPTER_LABS.items()):
-            print(f"  {ch:02d} {title:<38} {', '.join(labs)}")
+        from labkit.table import table
+
+        rows = [(f"{ch:02d}", title, ", ".join(labs))
+                for ch, (title, labs) in sorted(CHAPTER_LABS.items())]
         listed = {lab for _, labs in CHAPTER_LABS.values() for lab in labs}
         extra = [n for n in _names("labkit.labs") if n not in listed]
         if extra:
-            print(f"  -- {'(no chapter)':<38} {', '.join(extra)}")
+            rows.append(("--", "(no chapter)", ", ".join(extra)))
+        print(table(rows, ["ch", "chapter", "labs"], indent="  ",
+                    title="labs (labkit run LAB --nproc N), by chapter:"))
         from labkit.labs import backend_of
 
         cpu = [n for n in _names("labkit.labs") if backend_of(n) == "gloo"]
@@ -111,10 +132,24 @@ def _run_lab(name: str, rest) -> int:
         print(f"labkit: no lab named {name!r}; available: {', '.join(_names('labkit.labs'))} "
               f"(labkit list shows them by chapter)", file=sys.stderr)
         return 2
+    bad = _bad_nproc(rest)
+    if bad:  # before the lab's main: some run a one-process reference before they start ranks
+        print(f"labkit: {name}: {bad}", file=sys.stderr)
+        return 2
     lab = _load("labkit.labs", name)
     if getattr(lab, "BACKEND", "auto") == "gloo":
         _hide_gpus()
     return run_lab_main(name, lab.main, rest)
+
+
+def _bad_nproc(rest) -> str | None:
+    """What is wrong with --nproc in a lab's arguments (None when absent or a positive integer)."""
+    for i, arg in enumerate(rest):
+        if arg == "--nproc" or arg.startswith("--nproc="):
+            value = arg.split("=", 1)[1] if "=" in arg else (rest[i + 1] if i + 1 < len(rest) else "")
+            if not value.isdigit() or int(value) < 1:
+                return f"--nproc must be a whole number of processes, 1 or more (got {value!r})"
+    return None
 
 
 def _hide_gpus() -> None:

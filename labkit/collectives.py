@@ -16,6 +16,8 @@
 
 The ring is pipelined: each chunk travels as `pieces` sub-chunks, and the reduction of one piece
 overlaps the transfer of the next, which is what lifts a Python ring to the built-in's speed.
+`p2p` (optional, every function): a callable with `exchange`'s signature through which the
+messages are posted instead; labkit.shaped.Shaper.exchange limits each rank's link to a bandwidth.
 Every function takes a process `group` (default: the whole world) and is written for CPU (Gloo)
 and GPU (NCCL) tensors: buffers follow the input's device and dtype, and the ring's messages go
 as batches (`exchange`) that NCCL's rules cannot deadlock; float32 and bfloat16; op "sum" or
@@ -28,13 +30,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from labkit import commlog
+
 OPS = ("sum", "avg")
 MIN_PIECE_BYTES = 2 * 2**20  # below this a piece is latency-bound: do not cut further (measured)
 
 
 @dataclass
 class Traffic:
-    """Bytes this rank sent and received, step by step (a ledger for the lab's plots)."""
+    """Bytes this rank sent and received, step by step: the code's own ledger, a picture of its
+    steps. Counts that prove what moved come from the kernel (labkit.netcount)."""
     steps: list = field(default_factory=list)  # dicts: phase, step, sent, received
 
     def record(self, phase: str, step: int, sent: int, received: int) -> None:
@@ -112,7 +117,7 @@ class _AllOf:
             w.wait()
 
 
-def exchange(ops) -> list:
+def exchange(ops, where: str = "") -> list:
     """Post point-to-point ops [(dist.isend | dist.irecv, tensor, peer's group rank, group[,
     tag])] as one batch; return one waitable per op.
 
@@ -126,12 +131,12 @@ def exchange(ops) -> list:
     works = dist.batch_isend_irecv([dist.P2POp(op, t, group=group, group_peer=peer,
                                                tag=rest[0] if rest else 0)
                                     for op, t, peer, group, *rest in ops])
-    if len(works) == len(ops):
-        return list(works)
-    return [_AllOf(list(works))] * len(ops)  # coalesced (NCCL): one work stands for all
+    if len(works) != len(ops):
+        works = [_AllOf(list(works))] * len(ops)  # coalesced (NCCL): one work stands for all
+    return commlog.p2p_posted(ops, list(works), where)
 
 
-def _ring_steps(flat, n, rank, group, phases, pieces, traffic, divide_by: int = 1):
+def _ring_steps(flat, n, rank, group, phases, pieces, traffic, divide_by: int = 1, p2p=None):
     """Run ring phases on the flat buffer, in place, as one stream of pieces.
 
     The chunk a rank sends at step t+1 is the chunk it received at step t (true across the
@@ -166,7 +171,7 @@ def _ring_steps(flat, n, rank, group, phases, pieces, traffic, divide_by: int = 
         if j < len(parts(send_chunk)):
             a, b = parts(send_chunk)[j]
             ops.append((dist.isend, flat[a:b], right, group))
-        works = exchange(ops)
+        works = (p2p or exchange)(ops)
         recv_work = works[0] if buf is not None else None
         send_work = works[-1] if j < len(parts(send_chunk)) else None
         return buf, recv_work, send_work
@@ -205,7 +210,7 @@ def _ring_steps(flat, n, rank, group, phases, pieces, traffic, divide_by: int = 
 
 
 def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None, *, pieces: int = 4,
-                        traffic: Traffic | None = None) -> torch.Tensor:
+                        traffic: Traffic | None = None, p2p=None) -> torch.Tensor:
     """Reduce over ranks; return this rank's chunk of the result (a new tensor, flat).
 
     `tensor` is used as scratch space and holds partial sums afterwards (pass a clone to keep it).
@@ -213,14 +218,14 @@ def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", group=None, *, pi
     group, rank, n = _setup(tensor, op, group)
     flat = tensor.view(-1)
     if n > 1:
-        _ring_steps(flat, n, rank, group, ("reduce_scatter",), pieces, traffic)
+        _ring_steps(flat, n, rank, group, ("reduce_scatter",), pieces, traffic, p2p=p2p)
     a, b = chunk_bounds(flat.numel(), n)[rank]
     out = flat[a:b].clone()
     return out.div_(n) if op == "avg" else out
 
 
 def ring_all_gather(chunk: torch.Tensor, group=None, *, sizes=None, pieces: int = 4,
-                    traffic: Traffic | None = None) -> torch.Tensor:
+                    traffic: Traffic | None = None, p2p=None) -> torch.Tensor:
     """Concatenate every rank's chunk, in rank order; return the flat result on every rank.
 
     `sizes`: the number of elements of each rank's chunk (default: all equal to this one's)."""
@@ -235,18 +240,19 @@ def ring_all_gather(chunk: torch.Tensor, group=None, *, sizes=None, pieces: int 
     if n > 1:
         bounds = chunk_bounds(flat.numel(), n)
         if [b - a for a, b in bounds] != sizes:  # arbitrary sizes: gather on the caller's layout
-            _ring_gather_layout(flat, n, rank, group, sizes, offsets, traffic)
+            _ring_gather_layout(flat, n, rank, group, sizes, offsets, traffic, p2p)
         else:
-            _ring_steps(flat, n, rank, group, ("all_gather",), pieces, traffic)
+            _ring_steps(flat, n, rank, group, ("all_gather",), pieces, traffic, p2p=p2p)
     return flat
 
 
-def _ring_gather_layout(flat, n, rank, group, sizes, offsets, traffic):
+def _ring_gather_layout(flat, n, rank, group, sizes, offsets, traffic, p2p=None):
     right, left = (rank + 1) % n, (rank - 1) % n
     for step, plan in enumerate(ring_schedule(n, "all_gather")):
         s, r = plan[rank]
-        works = exchange([(dist.irecv, flat[offsets[r]:offsets[r] + sizes[r]], left, group),
-                          (dist.isend, flat[offsets[s]:offsets[s] + sizes[s]], right, group)])
+        post = p2p or exchange
+        works = post([(dist.irecv, flat[offsets[r]:offsets[r] + sizes[r]], left, group),
+                      (dist.isend, flat[offsets[s]:offsets[s] + sizes[s]], right, group)])
         for work in works:
             work.wait()
         if traffic is not None:
@@ -255,41 +261,44 @@ def _ring_gather_layout(flat, n, rank, group, sizes, offsets, traffic):
 
 
 def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *, pieces: int = 4,
-                    traffic: Traffic | None = None) -> torch.Tensor:
+                    traffic: Traffic | None = None, p2p=None) -> torch.Tensor:
     """In place, like dist.all_reduce: reduce-scatter, then all-gather, on the same buffer."""
     group, rank, n = _setup(tensor, op, group)
     if n == 1:
         return tensor
     flat = tensor.view(-1)
     _ring_steps(flat, n, rank, group, ("reduce_scatter", "all_gather"), pieces, traffic,
-                divide_by=n if op == "avg" else 1)
+                divide_by=n if op == "avg" else 1, p2p=p2p)
     return tensor
 
 
 def parameter_server_all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *,
-                                root: int = 0, traffic: Traffic | None = None) -> torch.Tensor:
-    """In place: everyone sends to `root`, the root adds and sends the result back to everyone."""
+                                root: int = 0, traffic: Traffic | None = None,
+                                p2p=None) -> torch.Tensor:
+    """In place: everyone sends to `root`, the root adds and sends the result back to everyone.
+    Messages go through `p2p` (default `exchange`), one receive at a time at the root."""
     group, rank, n = _setup(tensor, op, group)
     if not 0 <= root < n:
         raise ValueError(f"root={root} is not a rank of this group of {n}")
     nbytes = tensor.numel() * tensor.element_size()
+    post = p2p or exchange
     if rank == root:
         buf = _scratch(tensor.numel(), tensor.dtype, tensor.device).view_as(tensor)
         for step, src in enumerate(r for r in range(n) if r != root):  # reduce: N-1 receives
-            dist.recv(buf, group=group, group_src=src)
+            post([(dist.irecv, buf, src, group)])[0].wait()
             tensor.add_(buf)
             if traffic is not None:
                 traffic.record("reduce", step, 0, nbytes)
         if op == "avg":
             tensor.div_(n)
-        sends = [dist.isend(tensor, group=group, group_dst=dst) for dst in range(n) if dst != root]
+        sends = post([(dist.isend, tensor, dst, group) for dst in range(n) if dst != root])
         for step, work in enumerate(sends):                          # broadcast: N-1 sends
             work.wait()
             if traffic is not None:
                 traffic.record("broadcast", step, nbytes, 0)
     else:
-        dist.send(tensor, group=group, group_dst=root)
-        dist.recv(tensor, group=group, group_src=root)
+        post([(dist.isend, tensor, root, group)])[0].wait()
+        post([(dist.irecv, tensor, root, group)])[0].wait()
         if traffic is not None:
             traffic.record("reduce", 0, nbytes, 0)
             traffic.record("broadcast", 0, 0, nbytes)

@@ -78,6 +78,7 @@ def exercise_notebook(solution_path: Path):
     if counter[0] == 0:
         raise ExerciseError(f"{solution_path}: no ### BEGIN SOLUTION region found")
     out.metadata.pop("widgets", None)
+    out.metadata.pop("labkit", None)  # the solution run's stamp (labkit.book): exercises carry no outputs
     return out
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import nbformat
 
 from labkit.check import GRADE_FILE_ENV
+from labkit.table import table as format_table
 
 CELL_TIMEOUT = 300  # seconds; checkers have their own, shorter, hang timeouts
 
@@ -151,16 +152,15 @@ def grade(paths, csv_path=None, cell_timeout: int = CELL_TIMEOUT, echo=print) ->
 
 def table(rows) -> str:
     ids = sorted({k for r in rows for k in r["scores"]}, key=lambda s: [int(x) for x in s.split(".")])
-    head = ["notebook"] + ids + ["total"]
-    lines = [head]
-    for r in rows:
-        total = sum(r["scores"].values())
+
+    def total(r):
         points = sum(r["points"].values()) or sum(1 for _ in r["scores"])
-        lines.append([r["file"]] + [f"{r['scores'].get(i, 0):g}/{r['points'].get(i, 0):g}"
-                                               for i in ids] + [f"{total:g}/{points:g}"])
-    widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
-    out = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
+        return f"{sum(r['scores'].values()):g}/{points:g}"
+
+    columns = [("notebook", "file")]
+    columns += [(i, lambda r, i=i: f"{r['scores'].get(i, 0):g}/{r['points'].get(i, 0):g}")
+                for i in ids]
+    out = [format_table(rows, columns + [("total", total)])]
     for r in rows:
         if r["error"]:
             out.append(f"{r['file']}: stopped early: {r['error']}")

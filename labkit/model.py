@@ -35,6 +35,15 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_weights: bool = True
+    # mixture of experts (labkit.moe): n_expert > 0 replaces every block's MLP by a routed layer
+    n_expert: int = 0             # 0: the dense MLP
+    expert_top_k: int = 2         # experts each token visits
+    expert_ffn_mult: int | None = None   # an expert's hidden size / n_embd (None: ffn_mult)
+    capacity_factor: float | None = None  # None: no token is ever dropped
+    gate: str = "softmax"         # "softmax" (Switch, Mixtral) or "sigmoid" (DeepSeek-V3)
+    shared_expert: bool = False   # one always-on expert beside the routed ones (DeepSeek)
+    aux_loss_coef: float = 0.0    # weight of the Switch load-balancing loss in the loss
+    bias_update_rate: float = 0.0  # DeepSeek-V3's loss-free balancing step (0: off)
 
     def __post_init__(self):
         kv = self.kv_heads
@@ -42,6 +51,13 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.n_head % kv:
             raise ValueError(f"n_head={self.n_head} must be divisible by n_kv_head={kv}")
+        if self.n_expert and not 1 <= self.expert_top_k <= self.n_expert:
+            raise ValueError(f"expert_top_k={self.expert_top_k} must be between 1 and "
+                             f"n_expert={self.n_expert}: a token cannot visit more experts "
+                             f"than there are")
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            raise ValueError(f"capacity_factor={self.capacity_factor} would drop every token; "
+                             f"use a positive factor (1.0-2.0 is usual) or None for no limit")
 
     @property
     def kv_heads(self) -> int:
@@ -78,10 +94,11 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, mult: int | None = None):
         super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, cfg.ffn_mult * cfg.n_embd, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.ffn_mult * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        hidden = (mult or cfg.ffn_mult) * cfg.n_embd
+        self.fc = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
+        self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x):                                    # (B, T, h)
@@ -95,7 +112,12 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        if cfg.n_expert:
+            from labkit.moe.layer import MoE  # the MoE layer builds its experts from MLP
+
+            self.mlp = MoE(cfg)
+        else:
+            self.mlp = MLP(cfg)
 
     def forward(self, x):                                    # (B, T, h)
         x = x + self.attn(self.ln_1(x))
@@ -127,7 +149,9 @@ class GPT(nn.Module):
                 else:
                     p.fill_(1.0)  # LayerNorm weight
             else:
-                std = std_proj if name.endswith(("o_proj.weight", "mlp.proj.weight")) else 0.02
+                residual = name.endswith("o_proj.weight") or (".mlp." in name
+                                                               and name.endswith(".proj.weight"))
+                std = std_proj if residual else 0.02
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
     def forward(self, idx, targets=None):                    # idx: (B, T) int64
@@ -144,6 +168,8 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            if self.config.n_expert and self.config.aux_loss_coef:
+                loss = loss + self.config.aux_loss_coef * sum(b.mlp.aux for b in self.blocks)
         return logits, loss
 
 

@@ -2,7 +2,7 @@
 
     from labkit.topology import Topology
     topo = Topology(world=8, dp=2, tp=2, pp=2, zero=1, gpus_per_node=4)
-    topo.coords(5)                   # {'pp': 1, 'dp': 0, 'tp': 1}
+    topo.coords(5)                   # {'pp': 1, 'dp': 0, 'cp': 0, 'tp': 1}
     topo.groups("tp")                # [[0, 1], [2, 3], [4, 5], [6, 7]]
     print(topo.picture())            # which rank sits on which node, GPU and group
     # inside a launched rank (every rank calls it, in the same order):
@@ -11,10 +11,11 @@
 The dimensions (the order of Megatron-LM and torchtitan, outermost first):
   pp  pipeline stages: consecutive blocks of layers; neighbours exchange activations
   dp  data-parallel replicas (the ZeRO stage 0-3 shards model states over this dimension)
+  cp  context-parallel shards of the sequence (ring attention passes keys and values around)
   tp  tensor-parallel shards of every layer; the innermost dimension, so a TP group is made of
       consecutive ranks, which a launcher places on the same node (the fast links)
 
-    rank = (pp_index * dp + dp_index) * tp + tp_index
+    rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index
 
 Their product must equal the world size: that is checked here, once, with an error that prints
 every factor, so no later code has to wonder. Process groups are returned and passed as
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-DIMS = ("pp", "dp", "tp")  # outermost first: TP varies fastest, PP slowest
+DIMS = ("pp", "dp", "cp", "tp")  # outermost first: TP varies fastest, PP slowest
 
 
 class TopologyError(ValueError):
@@ -52,21 +53,26 @@ class Topology:
     tp: int = 1
     pp: int = 1
     zero: int = 0                    # ZeRO stage over the DP dimension: 0 (plain DP), 1, 2, 3
+    cp: int = 1                      # context parallelism (after zero: keeps positional calls)
     gpus_per_node: int | None = None  # None: one node holds every rank
     sizes: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        for name in ("world", "dp", "tp", "pp"):
+        for name in ("world", "dp", "tp", "pp", "cp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise TopologyError(f"{name} must be a positive integer, got {v!r}")
-        product = self.dp * self.tp * self.pp
+        product = self.dp * self.tp * self.pp * self.cp
         if product != self.world:
-            near = [f"pp={p} x dp={d} x tp={t}" for p, d, t in factorizations(self.world)
-                    if t == self.tp or (p == self.pp and d * t == self.world // p)][:4]
+            rest = self.world // self.cp if self.world % self.cp == 0 else self.world
+            near = [f"pp={p} x dp={d} x tp={t}" + (f" x cp={self.cp}" if self.cp > 1 else "")
+                    for p, d, t in factorizations(rest)
+                    if t == self.tp or (p == self.pp and d * t == rest // p)][:4]
+            names = "pp x dp x tp" + (" x cp" if self.cp > 1 else "")
+            values = f"{self.pp} x {self.dp} x {self.tp}" + (f" x {self.cp}" if self.cp > 1 else "")
             raise TopologyError(
-                f"pp x dp x tp = {self.pp} x {self.dp} x {self.tp} = {product}, but the world has "
-                f"{self.world} ranks: the three factors must multiply to {self.world}. "
+                f"{names} = {values} = {product}, but the world has {self.world} ranks: the "
+                f"factors must multiply to {self.world}. "
                 f"For example: {'; '.join(near) or 'pp=1 x dp=%d x tp=1' % self.world}.")
         if self.zero not in (0, 1, 2, 3):
             raise TopologyError(f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
@@ -80,32 +86,35 @@ class Topology:
             if self.world > g and self.world % g:
                 raise TopologyError(f"world={self.world} ranks do not fill whole nodes of "
                                     f"gpus_per_node={g}: use a multiple of {g}.")
-        object.__setattr__(self, "sizes", {"pp": self.pp, "dp": self.dp, "tp": self.tp})
+        object.__setattr__(self, "sizes", {"pp": self.pp, "dp": self.dp, "cp": self.cp,
+                                           "tp": self.tp})
 
     # -- the rank grid
     def coords(self, rank: int) -> dict:
-        """{'pp': i, 'dp': j, 'tp': k} of `rank`."""
+        """{'pp': i, 'dp': j, 'cp': c, 'tp': k} of `rank`."""
         self._check_rank(rank)
         rest, tp = divmod(rank, self.tp)
+        rest, cp = divmod(rest, self.cp)
         pp, dp = divmod(rest, self.dp)
-        return {"pp": pp, "dp": dp, "tp": tp}
+        return {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
 
-    def rank_of(self, pp: int = 0, dp: int = 0, tp: int = 0) -> int:
-        for name, v in (("pp", pp), ("dp", dp), ("tp", tp)):
+    def rank_of(self, pp: int = 0, dp: int = 0, tp: int = 0, cp: int = 0) -> int:
+        for name, v in (("pp", pp), ("dp", dp), ("cp", cp), ("tp", tp)):
             if not 0 <= v < self.sizes[name]:
                 raise TopologyError(f"{name} index {v} is outside 0..{self.sizes[name] - 1}")
-        return (pp * self.dp + dp) * self.tp + tp
+        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
 
     def groups(self, dim: str) -> list:
         """The ranks of every group along `dim` (ranks that differ only in that coordinate)."""
         if dim not in DIMS:
             raise TopologyError(f"dimension must be one of {DIMS}, got {dim!r}")
+        import itertools
+
         others = [d for d in DIMS if d != dim]
         out = []
-        for a in range(self.sizes[others[0]]):
-            for b in range(self.sizes[others[1]]):
-                fixed = {others[0]: a, others[1]: b}
-                out.append([self.rank_of(**fixed, **{dim: i}) for i in range(self.sizes[dim])])
+        for fixed in itertools.product(*(range(self.sizes[d]) for d in others)):
+            at = dict(zip(others, fixed))
+            out.append([self.rank_of(**at, **{dim: i}) for i in range(self.sizes[dim])])
         return out
 
     def group_of(self, rank: int, dim: str) -> list:
@@ -142,13 +151,15 @@ class Topology:
         then the groups along each dimension."""
         per_node = self.gpus_per_node or self.world
         lines = [f"world={self.world} = pp {self.pp} x dp {self.dp} x tp {self.tp}"
+                 + (f" x cp {self.cp}" if self.cp > 1 else "")
                  + (f", ZeRO-{self.zero} over dp" if self.zero else "")
                  + (f"; {math.ceil(self.world / per_node)} node(s) of {per_node} GPUs")]
         for node in range(math.ceil(self.world / per_node)):
             cells = []
             for r in range(node * per_node, min((node + 1) * per_node, self.world)):
                 c = self.coords(r)
-                cells.append(f"r{r}(p{c['pp']} d{c['dp']} t{c['tp']})")
+                cp = f" c{c['cp']}" if self.cp > 1 else ""
+                cells.append(f"r{r}(p{c['pp']} d{c['dp']}{cp} t{c['tp']})")
             lines.append(f"  node {node}: " + "  ".join(cells))
         for dim in DIMS:
             if self.sizes[dim] > 1:
@@ -171,6 +182,7 @@ class Groups:
     pp: object
     dp: object
     tp: object
+    cp: object = None
 
     def __getitem__(self, dim: str):
         return getattr(self, dim)
@@ -193,12 +205,12 @@ def build_groups(topo: Topology, backend: str | None = None) -> Groups:
             g = dist.new_group(ranks, backend=backend)
             if rank in ranks:
                 mine[dim] = g
-    return Groups(topo, rank, topo.coords(rank), mine["pp"], mine["dp"], mine["tp"])
+    return Groups(topo, rank, topo.coords(rank), mine["pp"], mine["dp"], mine["tp"], mine["cp"])
 
 
 def device_mesh(topo: Topology, device_type: str = "cpu"):
-    """The same grid as a torch DeviceMesh with dims ('pp', 'dp', 'tp'): mesh['tp'] is a
+    """The same grid as a torch DeviceMesh with dims ('pp', 'dp', 'cp', 'tp'): mesh['tp'] is a
     1-D mesh whose .get_group() is this rank's TP group (torchtitan's way)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device_type, (topo.pp, topo.dp, topo.tp), mesh_dim_names=DIMS)
+    return init_device_mesh(device_type, tuple(topo.sizes[d] for d in DIMS), mesh_dim_names=DIMS)

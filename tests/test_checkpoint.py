@@ -222,6 +222,9 @@ def test_activation_checkpointing_keeps_only_block_inputs_and_same_gradients():
     assert m["recompute"]["per_block_bytes"] == m["predicted_block_bytes_recompute"] == 4 * 32 * 32 * 4
     assert m["plain"]["per_block_bytes"] > 8 * m["recompute"]["per_block_bytes"]
     assert m["plain"]["other_bytes"] == m["recompute"]["other_bytes"]
+    # counted by torch: one more forward of the blocks (not of the head and loss), so above 1 and
+    # at most (f + 2f + f)/(f + 2f) = 4/3 of the FLOPs; op calls grow by at least as much
+    assert 1.1 < m["flops_factor"] <= 4 / 3 and m["ops_factor"] >= m["flops_factor"]
     x, y = get_batch(tiny_corpus(), 4, 32, step=1)
     a, b = GPT(cfg), GPT(cfg)
     with_recompute(b)
@@ -268,3 +271,17 @@ def test_costs_checkpoint_young_is_the_minimum_of_the_waste():
     assert ck.recompute_time_factor(2.0) == pytest.approx(4 / 3)
     with pytest.raises(ValueError, match="unknown recipe"):
         ck.bytes_per_param("fp8_magic")
+
+
+def test_train_ft_compares_the_resumed_run_with_an_uninterrupted_one_bit_for_bit():
+    from labkit.labs.train_ft import compare_runs
+
+    a = torch.linspace(-1, 1, 7, dtype=torch.float64)
+    same, diff = compare_runs([(a, 0), (a.clone(), 0)], [(a.clone(), 0), (a.clone(), 0)])
+    assert same and diff == 0.0
+    b = a.clone()
+    b[3] = torch.nextafter(b[3], torch.tensor(2.0, dtype=torch.float64))  # one ulp: not equal
+    same, diff = compare_runs([(a, 0), (b, 0)], [(a, 0), (a, 0)])
+    assert not same and 0 < diff < 1e-15
+    same, _ = compare_runs([(a.float(), 0)], [(a, 0)])  # same values, another dtype: not bitwise
+    assert not same

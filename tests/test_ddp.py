@@ -162,18 +162,50 @@ def test_unused_parameter_is_a_clear_error_and_buffers_are_broadcast():
 def test_scaling_calculator_worked_example():
     from labkit.costs import scaling
 
-    # the notes' classic: 100 ms compute, 10 ms communication, 8 GPUs
+    # a classic example: 100 ms compute, 10 ms communication, 8 GPUs
     assert scaling.efficiency(100, 10, 8) == pytest.approx(100 / 110)
     assert scaling.speedup(100, 10, 8) == pytest.approx(8 * 100 / 110)          # 7.27x
     assert scaling.efficiency(100, 10, 8, overlap=1.0) == 1.0
     assert scaling.efficiency(100, 10, 8, overlap=0.5) == pytest.approx(100 / 105)
     assert scaling.efficiency(100, 10, 1) == 1.0                                # nothing to sync
     assert scaling.efficiency(100, 10, 8, accum=4) == pytest.approx(400 / 410)
-    # the notes' formula disagrees with their own speedup by a factor N
-    assert scaling.notes_efficiency(100, 10, 8) * 8 == pytest.approx(scaling.efficiency(100, 10, 8))
+    # a common claim's formula disagrees with its own speedup by a factor N
+    assert scaling.common_claim_efficiency(100, 10, 8) * 8 == pytest.approx(scaling.efficiency(100, 10, 8))
     # per-rank bytes approach 2D, never grow linearly; buckets add only latency
     assert scaling.bytes_per_rank(1e9, 64) < 2e9 and scaling.bytes_per_rank(1e9, 2) == 1e9
     one, many = (scaling.comm_time(1e8, 8, 5e-6, 50e9, b) for b in (1, 10))
     assert many - one == pytest.approx(9 * 2 * 7 * 5e-6)
     with pytest.raises(ValueError, match="overlap=1.5"):
         scaling.efficiency(100, 10, 8, overlap=1.5)
+
+
+def test_step_model_sends_the_sizes_each_version_sends():
+    from labkit.ddp.stepmodel import message_sizes
+
+    params = list(build_model(SMALL).parameters())
+    total = sum(p.numel() for p in params)
+    assert message_sizes("naive", params, None) == [p.numel() for p in params]
+    assert message_sizes("torch", params, 25.0) == [total]
+    for mb in (1e-6, 0.002, None):
+        sizes = message_sizes("bucketed", params, mb)
+        assert sum(sizes) == total and len(sizes) == len(assign_buckets(params, mb))
+
+
+def _model_job(variants):
+    from labkit.ddp.stepmodel import model_vs_measured
+
+    return model_vs_measured(variants, SMALL, batch=4, rounds=1, warmup=1)
+
+
+def test_step_model_pieces_are_the_slowest_ranks_and_add_up():
+    variants = [("naive", None), ("torch", 25.0), ("bucketed", 1e-6), ("bucketed", None)]
+    ranks = run(_model_job, 2, args=(variants,))
+    assert ranks[0] == ranks[1], "every piece is the max over ranks: both ranks hold the same rows"
+    params = list(build_model(SMALL, dtype="float32").parameters())
+    for row, (kind, mb) in zip(ranks[0], variants):
+        n = len(params) if kind == "naive" else 1 if kind == "torch" else len(assign_buckets(params, mb))
+        assert (row["version"], row["bucket_mb"], row["messages"]) == (kind, mb, n)
+        assert row["step"] > 0 and row["compute"] > 0 and row["comm"] > 0
+        assert (row["pack"] > 0) == (kind == "bucketed")
+        assert row["model"] == row["compute"] + row["pack"] + row["comm"]
+        assert row["ratio"] == row["step"] / row["model"]

@@ -30,7 +30,10 @@ LABS = {
     "pipeline": (["--K", "2", "--batch", "4", "--pad-ms", "0", "0"], "formula (P-1)/(vK+P-1)"),
     "checkpoint": ([], "straggler (rank 1 slowed 3x) found"),
     "train_ft": (["--steps", "4", "--save-every", "2", "--kill-step", "3"], "ranks agree: True"),
-    "hybrid": (["--steps", "1", "--batch", "3"], "max|param diff|"),
+    "hybrid": (["--steps", "1", "--batch", "3"], "worst |difference|"),
+    "context": (["--steps", "1", "--seq", "8", "--batch", "2"], "SGD steps vs the one-process reference"),
+    "moe": (["--steps", "1", "--batch", "4"], "expert parallel vs one-process MoE"),
+    "precision": (["--steps", "2"], "resident bytes/param"),
 }
 CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons
 GPU_READY = ("ring", "tp", "pipeline", "hybrid")  # print "backend B, device D" in their table
@@ -95,6 +98,8 @@ def test_lab_runs_on_two_local_processes(name):
         m = re.search(r"checkpoints in (\S+) \(temporary", out.stdout)
         assert m, out.stdout
         assert "resumed at step 2" in out.stdout and "rank 1 died" in out.stdout, out.stdout
+        assert "equal an uninterrupted run (same seed, same steps), bit for bit, on every " \
+               "rank: True" in out.stdout, out.stdout
         assert not Path(m.group(1)).exists(), "the temporary folder is removed at the end"
 
 
@@ -175,9 +180,10 @@ def test_hybrid_defaults_fit_any_world_and_keep_what_was_given():
     assert default_dims(4, dp=4) == (4, 1, 1)
     assert default_dims(8, tp=4) == (2, 4, 1)
     assert default_dims(6, pp=2) == (3, 1, 2)
-    assert default_dims(2, dp=3, tp=2) == (3, 2, 1)          # kept: Topology reports it
-    with pytest.raises(TopologyError, match="--pp 2 with --tp 2"):
-        default_dims(4, tp=2, pp=2)
+    assert default_dims(2, dp=3, tp=2) == (3, 2, 1)          # kept: check_plan reports it
+    assert default_dims(4, tp=2, pp=2) == (1, 2, 2)          # TP x PP composes now
+    with pytest.raises(TopologyError, match="positive integer"):
+        default_dims(0)
 
 
 def test_gpus_are_hidden_only_from_the_cpu_lessons(monkeypatch):

@@ -15,7 +15,7 @@ def _children():
     found = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "labkit._zygote" not in " ".join(p.cmdline()):
+            if p.status() != psutil.STATUS_ZOMBIE and "labkit/launch/zygote.py" not in " ".join(p.cmdline()):
                 found.append(p)
         except psutil.NoSuchProcess:
             pass
@@ -160,7 +160,7 @@ def test_rank_prints_are_echoed_with_rank(capsys):
 
 def test_keyboard_interrupt_ends_children(monkeypatch):
     """Interrupting the kernel raises KeyboardInterrupt inside run(): every child must go."""
-    import labkit.launch as launch
+    import labkit.launch.process as process
 
     calls = {"n": 0}
     real_sleep = time.sleep
@@ -171,7 +171,7 @@ def test_keyboard_interrupt_ends_children(monkeypatch):
             raise KeyboardInterrupt
         real_sleep(s)
 
-    monkeypatch.setattr(launch.time, "sleep", interrupting_sleep)
+    monkeypatch.setattr(process.time, "sleep", interrupting_sleep)
     with pytest.raises(KeyboardInterrupt):
         run(_unmatched_recv, 2, timeout=60)
     monkeypatch.undo()

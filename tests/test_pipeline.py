@@ -115,9 +115,11 @@ def test_deadlock_is_found_and_named():
         validate(s)
 
 
-def test_interleaved_needs_k_multiple_of_p():
-    with pytest.raises(ValueError, match="K=6, P=4"):
-        S.interleaved_1f1b(4, 6, 2)
+def test_interleaved_takes_k_not_a_multiple_of_p_where_the_rounds_allow():
+    validate(S.interleaved_1f1b(4, 6, 2))     # one round of 6 micro-batches
+    validate(S.interleaved_1f1b(4, 10, 3))    # two rounds of 5
+    with pytest.raises(ValueError, match=r"P=4, v=2\) cuts K=9 .* 2 rounds"):
+        S.interleaved_1f1b(4, 9, 2)
 
 
 # ----------------------------------------------------------------------------- executor
@@ -323,3 +325,218 @@ def test_posting_plan_cannot_deadlock_under_nccl_rules(P):
     assert posting.stuck(s, posting.default_plan(s)) == {0: 5, 1: 4}   # why the plan exists
     with pytest.raises(ScheduleError, match="no order of posting receives"):
         posting.plan(S.from_stage_fn(_out_of_order, 2, 2))
+
+
+# ----------------------------------------------------------------------------- causality
+from labkit.pipeline import causality as C  # noqa: E402
+
+
+@pytest.mark.parametrize("name,P,K,v", [("gpipe", 4, 8, 1), ("1f1b", 3, 5, 1), ("1f1b", 2, 1, 1),
+                                        ("interleaved", 4, 8, 2)])
+def test_simulated_timelines_are_causal_and_on_the_floor(name, P, K, v):
+    import random
+
+    s = S.make(name, P, K, v)
+    r = simulate(s, 1.0, 2.0)
+    assert C.check_causality(s, r.timeline) == [] and C.check_bubble_floor(s, r.timeline) == []
+    rep = C.bubble_report(s, r.timeline)  # equal durations, no overhead: all three agree
+    assert rep["bubble"] == pytest.approx(rep["critical_path"]) == pytest.approx(rep["formula"])
+    rng = random.Random(0)  # uneven durations: the critical-path floor is still met exactly
+    d = {(p, kind, c): rng.uniform(0.5, 3.0) for p in range(P) for kind in "FB" for c in range(v)}
+    r = simulate(s, durations=d, t_p2p=0.1)
+    assert C.check_causality(s, r.timeline) == []
+    assert C.check_bubble_floor(s, r.timeline) == []
+
+
+def test_causality_check_catches_a_fabricated_bad_timeline():
+    """The check can fail: a receiver that starts before its sender ended (as the saved outputs
+    of an earlier executor showed: end was read after the send was posted)."""
+    s = S.gpipe(2, 1)
+    good = [dict(stage=0, kind="F", mb=0, chunk=0, start=0.0, end=1.0),
+            dict(stage=1, kind="F", mb=0, chunk=0, start=1.0, end=2.0),
+            dict(stage=1, kind="B", mb=0, chunk=0, start=2.0, end=3.0),
+            dict(stage=0, kind="B", mb=0, chunk=0, start=3.0, end=4.0)]
+    assert C.check_causality(s, good) == [] and C.check_bubble_floor(s, good) == []
+    bad = [dict(e) for e in good]
+    for e in bad[1:]:        # stage 1 starts 0.5 s early, everything after it follows
+        e["start"] -= 0.5
+        e["end"] -= 0.5
+    problems = C.check_causality(s, bad)
+    assert len(problems) == 1 and "stage 1 F0" in problems[0] and "stage 0 F0" in problems[0]
+    floors = C.check_bubble_floor(s, bad)  # 1 - 4/(2*3.5) = 0.43 < (P-1)/P = 0.5
+    assert len(floors) == 2 and "critical-path" in floors[0] and "(P-1)/P" in floors[1]
+    assert C.measured_bubble(bad, 2)[0] == pytest.approx(1 - 4 / 7)
+    overlap = [dict(e) for e in good]   # a stage running two actions at once
+    overlap[3]["start"] = 2.5
+    assert any("stage 0 B0" in m and "stage 1 B0" in m for m in C.check_causality(s, overlap))
+    assert "missing" in C.check_causality(s, good[:3])[0]
+    with pytest.raises(ValueError, match="lacks 1 actions.*stage 0 B0"):
+        C.check_bubble_floor(s, good[:3])
+    wrong_b = S.one_f_one_b(2, 2)    # B needs its own F: a backward before its forward is named
+    tl = simulate(wrong_b).timeline
+    f = next(e for e in tl if (e["stage"], e["kind"], e["mb"]) == (0, "F", 1))
+    b = next(e for e in tl if (e["stage"], e["kind"], e["mb"]) == (0, "B", 1))
+    f["start"], f["end"] = b["end"] + 1, b["end"] + 2
+    assert any("stage 0 B1" in m and "stage 0 F1" in m for m in C.check_causality(wrong_b, tl))
+
+
+def _causality_specs(P):
+    """K = 1, P, 2P and P+1 (not a multiple of P) for GPipe and 1F1B; interleaved where allowed."""
+    Ks = sorted({1, P, 2 * P, P + 1})
+    return ([(n, K, 1) for n in ("gpipe", "1f1b") for K in Ks]
+            + [("interleaved", K, 2) for K in Ks if K % P == 0])
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_measured_runs_are_causal_and_above_the_floor(P):
+    """Real processes (Gloo): every repeat of every run is causal, its bubble is on or above the
+    critical path of its own durations, and at K = 1 on or above (P-1)/P."""
+    from labkit.pipeline import measure
+
+    specs = _causality_specs(P)
+    rows = measure.measure(P, specs, pad=(0.002, 0.004), repeats=2, timeout=120)
+    assert [(r["schedule"], r["K"], r["v"]) for r in rows] == specs
+    for r in rows:
+        assert r["dependencies"] > 0 and len(r["timelines"]) == 2
+        assert all(len(t) == 2 * r["K"] * r["v"] * P for t in r["timelines"])
+        assert r["violations"] == [], "\n".join(r["violations"])
+        assert all(b >= C.formula_floor(S.make(r["schedule"], P, 1)) for b in r["bubbles"]) \
+            if r["K"] == 1 else r["bubble"] >= r["critical_path_floor"]
+    if P == 4:  # real compute only, 4 processes on few cores: still causal, above its critical path
+        for r in measure.measure(P, [("1f1b", 8, 1), ("interleaved", 8, 2)], repeats=2):
+            assert r["violations"] == [], "\n".join(r["violations"])
+
+
+def test_interleaving_sends_more_messages_of_the_same_size():
+    """2(vP-1)K messages per step, each one micro-batch's (b, s, h): more, not smaller. Counted
+    by the comm log (what the executor asked for) and by the kernel's TCP counters (a counter the
+    executor does not write: Gloo's small per-message headers on top)."""
+    from labkit.pipeline import measure
+
+    P, K = 3, 3
+    cfg = GPTConfig(n_layer=6, n_embd=32, n_head=2, block_size=32)  # 8 KiB messages
+    one, inter = measure.messages(P, [("1f1b", K, 1), ("interleaved", K, 2)], cfg, batch_size=6)
+    assert (one["sends"], inter["sends"]) == (2 * (P - 1) * K, 2 * (2 * P - 1) * K)
+    assert one["shapes"] == inter["shapes"] == [(2, 32, 32)]
+    assert one["pipeline_bytes"] == one["sends"] * 2 * 32 * 32 * 4
+    for r in (one, inter):
+        assert r["kernel_sent"] is not None, r["kernel_reason"]
+        assert r["logged_bytes"] <= r["kernel_sent"] <= 1.1 * r["logged_bytes"]
+
+
+# ----------------------------------------------------------------------------- zero bubble (issue 17)
+from labkit.pipeline import torch_orders as TO  # noqa: E402
+from labkit.pipeline import zero_bubble as ZB  # noqa: E402
+from labkit.pipeline.schedules import W  # noqa: E402
+from labkit.pipeline.validate import check_message_order  # noqa: E402
+
+ZB_CASES = [(P, K) for P in (2, 3, 4) for K in (1, 2, 3, 4, 5, 8, 16)]
+
+
+@pytest.mark.parametrize("P,K", ZB_CASES)
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h2"])
+def test_zero_bubble_schedules_pass_both_validators(name, P, K):
+    s = S.make(name, P, K)
+    validate(s)
+    check_message_order(s)       # NCCL-safe: each pair's messages in the same order
+    TO.torch_validate(s)         # PyTorch's private _validate_schedule
+    assert s.split and sum(map(len, s.stages)) == 3 * P * K
+
+
+@pytest.mark.parametrize("P,K", [(2, 2), (2, 6), (3, 3), (3, 6), (4, 4), (4, 8), (4, 16)])
+def test_zb_h1_is_pytorch_zb1p_order(P, K):
+    """labkit's ZB-H1 is, action for action, PyTorch's ScheduleInterleavedZeroBubble at v=1."""
+    t = TO.torch_schedule("ScheduleInterleavedZeroBubble", P, K, 1)
+    assert TO.first_difference(S.make("zb-h1", P, K), t) is None
+
+
+@pytest.mark.parametrize("P", (2, 3, 4, 5))
+@pytest.mark.parametrize("v", (2, 3))
+def test_interleaved_is_pytorch_order_for_every_k_it_takes(P, v):
+    taken = 0
+    for K in range(1, 21):
+        try:
+            s = S.interleaved_1f1b(P, K, v)
+        except ValueError:
+            with pytest.raises(ValueError):  # PyTorch refuses the same K
+                TO.torch_schedule("ScheduleInterleaved1F1B", P, K, v)
+            continue
+        taken += 1
+        validate(s)
+        check_message_order(s)
+        t = TO.torch_schedule("ScheduleInterleaved1F1B", P, K, v)
+        assert TO.first_difference(s, t) is None, (P, K, v)
+    assert taken > 20 // P  # more K than the multiples of P the old rule took
+
+
+@pytest.mark.parametrize("K", (4, 8, 16))
+def test_zero_bubble_simulated_bubble_and_memory(K):
+    P = 4  # t_F = t_B = t_W = 1 (the paper's assumption): fused backward 2
+    one = simulate(S.make("1f1b", P, K), 1.0, 2.0)
+    h1 = simulate(S.make("zb-h1", P, K), 1.0, 2.0, t_w=1.0)
+    h2 = simulate(S.make("zb-h2", P, K), 1.0, 2.0, t_w=1.0)
+    work = 3 * K
+    assert one.bubble == pytest.approx(3 * (P - 1) / (work + 3 * (P - 1)))
+    assert h1.bubble == pytest.approx((P - 1) / (work + P - 1))   # (P-1)(t_F + t_B - t_W)
+    assert max(h1.peak_in_flight) == max(one.peak_in_flight) == P  # 1F1B's peak
+    assert h2.bubble <= h1.bubble + 1e-12
+    assert max(h2.peak_in_flight) <= 2 * P - 1
+
+
+def test_w_before_b_and_missing_w_are_named():
+    with pytest.raises(ScheduleError, match=r"weight gradient of micro-batch 0 comes before its B"):
+        validate(S.Schedule("bad", 1, 1, 1, [[F(0), W(0), B(0)]]))
+    with pytest.raises(ScheduleError, match=r"never runs W1"):
+        validate(S.Schedule("bad", 1, 2, 1, [[F(0), B(0), W(0), F(1), B(1)]]))
+
+
+ZB_EXEC = {
+    2: [S.make("zb-h1", 2, 3), S.make("zb-h2", 2, 5), ZB.split_backward(S.one_f_one_b(2, 4))],
+    3: [S.make("zb-h1", 3, 5), S.make("zb-h2", 3, 4), S.interleaved_1f1b(3, 4, 2)],
+    4: [S.make("zb-h1", 4, 6), S.make("zb-h2", 4, 7), S.one_f_one_b(4, 6)],
+}
+
+
+@pytest.mark.parametrize("P", sorted(ZB_EXEC))
+def test_split_backward_matches_one_process_reference(P):
+    """B and W run as separate actions on real processes: loss and every gradient equal the
+    reference's; the bytes held follow the schedule (W holds a micro-batch until it runs)."""
+    from labkit.pipeline.causality import check_causality
+
+    cfg = GPTConfig(n_layer=P * 2 if P < 4 else 4, n_embd=16, n_head=2, block_size=16)
+    ref = E.reference_step(cfg, 7)
+    per_rank = run(E.schedules_job, P, args=(ZB_EXEC[P], cfg, 7), timeout=90, echo=False)
+    for i, s in enumerate(ZB_EXEC[P]):
+        merged = E.merge([r[i] for r in per_rank])
+        E.compare_to_reference(merged, ref)
+        assert merged["peak_in_flight"] == simulate(s).peak_in_flight, s.name
+        assert len(merged["timeline"]) == sum(map(len, s.stages))
+        assert check_causality(s, merged["timeline"]) == []
+        assert {e["kind"] for e in merged["timeline"]} == ({"F", "B", "W"} if s.split else {"F", "B"})
+    if P == 4:  # ZB-H1 holds 1F1B's stage-0 peak on the last stage too (measured bytes)
+        h1, one = (E.merge([r[i] for r in per_rank]) for i in (0, 2))
+        assert h1["peak_activation_bytes"][0] == pytest.approx(one["peak_activation_bytes"][0])
+        assert h1["peak_activation_bytes"][3] > one["peak_activation_bytes"][3] * 1.5
+
+
+@pytest.mark.parametrize("P,K", ch05.ZB_PAPER_CASES)
+def test_checker_accepts_zb_h1(P, K):
+    ch05.assert_zb_h1_schedule(S.make("zb-h1", P, K))
+
+
+def test_checker_rejects_known_wrong_zb_h1():
+    with pytest.raises(AssertionError, match="no W actions"):
+        ch05.assert_zb_h1_schedule(S.one_f_one_b(3, 3))
+    with pytest.raises(AssertionError, match="simulated bubble"):   # split, nothing deferred
+        ch05.assert_zb_h1_schedule(ZB.split_backward(S.one_f_one_b(4, 8)))
+
+    def all_w_last(p, P, K):  # no bubble lost, but every stage holds all K micro-batches
+        return [a for a in S.one_f_one_b_stage(p, P, K)] + [W(k) for k in range(K)]
+    with pytest.raises(AssertionError, match="holds 8 micro-batches"):
+        ch05.assert_zb_h1_schedule(S.from_stage_fn(all_w_last, 4, 8))
+
+    def w_first(p, P, K):
+        return [x for a in S.one_f_one_b_stage(p, P, K)
+                for x in ((W(a.mb), a) if a.kind == "B" else (a,))]
+    with pytest.raises(AssertionError, match="comes before its B"):
+        ch05.assert_zb_h1_schedule(S.from_stage_fn(w_first, 2, 2))

@@ -43,9 +43,18 @@ def test_tp_is_innermost_so_tp_groups_stay_in_a_node():
     topo = Topology(256, dp=8, tp=8, pp=4, zero=2, gpus_per_node=8)
     assert topo.groups("tp")[0] == list(range(8))
     assert topo.nodes_spanned("tp") == 1 and topo.advice() == []
-    assert topo.coords(255) == {"pp": 3, "dp": 7, "tp": 7}
+    assert topo.coords(255) == {"pp": 3, "dp": 7, "cp": 0, "tp": 7}
     bad = Topology(16, dp=1, tp=16, pp=1, gpus_per_node=8)
     assert bad.nodes_spanned("tp") == 2 and "spans 2 nodes" in bad.advice()[0]
+
+
+def test_context_parallel_sits_between_dp_and_tp():
+    topo = Topology(8, dp=2, tp=2, cp=2)
+    assert topo.groups("cp")[0] == [0, 2] and topo.groups("tp")[0] == [0, 1]
+    assert topo.coords(5) == {"pp": 0, "dp": 1, "cp": 0, "tp": 1}
+    assert "x cp 2" in topo.picture() and "r7(p0 d1 c1 t1)" in topo.picture()
+    with pytest.raises(TopologyError, match="2 x 2 x 2 x 2 = 16"):
+        Topology(8, dp=2, tp=2, pp=2, cp=2)
 
 
 def test_picture_shows_nodes_and_groups():
@@ -73,9 +82,10 @@ def _sum_along_groups(topo):
     return out
 
 
-@pytest.mark.parametrize("world,dp,tp,pp", [(6, 3, 2, 1), (8, 2, 2, 2)])  # 2x2: test_hybrid
-def test_real_groups_match_the_grid(world, dp, tp, pp):
-    topo = Topology(world, dp=dp, tp=tp, pp=pp)
+@pytest.mark.parametrize("world,dp,tp,pp,cp", [(6, 3, 2, 1, 1), (8, 2, 2, 2, 1),
+                                               (8, 1, 2, 2, 2)])
+def test_real_groups_match_the_grid(world, dp, tp, pp, cp):
+    topo = Topology(world, dp=dp, tp=tp, pp=pp, cp=cp)
     results = run(_sum_along_groups, world, args=(topo,), echo=False)
     for rank, res in enumerate(results):
         for dim in DIMS:

@@ -13,6 +13,8 @@ import shutil
 import tempfile
 import time
 
+from labkit.table import table
+
 
 def _state(mbytes: float, n: int = 8) -> dict:
     import torch
@@ -28,15 +30,16 @@ def _job(root: str, mbytes: float, load_from: str | None):
 
     import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
 
     from labkit.checkpoint import sharded as sh
-    from labkit.checkpoint.dcp_compare import _mesh, to_dtensors
+    from labkit.checkpoint.dcp_compare import to_dtensors
 
     rank, world = dist.get_rank(), dist.get_world_size()
     state = _state(mbytes)
     layout = sh.zero_layout(sh.shapes_of(state), world)
     local = sh.shard_state(state, layout, rank)
-    mesh = _mesh()
+    mesh = init_device_mesh("cpu", (world,))  # 1-D over the world, as dcp_compare uses
     dstate = to_dtensors(state, mesh)  # DTensors made outside the timed part, like `local`
     target = to_dtensors({k: torch.zeros_like(v) for k, v in state.items()}, mesh)
     dcp.save(to_dtensors({"warm": torch.zeros(8)}, mesh), checkpoint_id=f"{root}/warm{world}")
@@ -82,9 +85,7 @@ def main(argv=None) -> dict:
         shutil.rmtree(root, ignore_errors=True)
     for r in rows:
         r["ratio"] = r["a_s"] / r["b_s"]
-    print(f"checkpoint benchmark, state {a.mbytes:g} MB")
-    print(f"{'what':<22}{'N':>3}  {'a':<8}{'a (s)':>8}  {'b':<9}{'b (s)':>8}  {'a/b':>6}")
-    for r in rows:
-        print(f"{r['what']:<22}{r['N']:>3}  {r['a']:<8}{r['a_s']:>8.3f}  {r['b']:<9}{r['b_s']:>8.3f}"
-              f"  {r['ratio']:>6.2f}")
+    print(table(rows, [("what", "what"), ("N", "N"), ("a", "a"), ("a (s)", "a_s", ".3f"),
+                       ("b", "b"), ("b (s)", "b_s", ".3f"), ("a/b", "ratio", ".2f")],
+                title=f"checkpoint benchmark, state {a.mbytes:g} MB"))
     return {"mbytes": a.mbytes, "rows": rows}

@@ -12,6 +12,7 @@ import argparse
 
 from labkit.costs import comm
 from labkit.launch import run
+from labkit.table import table as format_table
 
 ALGORITHMS = ("builtin", "ring", "parameter_server")
 
@@ -82,14 +83,13 @@ def measure(nprocs: int, sizes_bytes, algorithms=ALGORITHMS, repeats: int = 3,
 
 
 def table(rows) -> str:
-    head = f"{'ranks':>5} {'size':>9} {'algorithm':>17} {'time ms':>9} {'busbw GB/s':>10} {'vs built-in':>11}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        ratio = r.get("busbw_ratio_to_builtin")
-        lines.append(f"{r['ranks']:>5} {r['bytes'] / comm.MiB:>6.3g} MiB {r['algorithm']:>17} "
-                     f"{r['seconds'] * 1e3:>9.2f} {r['busbw'] / comm.GB:>10.3f} "
-                     f"{'' if ratio is None else f'{ratio:.2f}x':>11}")
-    return "\n".join(lines)
+    return format_table(rows, [
+        ("ranks", "ranks"),
+        ("size MiB", lambda r: r["bytes"] / comm.MiB, ".3g"),
+        ("algorithm", "algorithm"),
+        ("time ms", lambda r: r["seconds"] * 1e3, ".2f"),
+        ("busbw GB/s", lambda r: r["busbw"] / comm.GB, ".3f"),
+        ("vs built-in", "busbw_ratio_to_builtin", lambda v: f"{v:.2f}x", ">")])
 
 
 def main(argv=()) -> dict:

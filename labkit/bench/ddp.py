@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from labkit.launch import run
+from labkit.table import table as format_table
 
 VERSIONS = ("naive", "overlap", "bucketed", "torch")
 
@@ -41,14 +42,13 @@ def measure(nprocs: int, variants, cfg=None, *, batch=8, steps=5, rounds=5, time
 
 
 def table(rows) -> str:
-    lines = [f"{'ranks':>5}  {'version':<9} {'bucket MiB':>10} {'step ms':>9} "
-             f"{'x torch DDP':>11} {'all-reduces/step':>16}"]
-    for r in rows:
-        ar = "" if r["allreduces_per_step"] is None else f"{r['allreduces_per_step']:.0f}"
-        mb = "all" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}"
-        lines.append(f"{r['ranks']:>5}  {r['version']:<9} {mb:>10} {r['step_ms']:>9.2f} "
-                     f"{r['ratio_to_torch']:>11.3f} {ar:>16}")
-    return "\n".join(lines)
+    return format_table(rows, [
+        ("ranks", "ranks"),
+        ("version", "version"),
+        ("bucket MiB", lambda r: "all" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}", None, ">"),
+        ("step ms", "step_ms", ".2f"),
+        ("x torch DDP", "ratio_to_torch", ".3f"),
+        ("all-reduces/step", "allreduces_per_step", ".0f")])
 
 
 def main(argv=None) -> dict:

@@ -13,6 +13,8 @@ import json
 import subprocess
 import sys
 
+from labkit.table import table
+
 _PROBE = """
 import json, time
 t0 = time.perf_counter()
@@ -51,7 +53,6 @@ def main(argv=()) -> dict:
         best = min(runs, key=lambda r: r["import_s"] + r["first_run_s"])
         rows.append({"ranks": n, "first_cell_s": best["import_s"] + best["first_run_s"],
                      "next_cell_s": best["second_run_s"], "ok": all(r["ok"] for r in runs)})
-    print(f"{'ranks':>5} {'first cell (s)':>15} {'next cell (s)':>14}")
-    for r in rows:
-        print(f"{r['ranks']:>5} {r['first_cell_s']:>15.2f} {r['next_cell_s']:>14.2f}")
+    print(table(rows, [("ranks", "ranks"), ("first cell (s)", "first_cell_s", ".2f"),
+                       ("next cell (s)", "next_cell_s", ".2f")]))
     return {"rows": rows, "target": "first 4-rank cell under 5 s"}

@@ -1,11 +1,12 @@
-"""Benchmark: GPipe vs 1F1B vs interleaved 1F1B, measured vs simulated vs formula.
+"""Benchmark: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2: measured vs simulated vs formula.
 
     labkit bench pipeline [--stages 2 4] [--K 8] [--v 2] [--pad-ms 5 10] [--repeats 3]
 
-For each P, one launch runs every schedule (fastest of `repeats` steps). Reported per schedule:
+For each P, one launch runs every schedule (median of `repeats` steps). Reported per schedule:
 measured step time; its ratio to GPipe's in the same run; the simulator's step time predicted
 from the measured per-action times and message latency (measured / predicted = the executor's
-overhead); measured bubble next to the formula; activations held on stage 0. Two modes: 'pad'
+overhead); measured bubble (median over repeats) next to the formula; activations held on stage 0; whether
+every repeat was causal and above its floor (labkit.pipeline.causality). Two modes: 'pad'
 (stand-in compute slept per action, as if each stage had its own accelerator) and 'compute'
 (the real tiny GPT only, P processes sharing the machine's cores).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from labkit.pipeline import measure
+from labkit.pipeline import measure, schedules
 
 
 def main(argv=()) -> dict:
@@ -30,18 +31,27 @@ def main(argv=()) -> dict:
         pad = (args.pad_ms[0] / 1e3, args.pad_ms[1] / 1e3) if mode == "pad" else None
         for P in args.stages:
             specs = [("gpipe", args.K, 1), ("1f1b", args.K, 1)]
-            if args.K % P == 0:
+            try:
+                schedules.make("interleaved", P, args.K, args.v)
                 specs.append(("interleaved", args.K, args.v))
+            except ValueError:
+                pass
+            specs += [("zb-h1", args.K, 1), ("zb-h2", args.K, 1)]
             got = measure.measure(P, specs, pad=pad, repeats=args.repeats)
             gpipe = got[0]["step_s"]
             for r in got:
                 r.pop("timeline")
+                r.pop("timelines")
                 r["mode"] = mode
                 r["ratio_to_gpipe"] = r["step_s"] / gpipe
                 r["measured_over_predicted"] = r["step_s"] / r["predicted_step_s"]
             print(f"mode={mode}" + (f" (pad {args.pad_ms[0]:g}/{args.pad_ms[1]:g} ms per F/B)"
                                     if pad else " (real compute only)"), flush=True)
             print(measure.table(got), flush=True)
+            bad = [m for r in got for m in r["violations"]]
+            print(f"   causality and floor checks (labkit.pipeline.causality): "
+                  + ("held in every repeat" if not bad else f"{len(bad)} violations: {bad[0]}"),
+                  flush=True)
             print("   step time vs GPipe in the same run: " + ", ".join(
                 f"{r['schedule']} {r['ratio_to_gpipe']:.2f}x" for r in got[1:]), flush=True)
             rows += got

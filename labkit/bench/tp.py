@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from labkit.costs import tensor_parallel as tpc
+from labkit.table import table
 
 
 def main(argv=()) -> dict:
@@ -39,14 +40,12 @@ def main(argv=()) -> dict:
                           "measured_bytes": measured, "predicted_bytes": predicted,
                           "exact": measured == predicted and len(events) == tpc.allreduces_per_layer(),
                           "sent_per_rank_ring": tpc.layer_bytes_sent_per_rank(b, s, h, tp, 4)})
-    print(f"one layer fwd+bwd, b={b} s={s} h={h} fp32, median of {a.repeats} (rank 0)")
-    print(f"{'tp':>3} {'kind':>6} {'ms':>9} {'vs TP=1':>8}")
-    for r in rows:
-        print(f"{r['tp']:>3} {r['kind']:>6} {r['seconds'] * 1e3:>9.3f} {r['vs_tp1']:>8.2f}")
-    print(f"\nall-reduce bytes per layer (fwd+bwd): measured vs 4 * b*s*h*4 bytes")
-    print(f"{'tp':>3} {'count':>5} {'measured B':>11} {'predicted B':>11} {'exact':>6} "
-          f"{'ring sent/rank B':>16}")
-    for r in comm_rows:
-        print(f"{r['tp']:>3} {r['allreduces']:>5} {r['measured_bytes']:>11} "
-              f"{r['predicted_bytes']:>11} {str(r['exact']):>6} {r['sent_per_rank_ring']:>16.0f}")
+    print(table(rows, [("tp", "tp"), ("kind", "kind"), ("ms", lambda r: r["seconds"] * 1e3, ".3f"),
+                       ("vs TP=1", "vs_tp1", ".2f")],
+                title=f"one layer fwd+bwd, b={b} s={s} h={h} fp32, median of {a.repeats} (rank 0)"))
+    print()
+    print(table(comm_rows, [("tp", "tp"), ("count", "allreduces"), ("measured B", "measured_bytes"),
+                            ("predicted B", "predicted_bytes"), ("exact", "exact"),
+                            ("ring sent/rank B", "sent_per_rank_ring", ".0f")],
+                title="all-reduce bytes per layer (fwd+bwd): measured vs 4 * b*s*h*4 bytes"))
     return {"rows": rows, "comm": comm_rows, "config": {"b": b, "s": s, "h": h}}

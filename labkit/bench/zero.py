@@ -14,6 +14,7 @@ import argparse
 import statistics
 
 from labkit.launch import run
+from labkit.table import table as format_table
 
 VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3", "torch FSDP2")
 
@@ -104,6 +105,7 @@ def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600) -> lis
         held = max(sum(r["held"][n].values()) for r in per_rank)
         rows.append({"ranks": nprocs, "variant": n, "stage": stage, "step_s": med[n],
                      "ratio_to_torch_ddp": med[n] / med["torch DDP"],
+                     "ratio_to_fsdp2": med[n] / med["torch FSDP2"],  # ZeRO-3 row: labkit / torch
                      "bytes_per_rank": held, "bytes_predicted": pred, "numel": numel})
     return rows
 
@@ -115,14 +117,14 @@ def _numel(cfg):
 
 
 def table(rows) -> str:
-    head = (f"{'ranks':>5} {'variant':>12} {'step ms':>8} {'vs DDP':>7} {'bytes/rank KB':>13} "
-            f"{'predicted KB':>12}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['ranks']:>5} {r['variant']:>12} {r['step_s'] * 1e3:>8.1f} "
-                     f"{r['ratio_to_torch_ddp']:>6.2f}x {r['bytes_per_rank'] / 1e3:>13.1f} "
-                     f"{r['bytes_predicted'] / 1e3:>12.1f}")
-    return "\n".join(lines)
+    return format_table(rows, [
+        ("ranks", "ranks"),
+        ("variant", "variant"),
+        ("step ms", lambda r: r["step_s"] * 1e3, ".1f"),
+        ("vs DDP", "ratio_to_torch_ddp", lambda v: f"{v:.2f}x", ">"),
+        ("vs FSDP2", "ratio_to_fsdp2", lambda v: f"{v:.2f}x", ">"),
+        ("bytes/rank KB", lambda r: r["bytes_per_rank"] / 1e3, ".1f"),
+        ("predicted KB", lambda r: r["bytes_predicted"] / 1e3, ".1f")])
 
 
 def main(argv=()) -> dict:

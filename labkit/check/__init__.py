@@ -25,6 +25,7 @@ import os
 import time
 
 from labkit.launch import HangError, RankError, run
+from labkit.testing import tensors_close  # noqa: F401 - the checkers' comparison, re-exported
 
 GRADE_FILE_ENV = "LABKIT_GRADE_FILE"
 CHECK_TIMEOUT = 30.0  # seconds per launched case before it is called a hang
@@ -149,21 +150,3 @@ def _shorten_hang(err: HangError) -> str:
 def fail(hint: str):
     """Fail the current case with a hint (same as `assert False, hint`)."""
     raise AssertionError(hint)
-
-
-def tensors_close(actual, expected, *, rtol=1e-5, atol=1e-6, what="the result") -> None:
-    """Assert two tensors match, with a hint that says where and by how much they differ."""
-    import torch
-
-    if not isinstance(actual, torch.Tensor):
-        fail(f"{what} should be a torch.Tensor, got {type(actual).__name__}")
-    if actual.shape != expected.shape:
-        fail(f"{what} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
-    if actual.dtype != expected.dtype:
-        fail(f"{what} has dtype {actual.dtype}, expected {expected.dtype}")
-    a, e = actual.double(), expected.double()
-    if not torch.allclose(a, e, rtol=rtol, atol=atol):
-        bad = (~torch.isclose(a, e, rtol=rtol, atol=atol)).nonzero()
-        i = tuple(bad[0].tolist())
-        fail(f"{what} differs at {len(bad)} of {a.numel()} positions; first at index {i}: "
-             f"got {a[i].item():.6g}, expected {e[i].item():.6g}")

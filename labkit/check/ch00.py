@@ -57,16 +57,20 @@ def state_bytes(fn):
 
 # ----------------------------------------------------------------------------- 0.2 and 0.3
 def _run_on_rank(kind, fn, shapes):
-    """Rank side: the reader's function on rank-dependent data, next to the expected answer."""
+    """Rank side: the reader's function on rank-dependent data, next to the expected answer.
+    The data are drawn on the CPU (the same numbers on any machine), then put on this rank's
+    device (its GPU under NCCL); results come back on the CPU."""
     import torch
     import torch.distributed as dist
 
-    rank, n = dist.get_rank(), dist.get_world_size()
+    from labkit.launch import device
+
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
     out = []
     for shape in shapes:
         def data(r):
             g = torch.Generator().manual_seed(1000 * r + len(shape))
-            return torch.randn(shape, generator=g)
+            return torch.randn(shape, generator=g, device="cpu").to(dev)
         x = data(rank)
         before = x.clone()
         got = fn(x)
@@ -74,7 +78,8 @@ def _run_on_rank(kind, fn, shapes):
             want = sum(data(r) for r in range(n)) / n
         else:
             want = data((rank - 1) % n)
-        out.append({"got": got, "want": want, "unchanged": torch.equal(x, before)})
+        out.append({"got": got.cpu() if isinstance(got, torch.Tensor) else got,
+                    "want": want.cpu(), "unchanged": torch.equal(x, before)})
     return out
 
 

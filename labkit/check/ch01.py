@@ -5,8 +5,10 @@ The reader writes, with dist.send/recv (or isend/irecv) only:
     all_gather(chunk, sizes) -> every rank's chunk concatenated in rank order
     all_reduce(x) -> x, summed over ranks in place
 Each is run on real processes at several world sizes and awkward sizes (1 element, sizes that
-N does not divide) and compared with torch.distributed's built-in on the same data. While it
-runs, every send and receive is counted, so a hang says which step each rank was on.
+N does not divide) and compared with torch.distributed's built-in on the same data. A function
+whose source calls a collective fails with a hint (the source is read with ast; torch is not
+patched). Each rank notes which call it is in (labkit.launch.note), so a hang report names it
+beside the stack line each rank was stuck on.
 """
 from __future__ import annotations
 
@@ -21,48 +23,48 @@ EXERCISES = {
 CASES = [(2, (8, 1)), (3, (10, 37)), (4, (1, 23))]  # (world size, element counts): one launch each
 HANG_TIMEOUT = 20.0  # seconds; a correct ring finishes these cases in well under one
 
+COLLECTIVES = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+               "all_gather_into_tensor", "broadcast", "reduce", "gather", "scatter", "all_to_all",
+               "all_to_all_single")
 
-def _trace_p2p():
-    """Wrap dist's point-to-point calls so each rank's latest one is its hang note."""
-    import torch.distributed as dist
 
-    from labkit.launch import note
+def collectives_called(fn) -> list:
+    """Names of torch.distributed collectives `fn`'s own source calls (read, not run: nothing in
+    torch is patched). Empty when the source cannot be read."""
+    import ast
+    import inspect
+    import textwrap
 
-    counts = {"send": 0, "recv": 0}
-
-    def wrap(name, kind, peer_key):
-        real = getattr(dist, name)
-
-        def traced(tensor, *args, **kwargs):
-            counts[kind] += 1
-            peer = kwargs.get(peer_key, kwargs.get("group_" + peer_key, args[0] if args else "?"))
-            note(f"{name} #{counts[kind]} ({'to' if kind == 'send' else 'from'} rank {peer}, "
-                 f"{tensor.numel()} elements)")
-            return real(tensor, *args, **kwargs)
-
-        setattr(dist, name, traced)
-
-    for name, kind, key in [("send", "send", "dst"), ("isend", "send", "dst"),
-                            ("recv", "recv", "src"), ("irecv", "recv", "src")]:
-        wrap(name, kind, key)
-    return counts
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    return sorted({node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Attribute) and node.func.attr in COLLECTIVES})
 
 
 def _job(kind, fn, numels):
-    _trace_p2p()
-    return [_one(kind, fn, numel) for numel in numels]
+    from labkit.launch import note
+
+    out = []
+    for i, numel in enumerate(numels):
+        note(f"your {kind.replace('_', '-')} of {numel} elements (call {i + 1} of {len(numels)})")
+        out.append(_one(kind, fn, numel))
+    return out
 
 
 def _one(kind, fn, numel):
-    """Rank side: the reader's function and the built-in on the same integer-valued data."""
+    """Rank side: the reader's function and the built-in on the same integer-valued data, on this
+    rank's device (drawn on the CPU, the same numbers anywhere); results come back on the CPU."""
     import torch
     import torch.distributed as dist
 
     from labkit.collectives import chunk_bounds
+    from labkit.launch import device
 
     rank, n = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(17 * numel + rank)
-    x = torch.randint(-9, 10, (numel,), generator=g).float()
+    x = torch.randint(-9, 10, (numel,), generator=g, device="cpu").float().to(device())
     total = x.clone()
     dist.all_reduce(total)
     bounds = chunk_bounds(numel, n)
@@ -77,7 +79,8 @@ def _one(kind, fn, numel):
     else:
         got = fn(mine)
         want = total
-    return {"got": got, "want": want, "input": x, "inplace": mine, "rank": rank}
+    return {"got": got.cpu() if isinstance(got, torch.Tensor) else got, "want": want.cpu(),
+            "input": x.cpu(), "inplace": mine.cpu(), "rank": rank}
 
 
 def _compare(kind, results, n, numel):
@@ -114,8 +117,12 @@ def _compare(kind, results, n, numel):
 def _check(exercise, kind, fn, cases=CASES):
     title, points = EXERCISES[exercise]
     c = Checker(exercise, title, points)
+    used = collectives_called(fn)
     for n, numels in cases:
         with c.case(f"{n} ranks, tensors of {' and '.join(map(str, numels))} elements"):
+            if used:
+                fail(f"your function calls {', '.join('dist.' + u for u in used)}: build the "
+                     f"ring from point-to-point messages only (isend/irecv or send/recv)")
             per_rank = c.launch(_job, n, args=(kind, fn, numels), timeout=HANG_TIMEOUT)
             for i, numel in enumerate(numels):
                 _compare(kind, [r[i] for r in per_rank], n, numel)

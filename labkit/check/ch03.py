@@ -2,6 +2,10 @@
 
     labkit.check.ch03.model_state_bytes(my_fn)   # 3.1  bytes per GPU under a ZeRO stage
     labkit.check.ch03.zero1_step(my_step)        # 3.2  the ZeRO-1 optimizer step
+
+3.2 also checks the bytes the step sent, counted by the kernel (labkit.netcount), against the
+optimum 2(N-1)/N Ψ plus Gloo's message headers (HEADER_BYTES per message step): a step that
+all-reduces, or uses Gloo's own reduce-scatter (all-reduce bytes), sends about 1.5x and fails.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ EXERCISES = {
 # fp32 on CPU: the sharded runs differ from one process only in the order of additions in the
 # reduction, amplified a little by Adam's division by sqrt(v): 1e-4 relative, 5e-5 absolute.
 RTOL, ATOL = 1e-4, 5e-5
+# Gloo's per-message cost on the wire: 48-byte headers and ready-to-receive notices, under 300
+# bytes per rank per ring step (tests/test_netcount.py, tests/test_zero.py)
+HEADER_BYTES = 300
 
 
 # ----------------------------------------------------------------------------- shared assertions
@@ -105,8 +112,30 @@ def _zero1_job(step_fn, optimizer):
     return sharded_train(1, TINY, optimizer, steps=3, step_fn=step_fn)
 
 
+def assert_optimal_traffic(results, world: int, numels) -> None:
+    """Each rank sent at most 2(N-1)/N of the padded Ψ (fp32) per step, plus headers for one
+    reduce-scatter and one all-gather per parameter tensor (numels: their sizes). Where the
+    kernel cannot count (NCCL: "sent" is None) there is nothing to check."""
+    from labkit.zero.shard import chunk_size
+
+    padded = sum(world * chunk_size(n, world) for n in numels)
+    optimum = 2 * (world - 1) / world * padded * 4
+    slack = 2 * len(numels) * (world - 1) * HEADER_BYTES
+    for rank, res in enumerate(results):
+        if res.get("sent") is None:
+            return
+        if res["sent"] > optimum + slack:
+            fail(f"rank {rank} sent {res['sent']:,} bytes in one step (counted by the kernel); "
+                 f"a reduce-scatter + all-gather sends {optimum:,.0f} (+ at most {slack:,} of "
+                 f"message headers): {res['sent'] / optimum:.2f}x the optimum. An all-reduce "
+                 f"sends twice a reduce-scatter's bytes, and so does Gloo's own "
+                 f"dist.reduce_scatter_tensor: use a ring reduce-scatter "
+                 f"(labkit.collectives.ring_reduce_scatter, chapter 01)")
+
+
 def zero1_step(fn):
     """fn(params, shards, optimizer, group) performs one ZeRO-1 step on every rank."""
+    from labkit.model import GPT
     from labkit.zero.train import TINY, reference_train
 
     c = Checker("3.2", EXERCISES["3.2"][0], EXERCISES["3.2"][1])
@@ -124,4 +153,10 @@ def zero1_step(fn):
         world, results = last
         for res in results:
             assert_state_sharded(res, world)
+    with c.case("bytes sent per step: a reduce-scatter and an all-gather, not more "
+                "(counted by the kernel)"):
+        if last is None:
+            fail("the runs above failed, so there is no traffic to inspect")
+        world, results = last
+        assert_optimal_traffic(results, world, [p.numel() for p in GPT(TINY).parameters()])
     return c.finish()

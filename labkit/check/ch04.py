@@ -25,8 +25,10 @@ def _reference_linear(in_f: int, out_f: int, bias: bool, seed: int):
 
     from labkit.tp.layers import _full_init
 
+    from labkit.launch import device
+
     w, b = _full_init(out_f, in_f, bias, seed)
-    lin = nn.Linear(in_f, out_f, bias=bias)
+    lin = nn.Linear(in_f, out_f, bias=bias).to(device())      # this rank's GPU under NCCL
     lin.weight.data.copy_(w)
     if bias:
         lin.bias.data.copy_(b)
@@ -34,9 +36,12 @@ def _reference_linear(in_f: int, out_f: int, bias: bool, seed: int):
 
 
 def _data(shape, seed):
+    """The same numbers on every rank and device: drawn by a seeded CPU generator, then moved."""
     import torch
 
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    from labkit.launch import device
+
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device())
 
 
 def linear_job(make, kind: str, in_f: int, out_f: int, bias: bool = True, seed: int = 0,
@@ -101,9 +106,11 @@ def mlp_job(make_row, make_col=None, h: int = 12, seed: int = 0):
 def _graph_check(y, name):
     import torch
 
+    from labkit.launch import device
+
     if not isinstance(y, torch.Tensor) or not y.requires_grad:
         return {f"{name}'s output is part of the autograd graph (requires_grad)":
-                (torch.tensor(0.0), torch.tensor(1.0))}
+                (torch.tensor(0.0, device=device()), torch.tensor(1.0, device=device()))}
     return None
 
 

@@ -57,11 +57,6 @@ def save_time(total_bytes: float, writers: int = 1, per_writer_GBps: float = 2.0
     return total_bytes / bw
 
 
-def async_stall(total_bytes: float, writers: int = 1, copy_GBps: float = 20.0) -> float:
-    """Seconds training waits for an async save: the copy to host memory only."""
-    return total_bytes / writers / (copy_GBps * GB)
-
-
 def cluster_mtbf_hours(node_mtbf_hours: float, nodes: int) -> float:
     """Failures are independent: N nodes fail N times as often as one."""
     return node_mtbf_hours / nodes

@@ -11,8 +11,16 @@ Attention's score and value products add 12 * n_layer * hidden * seq per token (
 split over the 2 * n_layer * seq * hidden FLOPs of QK^T and AV in the forward). Full activation
 recomputation repeats the forward: 8 N instead of 6 N, about 33% more.
 
-MFU (model FLOPs utilisation) is the share of the GPU's peak that real training reaches: 0.35-0.55
-on well-tuned large runs. Time = FLOPs / (GPUs * peak * MFU).
+Two utilisations, and which FLOPs each counts (Chowdhery et al. 2022, PaLM, appendix B):
+
+  MFU, model FLOPs utilisation = model FLOPs per second / peak. Model FLOPs are what the model
+      needs, whatever the implementation does: 6 N + 12 L h s per token (model_flops_per_token).
+  HFU, hardware FLOPs utilisation = FLOPs the hardware ran per second / peak: model FLOPs plus
+      every recomputation (a repeated forward under full recomputation, the attention scores
+      under selective recomputation or in a fused attention kernel's backward).
+HFU >= MFU; a run that recomputes more raises its HFU without training any faster, which is why
+a speed claim should quote MFU. Llama 3 405B reports 38-43% MFU on 8K-16K H100s (Dubey et al.
+2024, table 4); well-tuned large runs sit around 0.35-0.55. Time = FLOPs / (GPUs * peak * MFU).
 """
 from __future__ import annotations
 
@@ -37,18 +45,48 @@ def peak_flops(gpu) -> float:
     return PEAK_FLOPS[gpu]
 
 
-def flops_per_token(n_params: float, n_layer: int = 0, hidden: int = 0, seq: int = 0,
-                    recompute: str = "none") -> float:
-    """Training FLOPs per token: 6N (+ attention 12 L h s), with the forward repeated under
-    recomputation ('none', 'selective': attention scores only, 'full': the whole forward)."""
+def model_flops_per_token(n_params: float, n_layer: int = 0, hidden: int = 0,
+                          seq: int = 0) -> float:
+    """Model FLOPs per token (the numerator of MFU): 6 N for the matrix multiplies (2 forward,
+    4 backward) + 12 L h s for attention's Q K^T and (probabilities) V, 4 L h s forward and twice
+    that backward. N: the parameters that multiply (costs.models.matmul_params; a lookup table
+    costs nothing). The causal mask is not discounted, as in PaLM's and Megatron's counts."""
+    return 6.0 * n_params + 12.0 * n_layer * hidden * seq
+
+
+def recompute_flops_per_token(n_params: float, n_layer: int = 0, hidden: int = 0, seq: int = 0,
+                              recompute: str = "none", attention: str = "eager") -> float:
+    """FLOPs per token the hardware runs again: full recomputation repeats the forward (2 N +
+    4 L h s); selective recomputation repeats the attention scores and their product with V
+    (4 L h s); a fused (flash) attention kernel recomputes Q K^T in its backward (2 L h s)."""
     if recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute={recompute!r}: choose 'none', 'selective' or 'full'")
-    dense, attn = 6.0 * n_params, 12.0 * n_layer * hidden * seq
-    if recompute == "full":
-        dense, attn = dense * 8 / 6, attn * 8 / 6
-    elif recompute == "selective":
-        attn = attn * 8 / 6
-    return dense + attn
+    if attention not in ("eager", "flash"):
+        raise ValueError(f"attention={attention!r}: choose 'eager' or 'flash'")
+    attn_fwd = 4.0 * n_layer * hidden * seq
+    extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * n_params + attn_fwd}[recompute]
+    if attention == "flash":
+        extra = extra if recompute == "full" else 0.0          # selective is what flash does
+        extra += attn_fwd / 2                                  # Q K^T again in its backward
+    return extra
+
+
+def hardware_flops_per_token(n_params: float, n_layer: int = 0, hidden: int = 0, seq: int = 0,
+                             recompute: str = "none", attention: str = "eager") -> float:
+    """FLOPs per token the hardware runs (the numerator of HFU): model + recomputed FLOPs."""
+    return (model_flops_per_token(n_params, n_layer, hidden, seq)
+            + recompute_flops_per_token(n_params, n_layer, hidden, seq, recompute, attention))
+
+
+def flops_per_token(n_params: float, n_layer: int = 0, hidden: int = 0, seq: int = 0,
+                    recompute: str = "none") -> float:
+    """Hardware FLOPs per token with eager attention (see hardware_flops_per_token)."""
+    return hardware_flops_per_token(n_params, n_layer, hidden, seq, recompute, "eager")
+
+
+def utilization(flops_per_step: float, step_s: float, n_gpus: int, gpu="A100 80GB") -> float:
+    """Achieved FLOP/s over peak. Pass model FLOPs for MFU, hardware FLOPs for HFU."""
+    return flops_per_step / (step_s * n_gpus * peak_flops(gpu))
 
 
 def training_flops(n_params: float, tokens: float, **kw) -> float:
@@ -57,7 +95,19 @@ def training_flops(n_params: float, tokens: float, **kw) -> float:
 
 
 def compute_seconds(flops: float, n_gpus: int = 1, gpu="A100 80GB", mfu: float = 0.5) -> float:
-    """Seconds for `flops` spread evenly over n_gpus at a fraction `mfu` of peak."""
+    """Seconds for `flops` spread evenly over n_gpus at a fraction `mfu` of peak (with model
+    FLOPs, `mfu` is the MFU; with hardware FLOPs it is the HFU)."""
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu={mfu}: a fraction of peak between 0 and 1 (50% is 0.5)")
     return flops / (n_gpus * peak_flops(gpu) * mfu)
+
+
+# bytes the CPU reads and writes per parameter in one Adam step: fp32 master, momentum and
+# variance read and written (24), the 16-bit gradient read (2), the 16-bit weight written (2)
+ADAM_BYTES_PER_PARAM = 28
+
+
+def cpu_adam_s(n_params: float, cpu_bw: float, bytes_per_param: float = ADAM_BYTES_PER_PARAM):
+    """Seconds of an Adam step on the CPU (ZeRO-Offload): memory-bound, so bytes touched over
+    the CPU's memory bandwidth, not FLOPs (about 12 per parameter) over its FLOP/s."""
+    return n_params * bytes_per_param / cpu_bw

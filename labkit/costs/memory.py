@@ -25,18 +25,16 @@ For the ZeRO paper's mixed precision (2 + 2 + 12): 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14�
 Tensor (tp) and pipeline (pp) parallelism first divide Ψ by tp*pp (an approximation: it ignores
 the small replicated norms and an embedding that sits on one stage).
 
-Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models"), per layer, 16-bit activations, GPT layer with a 4h MLP and dropout, s = sequence
-length, b = micro-batch, h = hidden, a = heads, t = tensor-parallel degree:
-
-    no parallelism          s b h (34 + 5 a s / h)
-    tensor parallel         s b h (10 + 24/t + 5 a s / (h t))
-    tensor + sequence par.  s b h (34 + 5 a s / h) / t
-    selective recompute     drops the 5 a s / h term (attention scores, softmax, its dropout)
-    full recompute          keeps only the layer's input, 2 s b h (/ t with sequence parallel)
-
+Activations: labkit.costs.activations derives one layer's bytes term by term for the model's
+real architecture (GELU or SwiGLU MLP, multi-head or grouped-query attention, dropout or not,
+eager or fused attention, 16- or 32-bit), with Korthikanti et al.'s s b h (34 + 5 a s / h) as
+the special case of a GPT layer; labkit.activation_memory checks it against saved-tensor hooks.
 A pipeline stage holds L/pp layers for every micro-batch still waiting for its backward: pp of
 them at the first stage under 1F1B, K under GPipe (microbatches_alive).
+
+Whether a plan fits: its total must leave MARGIN (10%) of the GPU free, for the CUDA context,
+communication buffers, the allocator's fragmentation and kernels' workspace. A plan that fills a
+GPU to the last gigabyte is a plan that runs out of memory.
 
 ZeRO's communication, offload's PCIe bytes and DeepSpeed's estimates: labkit.costs.zero.
 """
@@ -45,6 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from labkit.costs import activations as _act
 from labkit.costs import models as _models
 
 GB = 1e9
@@ -172,48 +171,42 @@ def model_states(n_params: float, *, recipe, zero_stage: int = 0, dp: int = 1, t
 
 
 # ----------------------------------------------------------------------------- activations
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = _act.RECOMPUTE
+MARGIN = 0.10     # share of the GPU a plan must leave free to count as fitting
 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_heads: int, *,
                                tp: int = 1, sequence_parallel: bool = False,
                                recompute: str = "none") -> float:
-    """Korthikanti et al.'s activation bytes of one transformer layer for one micro-batch."""
-    _check_degrees(seq_len=seq_len, micro_batch=micro_batch, tp=tp)
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-    s, b, h, a, t = seq_len, micro_batch, hidden, n_heads, tp
-    sbh = s * b * h
-    if recompute == "full":
-        return 2 * sbh / (t if sequence_parallel else 1)   # only the layer's input
-    scores = 0.0 if recompute == "selective" else 5 * a * s / h
-    if sequence_parallel:
-        return sbh * (34 + scores) / t
-    return sbh * (10 + 24 / t + scores / t)
+    """Korthikanti et al.'s closed form for a GPT layer (costs.activations.korthikanti)."""
+    return _act.korthikanti(seq_len, micro_batch, hidden, n_heads, tp=tp,
+                            sequence_parallel=sequence_parallel, recompute=recompute)
 
 
 def activation_bytes(spec, *, seq_len: int, micro_batch: int, tp: int = 1, pp: int = 1,
                      sequence_parallel: bool = False, recompute: str = "none",
-                     microbatches_alive: int | None = None, logits: bool = True) -> dict:
-    """Peak activation bytes on one GPU: {"layers", "recompute_work", "logits", "total"}.
+                     microbatches_alive: int | None = None, logits: bool = True,
+                     attention: str = "eager", dtype_bytes: int = 2,
+                     mask_bytes: int = 1) -> dict:
+    """Peak activation bytes on one GPU: {"per_layer", "layers", "recompute_work", "logits",
+    "total"}, each layer counted for the model's architecture (costs.activations.layer_terms).
 
     layers: ceil(L/pp) layers x micro-batches alive (default pp, the first stage under 1F1B).
     recompute_work: under full recomputation, one layer's activations rebuilt during backward.
     logits: 4 s b V / t bytes (fp32 logits kept for the cross-entropy). With pp > 1 the layers
-    peak at the first stage and the logits at the last, so their sum is an upper bound."""
+    peak at the first stage and the logits at the last, so their sum is an upper bound.
+    attention: "eager" keeps the s x s scores (Korthikanti's count), "flash" a fused kernel."""
     spec = _spec(spec)
     alive = pp if microbatches_alive is None else microbatches_alive
     _check_degrees(pp=pp, microbatches_alive=alive)
-    per_layer = activation_bytes_per_layer(seq_len, micro_batch, spec.hidden, spec.n_heads, tp=tp,
-                                           sequence_parallel=sequence_parallel,
-                                           recompute=recompute)
+    kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+              sequence_parallel=sequence_parallel, attention=attention,
+              dtype_bytes=dtype_bytes, mask_bytes=mask_bytes)
+    per_layer = _act.layer_bytes(spec, recompute=recompute, **kw)
     layers = math.ceil(spec.n_layers / pp) * alive * per_layer
-    work = 0.0
-    if recompute == "full":
-        work = activation_bytes_per_layer(seq_len, micro_batch, spec.hidden, spec.n_heads, tp=tp,
-                                          sequence_parallel=sequence_parallel, recompute="none")
+    work = _act.layer_bytes(spec, recompute="none", **kw) if recompute == "full" else 0.0
     out = 4.0 * seq_len * micro_batch * spec.vocab_size / tp if logits else 0.0
-    return {"layers": layers, "recompute_work": work, "logits": out,
+    return {"per_layer": per_layer, "layers": layers, "recompute_work": work, "logits": out,
             "total": layers + work + out}
 
 
@@ -254,8 +247,32 @@ class MemoryPlan:
     def total(self) -> float:
         return sum(getattr(self, c) for c in self.COMPONENTS)
 
-    def fits(self, gpu) -> bool:
-        return self.total <= gpu_capacity(gpu)
+    def fits(self, gpu, margin: float = MARGIN) -> bool:
+        """The total leaves `margin` (a share, default 10%) of the GPU's capacity free."""
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin={margin}: a share of the GPU between 0 and 1 (10% is 0.1)")
+        return self.total <= (1 - margin) * gpu_capacity(gpu)
+
+    def headroom(self, gpu) -> float:
+        """Bytes left on the GPU (negative: over capacity)."""
+        return gpu_capacity(gpu) - self.total
+
+    def derivation(self, unit: str = "GB") -> str:
+        """Where the activation figure comes from, term by term (the settings that produced it)."""
+        scale = {"GB": GB, "GiB": GiB}[unit]
+        a, st = self.settings["activation_parts"], self.settings
+        alive = st["microbatches_alive"] or st["pp"]
+        lines = [f"one layer, one micro-batch ({st['recompute']} recomputation, "
+                 f"{st['attention']} attention): {a['per_layer'] / scale:.3f} {unit}",
+                 f"x {st['layers_per_stage']} layers x {alive} micro-batch(es) alive = "
+                 f"{a['layers'] / scale:.2f} {unit}"]
+        if a["recompute_work"]:
+            lines.append(f"+ one layer rebuilt in the backward (full recomputation): "
+                         f"{a['recompute_work'] / scale:.2f} {unit}")
+        if a["logits"]:
+            lines.append(f"+ fp32 logits 4 s b V / t: {a['logits'] / scale:.2f} {unit}")
+        lines.append(f"= activations {self.activations / scale:.2f} {unit}")
+        return "\n".join(lines)
 
     def rows(self, unit: str = "GB") -> list:
         """[(label, value in unit)] for each component and the total."""
@@ -267,22 +284,27 @@ class MemoryPlan:
 def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: int = 1,
          seq_len: int | None = None, micro_batch: int = 1, recompute: str = "none",
          sequence_parallel: bool = False, offload_optimizer: bool = False,
-         offload_params: bool = False, microbatches_alive: int | None = None) -> MemoryPlan:
-    """Peak memory on one GPU for a model (a ModelSpec or a preset name) under a configuration."""
+         offload_params: bool = False, microbatches_alive: int | None = None,
+         attention: str = "eager") -> MemoryPlan:
+    """Peak memory on one GPU for a model (a ModelSpec or a preset name) under a configuration.
+    Activations are counted for the model's architecture (activation_bytes); attention "eager"
+    keeps the s x s scores, "flash" (a fused kernel) does not."""
     spec = _spec(model)
     r = get_recipe(recipe)
     n = _models.num_params(spec)
     states = model_states(n, recipe=r, zero_stage=zero_stage, dp=dp, tp=tp, pp=pp,
                           offload_optimizer=offload_optimizer, offload_params=offload_params)
     seq = spec.seq_len if seq_len is None else seq_len
-    act = activation_bytes(spec, seq_len=seq, micro_batch=micro_batch, tp=tp, pp=pp,
-                           sequence_parallel=sequence_parallel, recompute=recompute,
-                           microbatches_alive=microbatches_alive)["total"]
+    parts = activation_bytes(spec, seq_len=seq, micro_batch=micro_batch, tp=tp, pp=pp,
+                             sequence_parallel=sequence_parallel, recompute=recompute,
+                             microbatches_alive=microbatches_alive, attention=attention)
+    act = parts["total"]
     gathered = r.weights * _models.layer_params(spec) / tp if zero_stage == 3 else 0.0
     settings = dict(model=spec.name, n_params=n, recipe=str(r), zero_stage=zero_stage, dp=dp,
                     tp=tp, pp=pp, seq_len=seq, micro_batch=micro_batch, recompute=recompute,
                     sequence_parallel=sequence_parallel, offload_optimizer=offload_optimizer,
-                    offload_params=offload_params)
+                    offload_params=offload_params, attention=attention, activation_parts=parts,
+                    microbatches_alive=microbatches_alive, layers_per_stage=-(-spec.n_layers // pp))
     return MemoryPlan(states.params, states.grads, states.optimizer, act, gathered,
                       states.cpu_total, settings)
 

@@ -39,6 +39,7 @@ class ModelSpec:
     max_positions: int = 0         # learned position embeddings (GPT); 0 for rotary (Llama)
     seq_len: int = 2048            # the context it was trained with (a default for calculators)
     published: str = ""            # the size its authors quote, for the reader
+    dropout: bool = False          # trained with dropout (GPT-2/3: 0.1; Llama: none); activations
 
     def __post_init__(self):
         for field in ("vocab_size", "hidden", "n_layers", "n_heads"):
@@ -113,6 +114,16 @@ def num_params(spec: ModelSpec) -> int:
     return embedding_params(spec) + spec.n_layers * layer_params(spec) + norm_params(spec)
 
 
+def matmul_params(spec: ModelSpec) -> int:
+    """Parameters that multiply activations: N less the lookup tables (position embeddings, and
+    the token embedding unless it is tied to the output projection). The N of '6N FLOPs per
+    token': a lookup costs no multiply-adds. Norm weights are kept (elementwise, negligible)."""
+    lookups = spec.max_positions * spec.hidden
+    if not spec.tied_embeddings:
+        lookups += spec.vocab_size * spec.hidden
+    return num_params(spec) - lookups
+
+
 def breakdown(spec: ModelSpec) -> dict:
     """Where the parameters are: {"embeddings", "attention", "mlp", "norms", "total"}."""
     L = spec.n_layers
@@ -136,10 +147,10 @@ def largest_module_params(spec: ModelSpec) -> int:
 PRESETS = {
     "gpt2-124m": ModelSpec("GPT-2 (124M)", vocab_size=50257, hidden=768, n_layers=12, n_heads=12,
                            tied_embeddings=True, bias=True, norm="layernorm", max_positions=1024,
-                           seq_len=1024, published="124M"),
+                           seq_len=1024, published="124M", dropout=True),
     "gpt3-175b": ModelSpec("GPT-3 (175B)", vocab_size=50257, hidden=12288, n_layers=96,
                            n_heads=96, tied_embeddings=True, bias=True, norm="layernorm",
-                           max_positions=2048, seq_len=2048, published="175B"),
+                           max_positions=2048, seq_len=2048, published="175B", dropout=True),
     "llama2-7b": ModelSpec("Llama-2-7B", vocab_size=32000, hidden=4096, n_layers=32, n_heads=32,
                            ffn_hidden=11008, gated_mlp=True, seq_len=4096, published="6.74B"),
     "llama2-13b": ModelSpec("Llama-2-13B", vocab_size=32000, hidden=5120, n_layers=40,
@@ -172,4 +183,5 @@ def from_gpt_config(cfg, name: str = "tiny GPT (labkit.model)") -> ModelSpec:
                      n_heads=cfg.n_head, n_kv_heads=cfg.n_kv_head,
                      ffn_hidden=cfg.ffn_mult * cfg.n_embd, gated_mlp=False,
                      tied_embeddings=cfg.tie_weights, bias=cfg.bias,
-                     norm="layernorm", max_positions=cfg.block_size, seq_len=cfg.block_size)
+                     norm="layernorm", max_positions=cfg.block_size, seq_len=cfg.block_size,
+                     dropout=cfg.dropout > 0)

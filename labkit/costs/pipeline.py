@@ -65,11 +65,6 @@ def bubble_overhead(P: int, K: int, v: int = 1) -> float:
     return (P - 1) / (v * K)
 
 
-def bubble_fraction_for(schedule: str, P: int, K: int, v: int = 1) -> float:
-    """The formula's bubble for a named schedule ('gpipe', '1f1b', 'interleaved')."""
-    return bubble_fraction(P, K, _schedule_v(schedule, v))
-
-
 def step_time(P: int, K: int, t_f: float, t_b: float, v: int = 1, t_p2p: float = 0.0) -> float:
     """Ideal step time in the units of t_f, t_b: (K + (P-1)/v)(t_f + t_b).
 
@@ -137,3 +132,25 @@ def p2p_bytes_per_step(P: int, K: int, micro_batch: int, seq: int, hidden: int,
     all-reduces b*s*h elements twice per layer in each direction inside every stage."""
     _check(P, K, v)
     return 2 * (v * P - 1) * K * micro_batch * seq * hidden * bytes_per_element
+
+
+def schedule_bubble(schedule: str, P: int, K: int, v: int = 1, t_f: float = 1.0,
+                    t_b: float = 2.0, t_w: float = 1.0):
+    """Idle share of the step by schedule name, or None where no closed form is known.
+
+    'gpipe', '1f1b', 'interleaved': (P-1)/(vK + P-1), whatever the times. 'zb-h1' (Qi et al.,
+    2023): the backward t_b is split into B = t_b - t_w and W = t_w; deferred W's fill the
+    cool-down, so a stage idles (P-1)(t_f + t_B - t_W) instead of (P-1)(t_f + t_b), for
+    K >= P: with t_f = t_B = t_W that is a third. 'zb-h2': None (labkit builds it by list
+    scheduling; the paper's near-zero needs its optimizer post-validation, not built here)."""
+    _check(P, K, v)
+    if schedule in SCHEDULES:
+        return bubble_fraction(P, K, _schedule_v(schedule, v))
+    if schedule == "zb-h1":
+        if K < P:
+            return None
+        idle = (P - 1) * max(0.0, t_f + (t_b - t_w) - t_w)
+        return idle / (K * (t_f + t_b) + idle)
+    if schedule == "zb-h2":
+        return None
+    raise ValueError(f"schedule={schedule!r}: choose one of {SCHEDULES + ('zb-h1', 'zb-h2')}")

@@ -1,18 +1,21 @@
-"""The 3D planner: every feasible (TP, PP, DP, ZeRO stage, micro-batch, micro-batches) for a model
-on a cluster, ranked by estimated step time. Pure math over costs.memory, costs.pipeline,
-costs.comm and costs.flops.
+"""The 3D planner: every feasible (TP, PP, DP, ZeRO stage, offload, micro-batch) for a model on a
+cluster, ranked by estimated time per step including failures. Pure math over costs.memory,
+costs.activations, costs.pipeline, costs.comm, costs.flops and costs.checkpoint.
 
     from labkit.costs import planner
     cluster = planner.Cluster(n_gpus=256, gpus_per_node=8, gpu="A100 80GB")
     job = planner.Job("gpt3-175b", global_batch=1536, seq_len=2048)
     best = planner.plan(job, cluster)[:5]        # Estimates, fastest first
     print(planner.table(best)); print(planner.reasons(best[0], job, cluster))
-    planner.evaluate(planner.Config(tp=8, pp=4, dp=8, zero=2, micro_batch=1), job, cluster)
+    planner.evaluate(planner.Config(tp=8, pp=4, dp=8, zero=1), job, cluster)
+    planner.stability(job, cluster, inter_bw=[12.5e9, 25e9, 50e9])   # does the ranking hold?
+
+The inputs (Cluster, Job, Config, with sourced defaults) live in costs.plan_inputs.
 
 The model of one training step (each term is a function below; all are estimates, meant for
 ranking and for seeing which term dominates, not for promising seconds):
-  compute   6N FLOPs per token (+ attention, + the repeated forward under recomputation) split
-            over tp * pp GPUs, at a fraction `mfu` of the GPU's peak            (costs.flops)
+  compute   hardware FLOPs (model FLOPs 6N + 12Lhs per token, plus what recomputation and a fused
+            attention kernel redo) split over tp * pp GPUs at `flop_efficiency` of peak
   TP        4 all-reduces of b*s*h 16-bit values per layer and micro-batch (2 forward, 2
             backward; Megatron f/g), on the node's links when the TP group fits in a node
   PP        the 1F1B step (K + P - 1)(t_f + t_b): the bubble (P-1)/(K+P-1)       (costs.pipeline)
@@ -20,11 +23,20 @@ ranking and for seeing which term dominates, not for promising seconds):
   DP        gradients of the N/(tp*pp) local parameters. ZeRO 0/1 accumulate gradients locally
             and reduce once per step. ZeRO-2 keeps only a gradient shard, so it must
             reduce-scatter after EVERY micro-batch (K times), then all-gather the updated
-            weights; ZeRO-3 also all-gathers the weights twice per micro-batch. The part of a
-            micro-batch's DP traffic that fits under its backward compute is hidden (overlap).
+            weights; ZeRO-3 also all-gathers the weights twice per micro-batch. A share
+            `overlap` of the traffic that could hide under backward compute does hide; the rest
+            is exposed (overlap=1 is the ideal no run reaches: communication kernels compete with
+            compute for the GPU's cores and memory bandwidth)
+  offload   ZeRO-Offload: gradient shard to the CPU and weight shard back over PCIe, and the
+            CPU's Adam step over the shard (memory-bound: bytes touched / CPU bandwidth)
+  failures  a sharded checkpoint every Young interval sqrt(2 * save * MTBF); the share of time
+            lost to saving, to redoing half an interval and to restarting inflates the step
   memory    costs.memory.plan: states under the ZeRO stage, activations of the micro-batches
-            1F1B keeps alive (min(K, P) at the first stage), logits; it must fit in `usable`
-            (default 90%) of the GPU, the rest being workspace and fragmentation.
+            1F1B keeps alive (min(K, P) at the first stage), logits; it must leave
+            `memory_margin` (10%) of the GPU free
+MFU counts the model FLOPs per second, HFU the FLOPs the hardware ran (recomputation included);
+both are reported. Sequence parallelism and selective recomputation are options, off by default:
+the chapter on sequence and context parallelism teaches them.
 Rules of thumb (the reasons the planner prints): TP inside a node, PP across nodes, DP for the
 rest; ZeRO only as far as memory needs it; enough micro-batches to shrink the bubble.
 """
@@ -32,80 +44,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from labkit.costs import comm, flops, memory, models, pipeline
-
-
-@dataclass(frozen=True)
-class Cluster:
-    n_gpus: int
-    gpus_per_node: int = 8
-    gpu: str = "A100 80GB"             # name in costs.memory.GPUS / costs.flops.PEAK_FLOPS
-    gpu_memory: float | None = None    # bytes; None: the GPU's capacity
-    intra_bw: float = 300e9            # bytes/s per GPU per direction inside a node (NVLink 3)
-    inter_bw: float = 25e9             # bytes/s per GPU between nodes (InfiniBand HDR 200 Gb/s)
-    intra_alpha: float = 3e-6          # seconds per message
-    inter_alpha: float = 5e-6
-    mfu: float = 0.5                   # share of peak FLOP/s the matrix multiplies reach
-    usable: float = 0.9                # share of GPU memory a plan may fill
-
-    def __post_init__(self):
-        if self.n_gpus < 1 or self.gpus_per_node < 1:
-            raise ValueError(f"n_gpus={self.n_gpus}, gpus_per_node={self.gpus_per_node}: both "
-                             f"must be positive")
-        if self.n_gpus > self.gpus_per_node and self.n_gpus % self.gpus_per_node:
-            raise ValueError(f"n_gpus={self.n_gpus} is not a whole number of nodes of "
-                             f"{self.gpus_per_node} GPUs: use a multiple of {self.gpus_per_node}")
-
-    @property
-    def capacity(self) -> float:
-        return memory.gpu_capacity(self.gpu if self.gpu_memory is None else self.gpu_memory)
-
-
-@dataclass(frozen=True)
-class Job:
-    model: object                      # a ModelSpec or a preset name (costs.models.PRESETS)
-    global_batch: int                  # sequences per optimizer step
-    seq_len: int = 2048
-    recipe: str = "mixed"              # costs.memory.RECIPES: always an explicit choice
-    recompute: str = "selective"       # "none", "selective" or "full"
-    sequence_parallel: bool = True     # Megatron's sequence parallelism with TP (same traffic)
-
-    @property
-    def spec(self) -> models.ModelSpec:
-        return self.model if isinstance(self.model, models.ModelSpec) else models.preset(self.model)
-
-
-@dataclass(frozen=True)
-class Config:
-    tp: int
-    pp: int
-    dp: int
-    zero: int = 0
-    micro_batch: int = 1
-
-    def micro_batches(self, job: Job) -> int:
-        return job.global_batch // (self.dp * self.micro_batch)
-
-    def __str__(self):
-        return f"TP{self.tp} x PP{self.pp} x DP{self.dp}, ZeRO-{self.zero}, b={self.micro_batch}"
+from labkit.costs import checkpoint, comm, flops, memory, models, pipeline
+from labkit.costs.flops import ADAM_BYTES_PER_PARAM, cpu_adam_s  # noqa: F401 (planner API)
+from labkit.costs.plan_inputs import (LLAMA3_CKPT_BW, LLAMA3_GPU_MTBF_H, Cluster,  # noqa: F401
+                                      Config, Job)
 
 
 @dataclass
 class Estimate:
-    """One configuration's numbers. Seconds per step; the step splits exactly as
-    K * compute_s + tp_comm_s + bubble_s + pp_comm_s + dp_exposed_s."""
+    """One configuration's numbers. Seconds per step; the failure-free step splits exactly as
+    K * compute_s + tp_comm_s + bubble_s + pp_comm_s + dp_exposed_s + offload_s."""
     config: Config
     K: int                       # micro-batches per step per pipeline
     memory: memory.MemoryPlan    # bytes per GPU, by component
-    fits: bool
+    fits: bool                   # leaves the cluster's memory margin free
+    headroom: float              # bytes left on the GPU
     bubble: float                # idle share of the pipelined step
     compute_s: float             # one micro-batch's forward + backward on one stage
     tp_comm_s: float             # per step, on the critical path
     pp_comm_s: float
     dp_comm_s: float             # per step, all of it
     dp_exposed_s: float          # the part not hidden under backward compute
-    step_s: float
+    step_s: float                # failure-free
     bubble_s: float = 0.0        # idle time of the pipeline ramp, (P-1)(t_f + t_b)
+    offload_s: float = 0.0       # PCIe transfers + the CPU's Adam step (ZeRO-Offload)
+    mfu: float = 0.0             # model FLOPs / (step_s * GPUs * peak)
+    hfu: float = 0.0             # hardware FLOPs (recomputation included) / the same
+    failure_waste: float = 0.0   # share of wall time lost to checkpoints and failures
+    effective_step_s: float = 0.0  # step_s / (1 - failure_waste): what ranks plans
     notes: list = field(default_factory=list)
 
     @property
@@ -114,20 +80,30 @@ class Estimate:
 
     def row(self) -> dict:
         c = self.config
-        return {"TP": c.tp, "PP": c.pp, "DP": c.dp, "ZeRO": c.zero, "micro-batch": c.micro_batch,
+        return {"TP": c.tp, "PP": c.pp, "DP": c.dp, "ZeRO": c.zero,
+                "offload": "yes" if c.offload else "no", "micro-batch": c.micro_batch,
                 "K": self.K, "memory GB": round(self.memory.total / 1e9, 1),
+                "headroom GB": round(self.headroom / 1e9, 1),
                 "states GB": round((self.memory.params + self.memory.grads
                                     + self.memory.optimizer) / 1e9, 2),
                 "bubble %": round(100 * self.bubble, 1), "TP comm s": round(self.tp_comm_s, 2),
                 "PP comm s": round(self.pp_comm_s, 2), "DP comm s": round(self.dp_comm_s, 2),
-                "DP exposed s": round(self.dp_exposed_s, 2), "step s": round(self.step_s, 2),
-                "fits": self.fits}
+                "DP exposed s": round(self.dp_exposed_s, 2), "offload s": round(self.offload_s, 2),
+                "step s": round(self.step_s, 2), "MFU %": round(100 * self.mfu, 1),
+                "HFU %": round(100 * self.hfu, 1),
+                "failures %": round(100 * self.failure_waste, 1),
+                "eff. step s": round(self.effective_step_s, 2), "fits": self.fits}
 
 
 # ----------------------------------------------------------------------------- one configuration
 def _link(cluster: Cluster, spans_nodes: bool):
     return ((cluster.inter_alpha, cluster.inter_bw) if spans_nodes
             else (cluster.intra_alpha, cluster.intra_bw))
+
+
+def _hidden(traffic: float, window: float, overlap: float) -> float:
+    """Seconds of `traffic` left exposed when a share `overlap` of it hides under `window`."""
+    return traffic - overlap * min(traffic, window)
 
 
 def evaluate(config: Config, job: Job, cluster: Cluster) -> Estimate:
@@ -140,23 +116,30 @@ def evaluate(config: Config, job: Job, cluster: Cluster) -> Estimate:
     if job.global_batch % (c.dp * c.micro_batch):
         raise ValueError(f"global batch {job.global_batch} is not a whole number of micro-batches "
                          f"of {c.micro_batch} on each of DP={c.dp} replicas")
+    if c.offload and c.zero < 1:
+        raise ValueError(f"{c}: offload needs ZeRO stage 1 or more (the optimizer is sharded first)")
     K = c.micro_batches(job)
     n = models.num_params(spec)
     mem = memory.plan(spec, recipe=job.recipe, zero_stage=c.zero, dp=c.dp, tp=c.tp, pp=c.pp,
                       seq_len=job.seq_len, micro_batch=c.micro_batch, recompute=job.recompute,
                       sequence_parallel=job.sequence_parallel and c.tp > 1,
-                      microbatches_alive=min(K, c.pp))
-    fits = mem.total <= cluster.usable * cluster.capacity
+                      microbatches_alive=min(K, c.pp), attention=job.attention,
+                      offload_optimizer=c.offload)
+    fits = mem.total <= cluster.usable
     g = cluster.gpus_per_node
     # TP is the innermost dimension (labkit.topology): ranks tp*dp apart are neighbouring stages
     tp_spans, dp_spans = c.tp > g, c.tp * c.dp > g
     pp_spans = c.tp * c.dp >= g and cluster.n_gpus > g
 
-    # compute: one micro-batch, forward + backward, on one stage of tp GPUs
+    # compute: one micro-batch, forward + backward, on one stage of tp GPUs: hardware FLOPs
     tokens = c.micro_batch * job.seq_len
-    f_tok = flops.flops_per_token(n, spec.n_layers, spec.hidden, job.seq_len, job.recompute)
-    compute = f_tok * tokens / (c.tp * c.pp) / (flops.peak_flops(cluster.gpu) * cluster.mfu)
-    fwd_share = 2 / (f_tok / n)                                        # 2N of the f_tok FLOPs
+    n_mm = models.matmul_params(spec)
+    shape = (n_mm, spec.n_layers, spec.hidden, job.seq_len)
+    f_model = flops.model_flops_per_token(*shape)
+    f_hw = flops.hardware_flops_per_token(*shape, job.recompute, job.attention)
+    peak = flops.peak_flops(cluster.gpu)
+    compute = f_hw * tokens / (c.tp * c.pp) / (peak * cluster.flop_efficiency)
+    fwd_share = (f_model / 3) / f_hw      # the forward is 2N + 4Lhs; every recomputation is in backward
     t_f, t_b = compute * fwd_share, compute * (1 - fwd_share)
 
     # TP: Megatron f/g all-reduces of b*s*h 16-bit values, 4 per layer (6 if the forward is redone)
@@ -179,28 +162,50 @@ def evaluate(config: Config, job: Job, cluster: Cluster) -> Estimate:
     a, bw = _link(cluster, dp_spans)
     rs = comm.ring_time("reduce_scatter", local * r.grads, c.dp, a, bw) if c.dp > 1 else 0.0
     ag = comm.ring_time("all_gather", local * r.weights, c.dp, a, bw) if c.dp > 1 else 0.0
+    ov = cluster.overlap
     if c.zero <= 1:
         # gradients accumulate locally; one all-reduce (= RS + AG) per step, under the last backward
         dp_total = rs + ag
-        exposed = max(0.0, dp_total - t_b)
+        exposed = _hidden(dp_total, t_b, ov)
     elif c.zero == 2:
         # a gradient shard cannot accumulate a full gradient: reduce-scatter every micro-batch
         dp_total = K * rs + ag
-        exposed = K * max(0.0, rs - t_b) + ag
+        exposed = K * _hidden(rs, t_b, ov) + ag
     else:
         # ZeRO-3: gather the weights for the forward (under t_f), again for the backward and
         # reduce-scatter the gradients (under t_b), for every micro-batch
         dp_total = K * (rs + 2 * ag)
-        exposed = K * (max(0.0, ag - t_f) + max(0.0, ag + rs - t_b))
+        exposed = K * (_hidden(ag, t_f, ov) + _hidden(ag + rs, t_b, ov))
     step += exposed
 
+    # ZeRO-Offload: the shard's gradients go to the CPU, its Adam runs there, weights come back
+    offload_s = 0.0
+    if c.offload:
+        shard = local / c.dp
+        offload_s = (shard * (r.grads + r.weights) / cluster.pcie_bw
+                     + cpu_adam_s(shard, cluster.cpu_bw))
+        step += offload_s
+
+    # failures: a sharded checkpoint (weights + optimizer states) over every GPU, Young's interval
+    save_s = n * (r.weights + r.optimizer) / cluster.n_gpus / cluster.ckpt_bw
+    mtbf_s = cluster.gpu_mtbf_h * 3600 / cluster.n_gpus
+    interval = checkpoint.young_interval(save_s, mtbf_s)
+    waste = min(0.99, checkpoint.waste_fraction(interval, save_s, mtbf_s, cluster.restart_s))
+
+    model_step = f_model * job.global_batch * job.seq_len
+    hw_step = f_hw * job.global_batch * job.seq_len
     notes = []
     if c.zero == 2 and K > 1:
         notes.append(f"ZeRO-2 reduce-scatters gradients after each of the K={K} micro-batches")
     if c.zero == 3 and K > 1:
         notes.append(f"ZeRO-3 all-gathers the weights twice per micro-batch (K={K})")
-    return Estimate(c, K, mem, fits, bubble, compute, K * tp_mb, 2 * (c.pp - 1) * t_p2p,
-                    dp_total, exposed, step, (c.pp - 1) * (t_f + t_b), notes)
+    if c.offload:
+        notes.append(f"offload: the CPU's Adam step and PCIe copies add {offload_s:.2f} s per step")
+    return Estimate(c, K, mem, fits, cluster.capacity - mem.total, bubble, compute, K * tp_mb,
+                    2 * (c.pp - 1) * t_p2p, dp_total, exposed, step, (c.pp - 1) * (t_f + t_b),
+                    offload_s, flops.utilization(model_step, step, cluster.n_gpus, peak),
+                    flops.utilization(hw_step, step, cluster.n_gpus, peak), waste,
+                    step / (1 - waste), notes)
 
 
 # ----------------------------------------------------------------------------- search
@@ -224,7 +229,10 @@ def candidates(job: Job, cluster: Cluster, micro_batches=(1, 2, 4, 8)):
                 skip("more pipeline stages than layers")
                 continue
             dp = n // (tp * pp)
-            for zero in ((0, 1, 2, 3) if dp > 1 else (0,)):
+            stages = [(z, False) for z in ((0, 1, 2, 3) if dp > 1 else (0,))]
+            if job.offload and dp > 1:
+                stages += [(2, True), (3, True)]         # DeepSpeed offloads from stage 2
+            for zero, off in stages:
                 for b in micro_batches:
                     if job.global_batch % (dp * b):
                         skip("global batch not divisible by DP x micro-batch")
@@ -232,7 +240,7 @@ def candidates(job: Job, cluster: Cluster, micro_batches=(1, 2, 4, 8)):
                     if pp > 1 and job.global_batch // (dp * b) < pp:
                         skip("fewer micro-batches than pipeline stages")
                         continue
-                    out.append(Config(tp, pp, dp, zero, b))
+                    out.append(Config(tp, pp, dp, zero, b, off))
     return out, skipped
 
 
@@ -242,7 +250,7 @@ def plan(job: Job, cluster: Cluster, *, include_unfit: bool = False, **kw) -> li
     ests = [evaluate(c, job, cluster) for c in configs]
     if not include_unfit:
         ests = [e for e in ests if e.fits]
-    return sorted(ests, key=lambda e: (e.step_s, e.memory.total))
+    return sorted(ests, key=lambda e: (e.effective_step_s, e.memory.total))
 
 
 def rank_of(config: Config, ranked: list) -> int | None:
@@ -281,14 +289,46 @@ def reasons(est: Estimate, job: Job, cluster: Cluster) -> list:
                    f"micro-batches.")
     out.append(f"DP={c.dp} for the rest, ZeRO-{c.zero}: model states "
                f"{(est.memory.params + est.memory.grads + est.memory.optimizer) / gb:.1f} GB of "
-               f"{est.memory.total / gb:.1f} GB per GPU (usable {cluster.usable * cluster.capacity / gb:.0f} GB); "
+               f"{est.memory.total / gb:.1f} GB per GPU ({cluster.usable / gb:.0f} GB usable, keeping "
+               f"{100 * cluster.memory_margin:.0f}% free); "
                f"DP traffic {est.dp_comm_s:.2f} s per step, {est.dp_exposed_s:.2f} s not hidden.")
     if c.zero >= 1:
-        lower = evaluate(replace(c, zero=c.zero - 1), job, cluster)
+        lower = evaluate(replace(c, zero=c.zero - 1, offload=c.offload and c.zero > 2), job,
+                         cluster)
         if not lower.fits:
             out.append(f"ZeRO-{c.zero - 1} would need {lower.memory.total / gb:.1f} GB per GPU: "
                        f"does not fit, so stage {c.zero} is needed.")
-        elif lower.step_s > est.step_s:
+        elif lower.effective_step_s > est.effective_step_s:
             out.append(f"ZeRO-{c.zero - 1} also fits but is not faster here "
-                       f"({lower.step_s:.2f} s vs {est.step_s:.2f} s).")
+                       f"({lower.effective_step_s:.2f} s vs {est.effective_step_s:.2f} s).")
+    out.append(f"MFU {100 * est.mfu:.1f}% (model FLOPs), HFU {100 * est.hfu:.1f}% (FLOPs the GPUs "
+               f"ran, recomputation included), at {100 * cluster.flop_efficiency:.0f}% kernel "
+               f"efficiency; failures and checkpoints cost {100 * est.failure_waste:.1f}% "
+               f"(per-GPU MTBF {cluster.gpu_mtbf_h:,.0f} h over {cluster.n_gpus} GPUs).")
     return out + [n + "." for n in est.notes]
+
+
+# ----------------------------------------------------------------------------- does the ranking hold?
+def stability(job: Job, cluster: Cluster, top: int = 5, extra=(), **sweeps) -> dict:
+    """How the top plans fare when one input changes: {"plans", "sweeps"}.
+
+    plans: the `top` configurations ranked with the cluster as given, then `extra` ones (Configs
+    to follow as well, e.g. a plan that wins under other assumptions). sweeps: for each keyword
+    (a Cluster field such as inter_bw=[12.5e9, 25e9, 50e9] or overlap=[0, 0.5, 1]):
+    {"values", "step_s": {config: [effective step per value]}, "rank": {config: [rank per value,
+    None when it no longer fits]}, "winner": [the best configuration per value]}."""
+    base = plan(job, cluster)[:top]
+    base += [evaluate(c, job, cluster) for c in extra if c not in {e.config for e in base}]
+    out = {"plans": [e.config for e in base], "sweeps": {}}
+    for name, values in sweeps.items():
+        res = {"values": list(values), "step_s": {e.config: [] for e in base},
+               "rank": {e.config: [] for e in base}, "winner": []}
+        for v in values:
+            cl = replace(cluster, **{name: v})
+            ranked = plan(job, cl)
+            res["winner"].append(ranked[0].config if ranked else None)
+            for e in base:
+                res["step_s"][e.config].append(evaluate(e.config, job, cl).effective_step_s)
+                res["rank"][e.config].append(rank_of(e.config, ranked))
+        out["sweeps"][name] = res
+    return out

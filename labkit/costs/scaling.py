@@ -12,9 +12,10 @@ With one GPU there is nothing to all-reduce (E = 1). Times in seconds (any unit 
 compute and comm share it). The bandwidth part of `comm` for a ring is 2(N-1)/N * D / bw: it
 approaches 2D/bw and does not grow with N (labkit.costs.comm).
 
-The source notes compute `(compute / N) / (compute + comm)` (11.4% for 100 ms, 10 ms, 8 GPUs)
-beside a speedup of 7.27x: the first divides a strong-scaling ideal by a weak-scaling step and
-contradicts the second. `notes_efficiency` keeps that formula only to show the mismatch.
+A common claim computes the efficiency as `(compute / N) / (compute + comm)` (11.4% for 100 ms,
+10 ms, 8 GPUs) beside a speedup of 7.27x: the first divides a strong-scaling ideal by a
+weak-scaling step and contradicts the second. `common_claim_efficiency` keeps that formula only
+to show the mismatch.
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def speedup(compute: float, comm: float, n: int, overlap: float = 0.0, accum: in
     return n * efficiency(compute, comm, n, overlap, accum)
 
 
-def notes_efficiency(compute: float, comm: float, n: int) -> float:
-    """The source notes' formula, (compute/N) / (compute + comm): NOT an efficiency (see above)."""
+def common_claim_efficiency(compute: float, comm: float, n: int) -> float:
+    """A common claim's formula, (compute/N) / (compute + comm): NOT an efficiency (see above)."""
     return compute / n / (compute + comm)
 
 

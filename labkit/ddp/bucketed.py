@@ -70,7 +70,8 @@ class BucketedDDP(DDPBase):
             self._next += 1
 
     def _launch_bucket(self, i: int) -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])    # (bucket numel,)
+        with self._span("pack", bucket=i):  # PyTorch's reducer copies in C++ (or not: as_view)
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])  # (bucket numel,)
         self._pending.append((i, flat, self._launch(flat, f"bucket {i}")))
 
     @torch.no_grad()
@@ -85,11 +86,13 @@ class BucketedDDP(DDPBase):
             raise RuntimeError(f"bucket {stuck} of {len(self.buckets)} never became ready; "
                                f"parameters without a gradient: {missing[:5]}. Use every "
                                "trainable parameter in forward, or freeze it")
-        for i, flat, fut in self._pending:
+        for _, _, fut in self._pending:
             fut.wait()
-            flat.div_(self.world)
-            bucket = self.buckets[i]
-            for p, piece in zip(bucket, flat.split([p.numel() for p in bucket])):
-                p.grad.copy_(piece.view_as(p))
+        with self._span("unpack"):
+            for i, flat, _ in self._pending:
+                flat.div_(self.world)
+                bucket = self.buckets[i]
+                for p, piece in zip(bucket, flat.split([p.numel() for p in bucket])):
+                    p.grad.copy_(piece.view_as(p))
         self._reset()
         self.steps += 1

@@ -2,24 +2,28 @@
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from labkit.timing import now
+
 
 class Timeline:
     """Spans (name, lane, start, end) in seconds since `t0`, on this rank's clock.
 
-    Lanes used in the book: "compute" (forward, backward, optimizer) and "comm" (all-reduces)."""
+    Lanes used in the book: "compute" (forward, backward, optimizer) and "comm" (all-reduces).
+    The clock is `labkit.timing.now(device)`: on a GPU it waits for the queued kernels first, so a
+    span ends when its work has run, not when it was queued."""
 
-    def __init__(self):
-        self.t0 = time.perf_counter()
+    def __init__(self, device=None):
+        self.device = device
+        self.t0 = now(device)
         self.events: list[dict] = []
 
     def now(self) -> float:
-        return time.perf_counter() - self.t0
+        return now(self.device) - self.t0
 
     @contextlib.contextmanager
     def span(self, name: str, lane: str = "compute", **info):
@@ -31,7 +35,7 @@ class Timeline:
                                 **info})
 
     def reset(self) -> None:
-        self.t0, self.events = time.perf_counter(), []
+        self.t0, self.events = now(self.device), []
 
 
 @torch.no_grad()
@@ -60,7 +64,9 @@ class DDPBase(nn.Module):
         self.module = module
         self.group = group or dist.group.WORLD
         self.world = dist.get_world_size(self.group)
-        self.timeline = timeline or Timeline()
+        first = next(module.parameters(), None)
+        self.timeline = timeline or Timeline(first.device if first is not None else None)
+        self.traced = timeline is not None  # record compute spans (pack, unpack) only if asked
         self.launches: list[dict] = []  # one per all-reduce: name, start, end, bytes, step
         self.steps = 0                  # finished synchronisations
         self._sync = True
@@ -112,6 +118,10 @@ class DDPBase(nn.Module):
             return None
 
         return work.get_future().then(done)
+
+    def _span(self, name: str, **info):
+        """A span on the given timeline; nothing recorded when none was given (long runs)."""
+        return self.timeline.span(name, **info) if self.traced else contextlib.nullcontext()
 
     def _name(self, p) -> str:
         return self._names.get(id(p), "?")

@@ -5,7 +5,6 @@ Rank side only (call inside labkit.launch.run). Float32, the tiny GPT, each rank
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -14,6 +13,7 @@ from labkit.ddp.common import Timeline
 from labkit.ddp.verify import build_model, wrap
 from labkit.launch import device
 from labkit.model import get_batch, tiny_corpus
+from labkit.timing import now
 
 BENCH = dict(n_layer=2, n_embd=64, n_head=4, block_size=32)
 
@@ -67,11 +67,11 @@ def time_steps(variants, cfg: dict = BENCH, *, batch: int = 8, steps: int = 5, r
         for i in order:
             ddp, opt = setups[i]
             dist.barrier()
-            start = time.perf_counter()
+            start = now(device())
             for _ in range(steps):
                 _step(ddp, opt, x, y)
             dist.barrier()
-            times[i].append((time.perf_counter() - start) / steps)
+            times[i].append((now(device()) - start) / steps)
     rows = []
     for (kind, mb), (ddp, _), ts in zip(variants, setups, times):
         launches = getattr(ddp, "launches", None)
@@ -84,7 +84,7 @@ def time_steps(variants, cfg: dict = BENCH, *, batch: int = 8, steps: int = 5, r
 def trace_step(kind: str, cfg: dict = BENCH, *, batch: int = 8, bucket_mb=25.0, warmup: int = 2):
     """One measured step on this rank: compute spans and each all-reduce (launch to completion),
     in milliseconds since the step began (clocks aligned by a barrier just before)."""
-    tl = Timeline()
+    tl = Timeline(device())
     ddp, opt = _setup(kind, cfg, bucket_mb, timeline=tl)
     x, y = (t.to(device()) for t in get_batch(tiny_corpus(), batch, cfg["block_size"],
                                               step=dist.get_rank()))
@@ -99,32 +99,6 @@ def trace_step(kind: str, cfg: dict = BENCH, *, batch: int = 8, bucket_mb=25.0, 
         e["start"], e["end"] = 1e3 * e["start"], 1e3 * e["end"]
         e["rank"], e["version"] = dist.get_rank(), kind
     return events
-
-
-def measure_parts(cfg: dict = BENCH, *, batch: int = 8, repeats: int = 7) -> dict:
-    """The pieces of the step-time formula, measured on this rank (medians, seconds):
-    compute (forward + backward + optimizer of the plain model, no communication), alpha (an
-    all-reduce of one element) and full_comm (one all-reduce of every gradient, flat)."""
-    model = build_model(cfg, seed=0, dtype="float32").to(device())
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = (t.to(device()) for t in get_batch(tiny_corpus(), batch, cfg["block_size"],
-                                              step=dist.get_rank()))
-
-    def med(fn):
-        ts = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - start)
-        return statistics.median(ts[1:])
-
-    compute = med(lambda: _step(model, opt, x, y))
-    numel = sum(p.numel() for p in model.parameters())
-    flat, one = torch.zeros(numel, device=device()), torch.zeros(1, device=device())
-    return {"compute": compute, "alpha": med(lambda: dist.all_reduce(one)),
-            "full_comm": med(lambda: dist.all_reduce(flat)), "grad_bytes": 4 * numel,
-            "n_params": len(list(model.parameters()))}
 
 
 def torch_ddp_buckets(cfg: dict = BENCH, *, batch: int = 8, bucket_mb: float = 25.0) -> int:
@@ -161,7 +135,8 @@ def ring_traffic(grad_bytes: int, sizes=(2, 3, 4)) -> dict:
         group = dist.new_group(list(range(n)))  # every rank must call new_group
         if dist.get_rank() < n:
             t = Traffic()
-            ring_all_reduce(torch.ones(grad_bytes // 4), group=group, traffic=t)
+            ring_all_reduce(torch.ones(grad_bytes // 4, device=device()), group=group, traffic=t)
             out[n] = t.sent
         dist.barrier()
     return out
+

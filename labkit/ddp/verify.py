@@ -11,9 +11,11 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.testing import tensors_close
 
 SMALL = dict(n_layer=1, n_embd=16, n_head=2, block_size=16)  # fast enough for tests on 2 cores
 
@@ -30,12 +32,10 @@ def build_model(cfg: dict, seed: int = 0, frozen=(), dtype: str = "float64"):
 
 
 def make_optimizer(name: str, params):
-    params = [p for p in params if p.requires_grad]
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
-    raise ValueError(f"optimizer {name!r}: use 'sgd' or 'adamw'")
+    """labkit.reference's registered optimizer over the parameters that train."""
+    from labkit.reference import make_optimizer as registered
+
+    return registered(name, params)
 
 
 def wrap(kind, model, group=None, bucket_mb: float | None = 25.0, timeline=None):
@@ -57,22 +57,21 @@ def wrap(kind, model, group=None, bucket_mb: float | None = 25.0, timeline=None)
     raise ValueError(f"unknown DDP kind {kind!r}: naive, overlap, bucketed or torch")
 
 
-class AllReduceCounter(contextlib.AbstractContextManager):
-    """Counts calls of torch.distributed.all_reduce (start times, perf_counter) while active."""
+class AllReduceCounter(TorchDispatchMode):
+    """Records when (perf_counter) each all-reduce is dispatched on this thread while active.
 
-    def __enter__(self):
-        self.calls, self._orig = [], dist.all_reduce
+    A dispatch mode observes the c10d operator every `dist.all_reduce` goes through, whoever
+    calls it (labkit's wrappers, a learner's code, torch DDP's C++ reducer): a counter the code
+    under test does not write, and nothing in torch.distributed is replaced."""
 
-        def counted(tensor, *args, **kwargs):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d" and func.__name__.startswith("allreduce"):
             self.calls.append(time.perf_counter())
-            return self._orig(tensor, *args, **kwargs)
-
-        dist.all_reduce = counted
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_reduce = self._orig
-        return False
+        return func(*args, **(kwargs or {}))
 
 
 def _micro_batches(x, y, accum: int):
@@ -141,26 +140,23 @@ def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: 
 def reference_train(cfg: dict = SMALL, *, steps: int = 3, batch: int = 6, optimizer: str = "sgd",
                     frozen=(), dtype: str = "float64") -> dict:
     """One process, the whole global batch each step: what every DDP rank must end up with."""
+    from labkit.reference import reference_train as one_process
+
     model = build_model(cfg, seed=0, frozen=frozen, dtype=dtype)
-    opt = make_optimizer(optimizer, model.parameters())
-    tokens = tiny_corpus()
-    for step in range(steps):
-        x, y = get_batch(tokens, batch, model.config.block_size, step)
-        model(x, y)[1].backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    return one_process(None, steps, batch, optimizer, model=model)["params"]
 
 
 # ----------------------------------------------------------------------------- assertions
+def _fail(hint: str):
+    raise AssertionError(hint)  # a checker shows the message as the learner's hint
+
+
 def assert_matches(report: dict, expected: dict, *, rtol=1e-7, atol=1e-9, what="") -> None:
     """Every parameter of a rank equals the reference (names, shapes, values)."""
-    from labkit.check import fail, tensors_close
-
     got = report["params"]
     if list(got) != list(expected):
-        fail(f"{what}rank {report['rank']}: parameter names {list(got)[:4]}... differ from the "
-             f"wrapped model's {list(expected)[:4]}...; keep .module's names and order")
+        _fail(f"{what}rank {report['rank']}: parameter names {list(got)[:4]}... differ from the "
+              f"wrapped model's {list(expected)[:4]}...; keep .module's names and order")
     for name, ref in expected.items():
         tensors_close(got[name], ref, rtol=rtol, atol=atol,
                       what=f"{what}rank {report['rank']}/{report['world']} parameter {name!r} "
@@ -171,19 +167,17 @@ def assert_launches(report: dict, *, expected: int | None, overlapped: bool | No
                     what="") -> None:
     """The all-reduces per step equal `expected` (None: any); with overlapped=True some start
     before backward produced its last gradient, with False none starts during backward."""
-    from labkit.check import fail
-
     for i, s in enumerate(report["steps"]):
         where = f"{what}rank {report['rank']}, step {i}: "
         if s["in_no_sync"]:
-            fail(where + f"{s['in_no_sync']} all-reduce(s) were launched inside no_sync(); "
-                 "skip communication while accumulating")
+            _fail(where + f"{s['in_no_sync']} all-reduce(s) were launched inside no_sync(); "
+                  "skip communication while accumulating")
         if expected is not None and s["allreduces"] != expected:
-            fail(where + f"{s['allreduces']} all-reduces were launched, expected {expected} "
-                 "(one per bucket)")
+            _fail(where + f"{s['allreduces']} all-reduces were launched, expected {expected} "
+                  "(one per bucket)")
         if overlapped and s["before_last_grad"] == 0:
-            fail(where + "no all-reduce started before backward finished; launch a bucket from "
-                 "the gradient hook as soon as its last gradient is ready")
+            _fail(where + "no all-reduce started before backward finished; launch a bucket from "
+                  "the gradient hook as soon as its last gradient is ready")
         if overlapped is False and s["during_backward"]:
-            fail(where + f"{s['during_backward']} all-reduce(s) started during backward; the "
-                 "naive version communicates only after it")
+            _fail(where + f"{s['during_backward']} all-reduce(s) started during backward; the "
+                  "naive version communicates only after it")

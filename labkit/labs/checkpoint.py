@@ -53,7 +53,7 @@ def _reshard_job(root: str, mode: str):
 
 def main(argv=None) -> int:
     from labkit import faults
-    from labkit.launch import _under_torchrun, run
+    from labkit.launch import run, under_torchrun as _under_torchrun
     from labkit.progress import Progress
 
     p = argparse.ArgumentParser(prog="labkit run checkpoint")

@@ -6,9 +6,9 @@ the 16 bytes per parameter of training, measured.
 
 Three parts, as in chapter 00:
 1. hello: every rank reports its rank, the world size, its backend and device.
-2. `dist.all_reduce` timed over a range of sizes (one launch per size); alpha and the bandwidth
-   are fitted with labkit.costs.comm.fit_alpha_beta (per ring step: 2(N-1) steps of D/N bytes)
-   and the ring model's time is printed next to each measurement.
+2. `dist.all_reduce` timed over a range of sizes (one launch per size; medians over repeats,
+   a repeat lasting as long as its slowest rank); alpha and the bandwidth are fitted to the ring
+   model by least squares on relative errors (`fit_ring`), printed next to each measurement.
 3. the tiny GPT after one AdamW step in fp32: the bytes of its weights, gradients and optimizer
    state, added up tensor by tensor on every rank (plain data parallelism: each rank holds them
    all), next to labkit.costs.memory.model_states(recipe="fp32"): 4 + 4 + 8 = 16 bytes/param.
@@ -32,21 +32,93 @@ def hello() -> dict:
             "backend": dist.get_backend(), "device": str(device()), "pid": os.getpid()}
 
 
-def time_all_reduce(numel: int, repeats: int = 5) -> float:
-    """Rank side: mean seconds of one `dist.all_reduce` of `numel` float32 values on this rank."""
+def all_reduce_times(numels, repeats: int = 15, inner: int = 8) -> list:
+    """Rank side: for each size, `repeats` timings (seconds) of one `dist.all_reduce` of that many
+    float32 values on this rank. Each repeat starts at a barrier and averages `inner` calls back
+    to back (a quarter of that from 1 MiB up), so one late wake-up of a process is diluted."""
     import torch
     import torch.distributed as dist
 
     from labkit.launch import device
     from labkit.timing import now
 
-    t = torch.ones(numel, device=device())
-    dist.all_reduce(t)                                   # warm-up: connections, allocations
-    dist.barrier()
-    start = now(t.device)                                # waits for queued GPU work first
-    for _ in range(repeats):
-        dist.all_reduce(t)
-    return (now(t.device) - start) / repeats
+    dev = device()
+    out = []
+    for numel in numels:
+        t = torch.ones(numel, device=dev)               # (numel,) float32
+        dist.all_reduce(t)                              # warm-up: connections, allocations
+        calls = inner if 4 * numel < 2**20 else max(1, inner // 4)
+        times = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = now(dev)                            # waits for queued GPU work first
+            for _ in range(calls):
+                dist.all_reduce(t)
+            times.append((now(dev) - start) / calls)
+        out.append(times)
+    return out
+
+
+def time_all_reduce(numel: int, repeats: int = 5) -> float:
+    """Rank side: median seconds of one `dist.all_reduce` of `numel` float32 values."""
+    import statistics
+
+    return statistics.median(all_reduce_times([numel], repeats)[0])
+
+
+def medians(per_rank, numels) -> list:
+    """Per size: {bytes, median, q1, q3, repeats} over repeats, a repeat lasting as long as its
+    slowest rank (per_rank: what every rank's all_reduce_times returned)."""
+    import statistics
+
+    rows = []
+    for i, numel in enumerate(numels):
+        reps = [max(r[i][j] for r in per_rank) for j in range(len(per_rank[0][i]))]
+        q1, _, q3 = statistics.quantiles(reps, n=4) if len(reps) > 1 else (reps[0],) * 3
+        rows.append({"bytes": 4 * numel, "median": statistics.median(reps), "q1": q1, "q3": q3,
+                     "repeats": reps})
+    return sorted(rows, key=lambda r: r["bytes"])
+
+
+def fit_ring(nbytes, seconds, n: int) -> dict:
+    """Fit the ring model t = 2(n-1)·alpha + 2(n-1)/n·D/bandwidth to measured all-reduce times.
+
+    Least squares on *relative* errors ((model - t)/t), so a 5 ms point and a 50 ms one weigh
+    alike; otherwise the largest sizes alone would set alpha. No clamping: a fit that needs a
+    negative alpha or bandwidth raises ValueError. Returns alpha, bandwidth, the model at each
+    point, relative residuals, the largest one, and R² of log t (how much of the spread of log
+    times the model explains)."""
+    import math
+
+    from labkit.costs import comm
+
+    xs = [(comm.ring_steps("all_reduce", n), comm.ring_bytes_sent_per_rank("all_reduce", b, n))
+          for b in nbytes]
+    ts = list(map(float, seconds))
+    if len({x[1] for x in xs}) < 2 or len(xs) != len(ts):
+        raise ValueError("need at least two different sizes, with one time each")
+    # weighted normal equations for t ≈ a·steps + c·bytes, weights 1/t²
+    w = [1 / t ** 2 for t in ts]
+    s11 = sum(wi * x[0] ** 2 for wi, x in zip(w, xs))
+    s12 = sum(wi * x[0] * x[1] for wi, x in zip(w, xs))
+    s22 = sum(wi * x[1] ** 2 for wi, x in zip(w, xs))
+    b1 = sum(wi * x[0] * t for wi, x, t in zip(w, xs, ts))
+    b2 = sum(wi * x[1] * t for wi, x, t in zip(w, xs, ts))
+    det = s11 * s22 - s12 ** 2
+    alpha, inv_bw = (b1 * s22 - b2 * s12) / det, (s11 * b2 - s12 * b1) / det
+    if alpha < 0 or inv_bw <= 0:
+        raise ValueError(f"the best fit has alpha = {alpha:.3g} s and 1/bandwidth = {inv_bw:.3g} "
+                         f"s/byte: these times are too noisy for the model (repeat on a quieter "
+                         f"machine, or with more repeats)")
+    model = [comm.ring_allreduce_time(b, n, alpha, 1 / inv_bw) for b in nbytes]
+    rel = [(m - t) / t for m, t in zip(model, ts)]
+    logs = [math.log(t) for t in ts]
+    mean = sum(logs) / len(logs)
+    ss_tot = sum((v - mean) ** 2 for v in logs)
+    ss_res = sum((math.log(m) - v) ** 2 for m, v in zip(model, logs))
+    return {"alpha": alpha, "bandwidth": 1 / inv_bw, "model": model, "residuals": rel,
+            "max_residual": max(abs(r) for r in rel),
+            "r2_log": 1 - ss_res / ss_tot if ss_tot > 0 else float("nan")}
 
 
 def model_state_bytes(n_layer: int = 2, n_embd: int = 32, n_head: int = 4) -> dict:
@@ -58,10 +130,13 @@ def model_state_bytes(n_layer: int = 2, n_embd: int = 32, n_head: int = 4) -> di
 
     from labkit.model import GPT, GPTConfig, get_batch, num_parameters, tiny_corpus
 
-    model = GPT(GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head), seed=0)
+    from labkit.launch import device
+
+    dev = device()
+    model = GPT(GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head), seed=0).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = get_batch(tiny_corpus(), batch_size=4, block_size=model.config.block_size, step=0)
-    model(x, y)[1].backward()
+    model(x.to(dev), y.to(dev))[1].backward()
     opt.step()
 
     def nbytes(ts):
@@ -72,15 +147,6 @@ def model_state_bytes(n_layer: int = 2, n_embd: int = 32, n_head: int = 4) -> di
             "gradients": nbytes(p.grad for p in params),
             "optimizer": nbytes(v for st in opt.state.values() for v in st.values()
                                 if torch.is_tensor(v) and v.dim() > 0)}
-
-
-def fit_ring(nbytes, seconds, n: int) -> tuple:
-    """(alpha, bandwidth) of the ring model from measured all-reduce times of D = nbytes on n
-    ranks: each of the 2(n-1) ring steps moves D/n bytes (labkit.costs.comm.ring_steps)."""
-    from labkit.costs import comm
-
-    steps = comm.ring_steps("all_reduce", n)
-    return comm.fit_alpha_beta([b / n for b in nbytes], [t / steps for t in seconds])
 
 
 def main(argv=()) -> int:
@@ -109,12 +175,13 @@ def main(argv=()) -> int:
 
     times = []
     for numel in numels:  # one launch per size: a line as each one is measured
-        per_rank = run(time_all_reduce, n, args=(numel, a.repeats), echo=False)
-        times.append(max(per_rank))                       # the slowest rank sets the pace
-        prog.done(f"all_reduce of {_size(4 * numel)}: {times[-1] * 1e3:.3f} ms")
+        per_rank = run(all_reduce_times, n, args=([numel], a.repeats), echo=False)
+        times.append(medians([[r[0]] for r in per_rank], [numel])[0]["median"])
+        prog.done(f"all_reduce of {_size(4 * numel)}: {times[-1] * 1e3:.3f} ms (median)")
     nbytes = [4 * k for k in numels]
     try:
-        alpha, bw = fit_ring(nbytes, times, n)
+        fit = fit_ring(nbytes, times, n)
+        alpha, bw = fit["alpha"], fit["bandwidth"]
     except ValueError as err:                              # noisy times on a busy machine
         alpha = bw = None
         prog.say(f"no alpha-beta fit: {err}")
@@ -131,8 +198,10 @@ def main(argv=()) -> int:
 
     print(f"\n2. dist.all_reduce on {n} ranks vs the ring model 2(N-1)·alpha + 2(N-1)/N·D/bw")
     if alpha is not None:
-        print(f"   fitted alpha = {alpha * 1e6:.1f} µs, bandwidth = {bw / comm.GB:.2f} GB/s")
-    print(f"{'size D':>10} {'measured ms':>12} {'model ms':>9} {'measured/model':>15}")
+        print(f"   fitted alpha = {alpha * 1e6:.1f} µs, bandwidth = {bw / comm.GB:.2f} GB/s "
+              f"(relative least squares; largest residual {fit['max_residual']:.0%}, "
+              f"R² of log t {fit['r2_log']:.3f})")
+    print(f"{'size D':>10} {'median ms':>12} {'model ms':>9} {'measured/model':>15}")
     for b, t in zip(nbytes, times):
         if alpha is None:
             print(f"{_size(b):>10} {t * 1e3:>12.3f} {'-':>9} {'-':>15}")

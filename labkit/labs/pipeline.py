@@ -66,6 +66,11 @@ def main(argv=()) -> int:
               f"equal the one-process reference for {', '.join(n for n, _, _ in specs)}")
         print(ran_on(rows[0]["backend"], rows[0]["device"]) + " (rank 0)")
         print(measure.table(rows))
-        print("bubble: measured idle share of P x step time; formula (P-1)/(vK+P-1). "
+        bad = [m for r in rows for m in r["violations"]]
+        print("causality (no action started before one it depends on ended) and bubble floor: "
+              + ("held in every repeat" if not bad else f"{len(bad)} violations, first: {bad[0]}"))
+        print("bubble: measured idle share of P x step time (median of repeats); sim: the simulator "
+              "fed the measured durations and latency; floor: the critical path of the measured "
+              "durations (no causal run goes below it); formula (P-1)/(vK+P-1). "
               "peak mb / KiB: activations held on stage 0.")
     return 0

@@ -6,7 +6,9 @@
 Every rank builds the same GPT (seed 0) and keeps its shards (labkit.tp.apply_tp) on its device
 (its GPU under NCCL); the one-process reference runs on the CPU. Rank 0 prints,
 per SGD step, the loss of both models and the largest gradient difference, then every
-collective one step moved, measured on this rank next to the formula b*s*h elements.
+collective of one step as the comm log saw it (op, shape, bytes vs the formula b*s*h elements),
+and the bytes each rank's sockets sent in that step, counted by the kernel (labkit.netcount),
+next to labkit.costs.tensor_parallel's n_layer * 4 * 2(N-1)/N * b*s*h*4.
 """
 import argparse
 import os
@@ -37,7 +39,8 @@ def main(argv=()):
     prog = Progress("tp", total=1)
     prog.say(f"TP={a.nproc}: the tensor-parallel GPT and the one-process GPT, {a.steps} SGD "
              f"steps side by side")
-    res = run(train_side_by_side, a.nproc, args=(cfg, a.steps, a.batch))[0]
+    per_rank = run(train_side_by_side, a.nproc, args=(cfg, a.steps, a.batch))
+    res = per_rank[0]
     worst = max(d for _, _, _, d in res["rows"])
     prog.done(f"trained {a.steps} steps; max |grad diff| {worst:.1e}; "
               f"{len(res['events'])} all-reduces recorded")
@@ -57,4 +60,15 @@ def main(argv=()):
     per_layer = len(res["events"]) / a.n_layer
     print(f"{len(res['events'])} all-reduces for {a.n_layer} layers = {per_layer:g} per layer "
           f"(formula: {tpc.allreduces_per_layer('both')})")
+    wire = a.n_layer * tpc.layer_bytes_sent_per_rank(a.batch, a.block_size, a.n_embd, a.nproc, 4)
+    sent = [r["sent"] for r in per_rank]
+    if None in sent:
+        print(f"bytes sent: not counted ({res['wire_reason']})")
+    else:
+        steps = len(res["events"]) * 2 * (a.nproc - 1)        # ring steps of the all-reduces
+        print(f"bytes sent per rank in that step, counted by the kernel: "
+              f"{', '.join(f'{b:,}' for b in sent)}; labkit.costs (ring): {wire:,.0f}; "
+              f"ratio {max(sent) / wire:.3f}")
+        print(f"the excess, {(max(sent) - wire) / steps:.0f} bytes per ring step, is Gloo's "
+              f"message headers (a fixed cost per message: it does not grow with b*s*h)")
     return 0

@@ -13,6 +13,8 @@ all-reduce; torchrun's agent sees the dead worker, stops the others and starts e
 optimizer, data position, RNG) and carries on; the parameters at the end equal those of a run
 that was never interrupted, bit for bit. Without torchrun the lab restarts the ranks itself
 (labkit.launch.run raises RankError when a rank dies; we launch again): the same contract.
+At the end the lab trains the same run again without a kill or a checkpoint and compares the
+final parameters bit for bit; it exits 1 if they differ.
 
 Gloo only (BACKEND = "gloo"; `labkit run` hides the GPUs from it): the lesson is on the CPU:
 a bit-for-bit equal resume relies on the CPU's deterministic kernels and its RNG state, and the
@@ -60,6 +62,17 @@ def ft_job(steps: int, save_every: int, kill_rank: int, kill_step: int, root: st
     return params, start
 
 
+def compare_runs(results, reference) -> tuple:
+    """(equal, max |difference|): every rank's final parameters against the uninterrupted
+    run's, bit for bit (torch.equal: same shape, same dtype, same bits)."""
+    same = all(torch.equal(r[0], ref[0]) for r, ref in zip(results, reference))
+    same = same and len(results) == len(reference)
+    diff = max(((r[0].double() - ref[0].double()).abs().max().item()
+                if r[0].shape == ref[0].shape else float("inf"))
+               for r, ref in zip(results, reference))
+    return same, diff
+
+
 def _tensor_bytes(t) -> bytes:
     import io
 
@@ -74,7 +87,7 @@ def _default_ckpt() -> tuple:
     job's run id (TORCHELASTIC_RUN_ID), which torchrun keeps across restarts."""
     import tempfile
 
-    from labkit.launch import _under_torchrun
+    from labkit.launch import under_torchrun as _under_torchrun
 
     if _under_torchrun():
         root = os.path.join(tempfile.gettempdir(),
@@ -87,7 +100,7 @@ def _default_ckpt() -> tuple:
 def main(argv=None) -> int:
     import shutil
 
-    from labkit.launch import RankError, _under_torchrun, run
+    from labkit.launch import RankError, run, under_torchrun as _under_torchrun
     from labkit.progress import Progress
 
     p = argparse.ArgumentParser(prog="labkit run train_ft")
@@ -133,6 +146,12 @@ def main(argv=None) -> int:
             else:
                 raise SystemExit(f"gave up after {a.max_restarts} restart(s)")
         prog.done(f"attempt {attempts[-1][0]}: trained to step {a.steps}")
+        # the claim is "resumed bit-exact": train the same run again, never interrupted, never
+        # saved (same seed, same steps), and compare the final parameters bit for bit
+        reference = run(ft_job, world, args=(a.steps, a.steps + 1, -1, -1,
+                                             os.path.join(ckpt, "uninterrupted"), 0),
+                        **({} if _under_torchrun() else {"echo": False}))
+        prog.done(f"uninterrupted run of {a.steps} steps (the reference)")
     except BaseException:
         # under torchrun a restart may still need the checkpoints: keep them
         if temporary and not _under_torchrun():
@@ -140,15 +159,18 @@ def main(argv=None) -> int:
         raise
     if temporary and os.environ.get("RANK", "0") == "0":
         shutil.rmtree(ckpt, ignore_errors=True)  # the last run() gathered: every rank is done
+    same, diff = compare_runs(results, reference)
     if os.environ.get("RANK", "0") == "0":
         start = results[0][1]
         agree = all(torch.equal(results[0][0], r[0]) for r in results)
         print(f"finished {a.steps} steps; this attempt resumed at step {start}; "
               f"ranks agree: {agree}")
+        print(f"final parameters equal an uninterrupted run (same seed, same steps), bit for bit, "
+              f"on every rank: {same}" + ("" if same else f" (max |difference| {diff:.3e})"))
         killed = (f"rank {a.kill_rank} killed at step {a.kill_step} on the first attempt"
                   if 0 <= a.kill_step < a.steps else "no rank killed")
         print(f"{world} ranks, {a.steps} steps, a checkpoint every {a.save_every}; {killed}")
         print(f"{'attempt':>7}  what happened")
         for n, what in attempts:
             print(f"{n:>7}  {what}")
-    return 0
+    return 0 if same else 1

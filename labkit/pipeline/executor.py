@@ -32,9 +32,14 @@ one-process reference is computed.
 The embedding is tied to the output head (GPT-2), but they live on the first and last stage:
 as in Megatron-LM, the two copies' gradients are summed after the step (a send/recv pair).
 
-Every action is timed (a shared monotonic clock on one machine, read after the GPU finished
-its queued work: labkit.timing.now), and each stage counts the
-micro-batches and the bytes of saved activations it holds, to measure the peak.
+Every action is timed with labkit.timing.now (perf_counter, CLOCK_MONOTONIC on Linux: one clock
+for all processes of a machine; read after the GPU finished its queued work). `start` is read
+after the action's input has ARRIVED (its receive waited for) and `end` after its output exists
+and before the send of that output is posted (in the next batch), so a consumer can never start
+before its producer's `end`: labkit.pipeline.causality checks that on every measured run. (An
+earlier executor read `end` after posting the send; on a loaded machine the receiver then often
+started first, by milliseconds.) Each stage also counts the micro-batches and the bytes of saved
+activations it holds (saved-tensor hooks), to measure the peak.
 """
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from labkit.collectives import exchange
 from labkit.launch import device, note
@@ -132,7 +139,7 @@ class _ActivationMeter:
 
 
 def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, group=None,
-                 pad=None, check: bool = True) -> dict:
+                 pad=None, check: bool = True, loss_scale: float = 1.0) -> dict:
     """Run one training step of schedule `s` as this rank's stage. Call on every rank of `group`.
 
     x, y: the whole batch (B, T) (every rank passes the same; only the first and last chunks
@@ -176,7 +183,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     def post_batch(i):
         """Batch i: what action i-1 produced, and the receives the plan posts here."""
         recvs = [receive_op(j) for j in layout[i]]
-        works = exchange(pending + recvs)
+        works = exchange(pending + recvs, where="pipeline")
         sends.extend(zip((op[1] for op in pending), works))
         for j, op, work in zip(layout[i], recvs, works[len(pending):]):
             inbox[j] = (op[1], work)
@@ -190,7 +197,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     actions = s.stages[stage]
     layout = _layout(s, stage, nccl)  # layout[i]: actions whose input is received in batch i
     meter = _ActivationMeter(params.values())
-    saved, sends, pending, inbox, timeline = {}, [], [], {}, []
+    saved, sends, pending, inbox, timeline, split_pending = {}, [], [], {}, [], {}
     held = held_bytes = peak = peak_bytes = 0.0
     loss_total = torch.zeros((), dtype=dtype, device=dev)
     for i, a in enumerate(actions):
@@ -220,14 +227,26 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
             saved[(a.mb, a.chunk)] = (inp, out, nbytes)
             held, held_bytes = held + 1 / s.v, held_bytes + nbytes
             peak, peak_bytes = max(peak, held), max(peak_bytes, held_bytes)
-        else:
-            inp, out, nbytes = saved.pop((a.mb, a.chunk))
-            grad_out = None if chunk.last else take(i)                   # (B_k, T, h)
+        elif a.kind == "B":
+            inp, out, nbytes = saved[(a.mb, a.chunk)] if s.split else saved.pop((a.mb, a.chunk))
+            # loss_scale: the gradient of the loss itself (1 for the plain step; a data-parallel
+            # replica's weight under labkit.parallel, before any rank mixes its gradients in)
+            grad_out = torch.full_like(out, loss_scale) if chunk.last else take(i)  # (B_k, T, h)
             t0 = now(dev)
-            torch.autograd.backward(out, grad_out)
-            _pad(pad, 1, s.v)
+            if not s.split:
+                torch.autograd.backward(out, grad_out)
+            else:
+                split_pending[(a.mb, a.chunk)] = _backward_input(chunk, inp, out, grad_out)
+            _pad(pad, 1, s.v, 0.5 if s.split else 1.0)
             if not chunk.first:
                 post(inp.grad, "B", a.mb, g, g - 1)                      # (B_k, T, h)
+            if not s.split:
+                held, held_bytes = held - 1 / s.v, held_bytes - nbytes
+        else:  # W: the weight gradients; the activations are held until here
+            inp, out, nbytes = saved.pop((a.mb, a.chunk))
+            t0 = now(dev)
+            _backward_weight(split_pending.pop((a.mb, a.chunk)))
+            _pad(pad, 1, s.v, 0.5)
             held, held_bytes = held - 1 / s.v, held_bytes - nbytes
         timeline.append(dict(stage=stage, kind=a.kind, mb=a.mb, chunk=a.chunk,
                              start=t0, end=now(dev)))
@@ -252,10 +271,33 @@ def _layout(s: Schedule, stage: int, nccl: bool) -> list:
         return posting.default_plan(s)[stage]
 
 
-def _pad(pad, i: int, v: int) -> None:
-    """Stand-in compute (seconds per whole stage; a chunk takes 1/v), before the result is sent."""
+def _pad(pad, i: int, v: int, share: float = 1.0) -> None:
+    """Stand-in compute (seconds per whole stage; a chunk takes 1/v; B and W of a split backward
+    take `share` of the backward's each), before the result is sent."""
     if pad is not None:
-        time.sleep(pad[i] / v)
+        time.sleep(pad[i] * share / v)
+
+
+def _backward_input(chunk, inp, out, grad_out):
+    """B of a split backward: only the input's gradient (into inp.grad), keeping what W needs.
+    PyTorch's own split (torch.distributed.pipelining._backward, used by its zero-bubble
+    schedules): autograd stops at the input, hooks keep the gradients that reach the nodes
+    where the weights' paths branch off, and W later resumes from those. The first chunk's
+    input is token ids (no gradient): its whole backward is W's."""
+    weights = list(chunk.parameters())
+    if chunk.first:
+        return (out, grad_out, None, weights)
+    _, groups = stage_backward_input([out], [grad_out], [inp], iter(weights))
+    return (None, None, groups, weights)
+
+
+def _backward_weight(pending) -> None:
+    """W of a split backward: the weight gradients, accumulated into .grad."""
+    out, grad_out, groups, weights = pending
+    if groups is None:
+        torch.autograd.backward(out, grad_out)
+    else:
+        stage_backward_weight(iter(weights), groups)
 
 
 def _sum_tied_embedding(s: Schedule, model: GPT, stage: int, group) -> None:
@@ -267,7 +309,7 @@ def _sum_tied_embedding(s: Schedule, model: GPT, stage: int, group) -> None:
     other = torch.empty_like(mine)                                       # (V, h)
     other_end = s.stage_of(s.n_chunks - 1 if stage == first else 0)
     for work in exchange([(dist.isend, mine.clone(), other_end, group, 1 << 20),
-                          (dist.irecv, other, other_end, group, 1 << 20)]):
+                          (dist.irecv, other, other_end, group, 1 << 20)], where="tied embedding"):
         work.wait()
     mine += other
 
@@ -333,7 +375,7 @@ def merge(results: list) -> dict:
 
 def compare_to_reference(merged: dict, ref: dict, rtol: float = 1e-4, atol: float = 1e-6) -> None:
     """Assert the pipeline's loss and every gradient equal the reference's (names the first miss)."""
-    from labkit.check import tensors_close
+    from labkit.testing import tensors_close
 
     tensors_close(merged["loss"].reshape(()), ref["loss"].reshape(()), rtol=rtol, atol=atol, what="the loss")
     missing = sorted(set(ref["grads"]) - set(merged["grads"]))

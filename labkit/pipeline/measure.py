@@ -3,13 +3,14 @@
     from labkit.pipeline import measure
     rows = measure.measure(P=4, specs=[("1f1b", 8, 1), ("gpipe", 8, 1)], pad=(0.004, 0.008))
 
-One launch runs every spec (schedule, K, v) `repeats` times (plus one warm-up run) and keeps the
-fastest step. For each, the row holds the measured step time and bubble (from the executor's
-timeline: idle share of P x step time, waits for messages counted as idle), the formula's
-bubble, and the simulator's
-step time predicted from the measured forward and backward time (median) of each stage and the
-measured latency of one message (`transfer_latency`): what remains between measured and
-predicted is the executor's own overhead (Python, scheduling, a loaded machine).
+One launch runs every spec (schedule, K, v) `repeats` times (after one warm-up run) and reports
+medians over the repeats. For each, the row holds the measured step time and bubble (from the
+executor's timeline, as labkit.pipeline.causality defines it: idle share of P x step time, waits
+for messages counted as idle), its floors (the critical path of the measured durations, the
+formula), every causality or floor violation of every repeat (`violations`: [] when none), and
+the simulator's step time predicted from the measured forward and backward time (median) of
+each stage and the measured latency of one message (`transfer_latency`): what remains between
+measured and predicted is the executor's own overhead (Python, scheduling, a loaded machine).
 
 `pad=(t_f, t_b)` seconds are slept after each forward and backward (before its send). On a laptop the P ranks
 share a few cores, so real compute of one stage slows the others; the pad stands in for each
@@ -21,7 +22,8 @@ from labkit import costs
 from labkit.launch import run
 from labkit.model import GPTConfig
 from labkit.pipeline import schedules
-from labkit.pipeline.simulate import simulate, timeline_stats
+from labkit.pipeline import causality
+from labkit.pipeline.simulate import simulate
 
 DEFAULT_CFG = GPTConfig(n_layer=8, n_embd=32, n_head=4, block_size=32)
 
@@ -41,19 +43,14 @@ def _job(specs, cfg, batch_size, pad, repeats):
     out = []
     for i, (name, K, v) in enumerate(specs):
         s = schedules.make(name, P, K, v)
-        best = None
-        for _ in range(repeats + (i == 0)):  # one extra first run warms up connections
+        runs = []
+        for r in range(repeats + (i == 0)):  # one extra first run warms up connections
             dist.barrier()
-            r = run_schedule(s, model, x, y, pad=pad)
-            ends = [e["end"] for e in r["timeline"]]
-            starts = [e["start"] for e in r["timeline"]]
-            span = [min(starts), max(ends)]
-            gathered = [None] * P
-            dist.all_gather_object(gathered, span)
-            step = max(g[1] for g in gathered) - min(g[0] for g in gathered)
-            if best is None or step < best[0]:
-                best = (step, r["timeline"], r["peak_in_flight"], r["peak_activation_bytes"])
-        out.append({"timeline": best[1], "peak_in_flight": best[2], "peak_bytes": best[3],
+            res = run_schedule(s, model, x, y, pad=pad)
+            if i > 0 or r > 0:
+                runs.append(res["timeline"])
+        out.append({"timelines": runs, "peak_in_flight": res["peak_in_flight"],
+                    "peak_bytes": res["peak_activation_bytes"],
                     "backend": dist.get_backend(), "device": str(device())})
     return out
 
@@ -83,47 +80,122 @@ def transfer_latency(s, timeline) -> float:
     return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
 
 
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
 def measure(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, pad=None,
-            repeats: int = 2, timeout: float = 300) -> list:
-    """Rows per spec (schedule, K, v): measured and predicted step time and bubble, peaks."""
+            repeats: int = 3, timeout: float = 300) -> list:
+    """Rows per spec (schedule, K, v): measured (median over `repeats` steps) and predicted step
+    time and bubble, the floors and the causality check of every repeat, peaks."""
     specs = [tuple(s) for s in specs]
     per_rank = run(_job, P, args=(specs, cfg, batch_size, pad, repeats), timeout=timeout, echo=False)
     rows = []
     for i, (name, K, v) in enumerate(specs):
-        events = [e for r in per_rank for e in r[i]["timeline"]]
-        t0 = min(e["start"] for e in events)
-        timeline = [dict(e, start=e["start"] - t0, end=e["end"] - t0) for e in events]
-        step, busy = timeline_stats(timeline, P)
+        sched = schedules.make(name, P, K, v)
+        repeats_ = []
+        for j in range(len(per_rank[0][i]["timelines"])):
+            events = [e for r in per_rank for e in r[i]["timelines"][j]]
+            t0 = min(e["start"] for e in events)
+            timeline = [dict(e, start=e["start"] - t0, end=e["end"] - t0) for e in events]
+            rep = causality.bubble_report(sched, timeline)
+            rep["timeline"] = timeline
+            rep["violations"] = (causality.check_causality(sched, timeline)
+                                 + causality.check_bubble_floor(sched, timeline))
+            repeats_.append(rep)
+        mid = sorted(repeats_, key=lambda r: r["step"])[len(repeats_) // 2]   # the median step
+        timeline = mid["timeline"]
         typical = {}  # median: one action slowed by a neighbour's process should not count K times
         for p in range(P):
-            for kind in "FB":
+            for kind in ("FBW" if sched.split else "FB"):
                 for c in range(v):
                     d = sorted(e["end"] - e["start"] for e in timeline
                                if (e["stage"], e["kind"], e["chunk"]) == (p, kind, c))
                     typical[p, kind, c] = d[len(d) // 2]
-        sched = schedules.make(name, P, K, v)
         t_p2p = transfer_latency(sched, timeline)
         sim = simulate(sched, t_p2p=t_p2p, durations=typical)
-        rows.append({"P": P, "schedule": name, "K": K, "v": v, "step_s": step,
+        rows.append({"P": P, "schedule": name, "K": K, "v": v,
+                     "step_s": _median([r["step"] for r in repeats_]),
                      "predicted_step_s": sim.makespan, "t_p2p_s": t_p2p,
-                     "bubble": 1 - sum(busy) / (P * step),
+                     "bubble": _median([r["bubble"] for r in repeats_]),
+                     "bubbles": [r["bubble"] for r in repeats_],
+                     "critical_path_floor": _median([r["critical_path"] for r in repeats_]),
                      "predicted_bubble": sim.bubble,
-                     "formula_bubble": costs.pipeline.bubble_fraction(P, K, v),
+                     "formula_bubble": costs.pipeline.schedule_bubble(
+                         name, P, K, v, *((pad[0], pad[1], pad[1] / 2) if pad else (1, 2, 1))),
+                     "violations": [m for r in repeats_ for m in r["violations"]],
+                     "dependencies": causality.count_dependencies(sched) * len(repeats_),
                      "peak_in_flight": [r[i]["peak_in_flight"] for r in per_rank],
                      "peak_bytes": [r[i]["peak_bytes"] for r in per_rank],
                      "backend": per_rank[0][i]["backend"], "device": per_rank[0][i]["device"],
-                     "timeline": timeline})
+                     "timeline": timeline, "timelines": [r["timeline"] for r in repeats_]})
     return rows
 
 
+def _messages_job(specs, cfg, batch_size):
+    import torch
+    import torch.distributed as dist
+
+    from labkit import commlog, netcount
+    from labkit.launch import device
+    from labkit.pipeline.executor import GPT, make_batch, run_schedule
+
+    torch.set_num_threads(1)
+    model = GPT(cfg, seed=0).to(device())
+    x, y = make_batch(batch_size, cfg)
+    out = []
+    for name, K, v in specs:
+        s = schedules.make(name, dist.get_world_size(), K, v)
+        run_schedule(s, model, x, y)                      # warm-up: connections opened outside
+        with netcount.socket_bytes() as kernel, commlog.record() as log:
+            run_schedule(s, model, x, y)
+        sends = log.select(op="send", where="pipeline")
+        out.append({"sends": len(sends), "shapes": sorted({tuple(e.shape) for e in sends}),
+                    "pipeline_bytes": sum(e.bytes for e in sends),
+                    "logged_bytes": log.bytes(op="send"), "kernel_sent": kernel.sent,
+                    "kernel_reason": kernel.reason})
+    return out
+
+
+def messages(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16) -> list:
+    """Per spec (schedule, K, v), summed over stages: the pipeline's sends as the comm log saw
+    them (count, message shapes, payload bytes), all sends logged (the tied-embedding exchange
+    after the step too) and the bytes the kernel's TCP counters saw leave the processes
+    (labkit.netcount, a counter the executor does not write; None under NCCL)."""
+    per_rank = run(_messages_job, P, args=([tuple(x) for x in specs], cfg, batch_size),
+                   timeout=120, echo=False)
+    rows = []
+    for i, (name, K, v) in enumerate(specs):
+        got = [r[i] for r in per_rank]
+        sent = [g["kernel_sent"] for g in got]
+        rows.append({"schedule": name, "K": K, "v": v, "sends": sum(g["sends"] for g in got),
+                     "shapes": sorted({sh for g in got for sh in g["shapes"]}),
+                     "pipeline_bytes": sum(g["pipeline_bytes"] for g in got),
+                     "logged_bytes": sum(g["logged_bytes"] for g in got),
+                     "kernel_sent": None if None in sent else sum(sent),
+                     "kernel_reason": got[0]["kernel_reason"]})
+    return rows
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 def table(rows) -> str:
+    """One line per row: step times (measured, simulated, their ratio), message latency, the
+    bubble measured (median), simulated, its critical-path floor and the formula, peaks on stage 0
+    and the largest peak of activation bytes over the stages (saved-tensor hooks)."""
     head = (f"{'P':>2} {'schedule':>11} {'K':>3} {'v':>2} {'step ms':>8} {'sim ms':>8} "
-            f"{'overhead':>8} {'p2p ms':>6} {'bubble':>7} {'formula':>7} {'peak mb':>8} {'peak KiB':>9}")
+            f"{'overhead':>8} {'p2p ms':>6} {'bubble':>7} {'sim':>6} {'floor':>6} {'formula':>7} "
+            f"{'peak mb':>8} {'peak KiB':>9} {'max KiB':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['P']:>2} {r['schedule']:>11} {r['K']:>3} {r['v']:>2} "
                      f"{r['step_s'] * 1e3:>8.1f} {r['predicted_step_s'] * 1e3:>8.1f} "
-                     f"{r['step_s'] / r['predicted_step_s']:>7.2f}x {r['t_p2p_s'] * 1e3:>6.2f} {r['bubble']:>7.1%} "
-                     f"{r['formula_bubble']:>7.1%} {r['peak_in_flight'][0]:>8g} "
-                     f"{r['peak_bytes'][0] / 1024:>9.0f}")
+                     f"{r['step_s'] / r['predicted_step_s']:>7.2f}x {r['t_p2p_s'] * 1e3:>6.2f} "
+                     f"{r['bubble']:>7.1%} {r['predicted_bubble']:>6.1%} "
+                     f"{r['critical_path_floor']:>6.1%} {_pct(r['formula_bubble']):>7} "
+                     f"{r['peak_in_flight'][0]:>8g} {r['peak_bytes'][0] / 1024:>9.0f} "
+                     f"{max(r['peak_bytes']) / 1024:>8.0f}")
     return "\n".join(lines)

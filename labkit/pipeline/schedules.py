@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, order=True)
 class Action:
-    kind: str       # "F" (forward) or "B" (backward)
+    kind: str       # "F" forward, "B" backward (input gradient only when the schedule has W), "W"
     mb: int         # micro-batch index, 0 .. K-1
     chunk: int = 0  # local model chunk on this stage, 0 .. v-1
 
@@ -41,8 +41,15 @@ def F(mb: int, chunk: int = 0) -> Action:
 
 
 def B(mb: int, chunk: int = 0) -> Action:
-    """Backward of micro-batch `mb` (on local chunk `chunk`)."""
+    """Backward of micro-batch `mb` (on local chunk `chunk`). In a schedule that also has W
+    actions, B computes only the gradient with respect to the stage's input (what the stage
+    before waits for) and W the weight gradients."""
     return Action("B", mb, chunk)
+
+
+def W(mb: int, chunk: int = 0) -> Action:
+    """Weight-gradient half of micro-batch `mb`'s backward: no message, deferrable."""
+    return Action("W", mb, chunk)
 
 
 @dataclass
@@ -52,6 +59,11 @@ class Schedule:
     K: int                      # micro-batches per step
     v: int = 1                  # model chunks per stage
     stages: list = field(default_factory=list)  # stages[p] = [Action, ...] in run order
+
+    @property
+    def split(self) -> bool:
+        """True when the backward is split into B (input gradient) and W (weight gradient)."""
+        return any(a.kind == "W" for actions in self.stages for a in actions)
 
     @property
     def n_chunks(self) -> int:
@@ -98,25 +110,32 @@ def one_f_one_b(P: int, K: int) -> Schedule:
 
 
 def interleaved_1f1b(P: int, K: int, v: int = 2) -> Schedule:
-    """Interleaved 1F1B with v chunks per stage (Megatron-LM's order; needs K a multiple of P).
+    """Interleaved 1F1B with v chunks per stage (Megatron-LM's order, as PyTorch's
+    ScheduleInterleaved1F1B generalises it to K not a multiple of P).
 
-    Units are (micro-batch, chunk) pairs taken in groups of P micro-batches: forward unit i is
-    chunk (i // P) % v of micro-batch (i // (P v)) P + i % P; backward units walk the chunks in
-    reverse. Stage p runs 2(P - p - 1) + (v - 1) P warm-up units, then alternates."""
+    Units are (micro-batch, chunk) pairs taken in rounds of m micro-batches: forward unit i is
+    chunk (i // m) % v of micro-batch (i // (m v)) m + i % m; backward units walk the chunks in
+    reverse. Stage p runs 2(P - p - 1) + (v - 1) m warm-up units, then alternates. m = P when
+    P divides K (Megatron's case); otherwise the K micro-batches are cut into r = max(1, K // P)
+    rounds of m = K / r (K < 2P: one round of all K), which needs r to divide K."""
     _check(P, K, v)
-    if K % P:
-        raise ValueError(f"interleaved 1F1B needs K a multiple of P: K={K}, P={P} "
-                         f"(try K={(K // P + 1) * P})")
+    rounds = max(1, K // P)
+    if K % rounds:
+        ok = [k for k in range(K - P, K + P + 1) if k >= 1 and k % max(1, k // P) == 0]
+        raise ValueError(f"interleaved 1F1B (P={P}, v={v}) cuts K={K} micro-batches into "
+                         f"K // P = {rounds} rounds of equal size, and {rounds} does not divide "
+                         f"{K}; nearby K that work: {ok[:6]}")
+    m = K // rounds
     total = v * K
 
     def unit(i, backward):
-        chunk = (i // P) % v
-        return Action("B" if backward else "F", (i // (P * v)) * P + i % P,
+        chunk = (i // m) % v
+        return Action("B" if backward else "F", (i // (m * v)) * m + i % m,
                       v - 1 - chunk if backward else chunk)
 
     stages = []
     for p in range(P):
-        warmup = min(total, 2 * (P - p - 1) + (v - 1) * P)
+        warmup = min(total, 2 * (P - p - 1) + (v - 1) * m)
         order = [unit(i, False) for i in range(warmup)]
         for i in range(total - warmup):
             order += [unit(warmup + i, False), unit(i, True)]
@@ -126,14 +145,19 @@ def interleaved_1f1b(P: int, K: int, v: int = 2) -> Schedule:
 
 
 def make(name: str, P: int, K: int, v: int = 1) -> Schedule:
-    """A schedule by name: 'gpipe', '1f1b' or 'interleaved' (v chunks per stage)."""
+    """A schedule by name: 'gpipe', '1f1b', 'interleaved' (v chunks per stage), 'zb-h1' or
+    'zb-h2' (labkit.pipeline.zero_bubble)."""
+    if name in ("zb-h1", "zb-h2"):
+        from labkit.pipeline import zero_bubble
+        return zero_bubble.make(name, P, K)
     if name == "gpipe":
         return gpipe(P, K)
     if name == "1f1b":
         return one_f_one_b(P, K)
     if name == "interleaved":
         return interleaved_1f1b(P, K, v)
-    raise ValueError(f"schedule {name!r}: choose 'gpipe', '1f1b' or 'interleaved'")
+    raise ValueError(f"schedule {name!r}: choose 'gpipe', '1f1b', 'interleaved', "
+                     f"'zb-h1' or 'zb-h2'")
 
 
 def from_stage_fn(fn, P: int, K: int, name: str = "custom") -> Schedule:

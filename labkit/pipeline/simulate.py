@@ -34,14 +34,15 @@ class SimResult:
         P = self.schedule.P
         return 1.0 - sum(self.busy) / (P * self.makespan) if self.makespan > 0 else 0.0
 
-    def stage_bubble(self, p: int) -> float:
-        return 1.0 - self.busy[p] / self.makespan
-
 
 def in_flight(actions, v: int = 1) -> float:
-    """Peak number of micro-batches (whole-stage units) held by a stage running `actions`."""
+    """Peak number of micro-batches (whole-stage units) held by a stage running `actions`: from
+    the forward to the backward, or to the W where the backward is split (W needs them)."""
+    split = any(a.kind == "W" for a in actions)
     held = peak = 0
     for a in actions:
+        if a.kind == "B" and split:
+            continue
         held += 1 if a.kind == "F" else -1
         peak = max(peak, held)
     return peak / v
@@ -57,9 +58,11 @@ def timeline_stats(timeline, P: int):
     return makespan, busy
 
 
-def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0, durations=None) -> SimResult:
+def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0, durations=None,
+             t_w: float = None) -> SimResult:
     """Time schedule `s`. `durations` (optional) {(stage, kind, chunk): seconds} overrides t_f and
-    t_b action by action, e.g. with times measured on real processes."""
+    t_b action by action, e.g. with times measured on real processes. t_b is the whole backward;
+    where `s` splits it, W takes t_w (default t_b / 2) and B the rest, so the work is the same."""
     validate(s)
     tf = list(t_f) if isinstance(t_f, (list, tuple)) else [t_f] * s.P
     tb = list(t_b) if isinstance(t_b, (list, tuple)) else [t_b] * s.P
@@ -69,7 +72,12 @@ def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0, durations=None) 
     def duration(p, a):
         if durations is not None and (p, a.kind, a.chunk) in durations:
             return durations[p, a.kind, a.chunk]
-        return (tf[p] if a.kind == "F" else tb[p]) / s.v
+        if a.kind == "F":
+            return tf[p] / s.v
+        if not s.split:
+            return tb[p] / s.v
+        w = tb[p] / 2 if t_w is None else t_w
+        return (w if a.kind == "W" else tb[p] - w) / s.v
 
     records, _ = replay(s, duration, t_p2p)
     timeline = [dict(stage=p, kind=a.kind, mb=a.mb, chunk=a.chunk, start=start, end=end)

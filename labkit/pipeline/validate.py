@@ -27,7 +27,9 @@ class ScheduleError(ValueError):
 
 
 def needs(s: Schedule, stage: int, a: Action):
-    """The message key action `a` on `stage` waits for, or None (first/last chunk)."""
+    """The message key action `a` on `stage` waits for, or None (first/last chunk; W)."""
+    if a.kind == "W":
+        return None
     g = s.global_chunk(stage, a.chunk)
     if a.kind == "F":
         return ("F", a.mb, g - 1) if g > 0 else None
@@ -35,7 +37,9 @@ def needs(s: Schedule, stage: int, a: Action):
 
 
 def produces(s: Schedule, stage: int, a: Action):
-    """The message key action `a` sends when done, or None."""
+    """The message key action `a` sends when done, or None (W sends nothing)."""
+    if a.kind == "W":
+        return None
     g = s.global_chunk(stage, a.chunk)
     if a.kind == "F":
         return ("F", a.mb, g) if g < s.n_chunks - 1 else None
@@ -49,16 +53,18 @@ def _describe(key, s: Schedule) -> str:
 
 
 def check_structure(s: Schedule) -> None:
-    """Rules 1 and 2: right actions, each once, backward after forward on the same stage."""
+    """Rules 1 and 2: right actions, each once, backward after forward on the same stage (and,
+    in a split schedule, every B followed later by its W)."""
+    split = s.split
     if len(s.stages) != s.P:
         raise ScheduleError(f"the schedule has {len(s.stages)} stage lists, expected P={s.P}")
     for p, actions in enumerate(s.stages):
         seen = {}
         for i, a in enumerate(actions):
             where = f"stage {p}, action #{i} ({a!r})"
-            if not isinstance(a, Action) or a.kind not in ("F", "B"):
+            if not isinstance(a, Action) or a.kind not in ("F", "B", "W"):
                 raise ScheduleError(f"stage {p}, action #{i}: {a!r} is not an action; use "
-                                    f"F(mb) or B(mb) from labkit.pipeline.schedules")
+                                    f"F(mb), B(mb) or W(mb) from labkit.pipeline.schedules")
             if not 0 <= a.mb < s.K:
                 raise ScheduleError(f"{where}: micro-batch {a.mb} is out of range 0..{s.K - 1} "
                                     f"for K={s.K}")
@@ -72,13 +78,17 @@ def check_structure(s: Schedule) -> None:
                 raise ScheduleError(f"{where}: the backward of micro-batch {a.mb} comes before "
                                     f"its forward on stage {p}; it needs that forward's "
                                     f"activations")
+            if a.kind == "W" and Action("B", a.mb, a.chunk) not in seen:
+                raise ScheduleError(f"{where}: the weight gradient of micro-batch {a.mb} comes "
+                                    f"before its B on stage {p}; W needs the gradient B computes")
             seen[a] = i
         for k in range(s.K):
             for c in range(s.v):
-                for kind in ("F", "B"):
+                for kind in ("F", "B", "W") if split else ("F", "B"):
                     if Action(kind, k, c) not in seen:
                         raise ScheduleError(f"stage {p} never runs {Action(kind, k, c)!r}: every "
-                                            f"stage runs F and B of all K={s.K} micro-batches")
+                                            f"stage runs F and B{' and W' if split else ''} of "
+                                            f"all K={s.K} micro-batches")
 
 
 def replay(s: Schedule, duration=lambda stage, a: 1.0, t_p2p: float = 0.0):
@@ -163,10 +173,3 @@ def check_message_order(s: Schedule) -> None:
                 f"waits for {_describe(wanted[i], s)}. Gloo matches them by tag; NCCL only in "
                 f"order: reorder the actions, or run this schedule on Gloo")
 
-
-def is_valid(s: Schedule) -> bool:
-    try:
-        validate(s)
-        return True
-    except ScheduleError:
-        return False

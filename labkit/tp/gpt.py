@@ -34,12 +34,19 @@ def check_tp_sizes(cfg, tp: int) -> None:
 
 
 def apply_tp(model, group=None):
-    """Shard every block's attention (by heads) and MLP (column then row) over `group`. In place."""
+    """Shard every block's attention (by heads) and MLP (column then row) over `group`. In place.
+
+    A mixture-of-experts layer (labkit.moe) is left whole on every TP rank: its input is whole
+    there (after g) and so is its output, so it is correct, only computed tp times; experts are
+    split over ranks by expert parallelism (labkit.moe.expert_parallel) instead."""
+    from labkit.model import MLP
+
     _, tp = world_of(group)
     check_tp_sizes(model.config, tp)
     for block in model.blocks:
         block.attn = TensorParallelAttention.from_attention(block.attn, group)
-        block.mlp = TensorParallelMLP.from_mlp(block.mlp, group)
+        if isinstance(block.mlp, MLP):
+            block.mlp = TensorParallelMLP.from_mlp(block.mlp, group)
     model.tp_group = group
     return model
 
@@ -57,23 +64,27 @@ def gather_tp_grads(model) -> dict:
 
 
 def _gather(model, pick) -> dict:
+    return gather_tp_tensors(model, {n: pick(p) for n, p in model.named_parameters()})
+
+
+@torch.no_grad()
+def gather_tp_tensors(model, local: dict) -> dict:
+    """{name: full tensor} from {name: this rank's tensor (a parameter, its gradient, or None)}
+    named as model.named_parameters(): sharded ones are all-gathered over the layer's TP group
+    (collective: every rank of the group passes the same names, None in the same places)."""
     out = {}
     tp_layers = {name: m for name, m in model.named_modules()
                  if isinstance(m, (ColumnParallelLinear, RowParallelLinear))}
-    done = set()
     for name, layer in tp_layers.items():
         for pname in ("weight", "bias"):
-            p = getattr(layer, pname)
-            if p is None:
+            key = f"{name}.{pname}"
+            if getattr(layer, pname) is None or key not in local:
                 continue
-            t = pick(p)
-            if t is not None:
-                t = _whole(layer, pname, t)
-            out[f"{name}.{pname}"] = t
-            done.add(f"{name}.{pname}")
-    for name, p in model.named_parameters():
-        if name not in done:
-            out[name] = None if pick(p) is None else pick(p).clone()
+            t = local[key]
+            out[key] = None if t is None else _whole(layer, pname, t)
+    for name, t in local.items():
+        if name not in out:
+            out[name] = None if t is None else t.clone()
     return out
 
 

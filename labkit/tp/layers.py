@@ -141,7 +141,7 @@ class RowParallelLinear(nn.Module):
 
 
 def _gather_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """All-gather equal shards along `dim` (not recorded in CommLog: a save, not a step)."""
+    """All-gather equal shards along `dim` (not in labkit.commlog: a save, not a step)."""
     import torch.distributed as dist
 
     _, tp = world_of(group)

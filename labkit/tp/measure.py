@@ -1,10 +1,15 @@
-"""Measurements for chapter 04's lab, benchmark and notebook: count the bytes of every TP
-collective on real processes, and time a layer's forward + backward as TP grows.
+"""Measurements for chapter 04's lab, benchmark and notebook: log every TP collective on real
+processes, count the bytes the kernel saw, and time a layer's forward + backward as TP grows.
 
-    from labkit.tp.measure import count_layer_comm, time_layers, train_side_by_side
+    from labkit.tp.measure import count_layer_comm, count_wire, time_layers, train_side_by_side
     run(train_side_by_side, 2, args=(dict(n_layer=2), 2, 4))  # TP GPT next to the reference
-    count_layer_comm(tp=2, b=4, s=16, h=32)   # rows: one per collective, measured and predicted
+    count_layer_comm(tp=2, b=4, s=16, h=32)   # rows: one per collective (the comm log's count)
+    count_wire(tps=(2, 4))                    # bytes sent, counted by the kernel, vs the formula
     time_layers(tps=(1, 2, 4), b=8, s=64, h=256)
+
+The comm log (labkit.commlog) is what the f/g operators asked for: a count and a timeline. The
+bytes on the wire come from the kernel's socket counters (labkit.netcount), which the code
+under test does not write.
 
 Each function launches its own processes (labkit.launch.run; under torchrun it runs in place).
 """
@@ -22,13 +27,14 @@ def _config(h: int, s: int, n_head: int, n_layer: int = 1):
 
 def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
     """On each rank: one fwd+bwd of a 1-layer TP GPT ('layer'), a TP MLP ('mlp') or the naive
-    all-gathering MLP ('naive mlp'), on labkit.launch.device(); returns the CommLog's events,
+    all-gathering MLP ('naive mlp'), on labkit.launch.device(); returns the comm log's events,
     each marked by pass."""
     import torch
 
     from labkit.launch import device
     from labkit.model import GPT, MLP, get_batch, tiny_corpus
-    from labkit.tp import CommLog, NaiveTensorParallelMLP, TensorParallelMLP, apply_tp
+    from labkit import commlog
+    from labkit.tp import NaiveTensorParallelMLP, TensorParallelMLP, apply_tp
 
     cfg, dev = _config(h, s, n_head), device()
     if what in ("mlp", "naive mlp"):
@@ -36,18 +42,18 @@ def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
         torch.manual_seed(0)
         mlp = cls.from_mlp(MLP(cfg).to(dev), None)
         x = _input(b, s, h, dev)                              # (b, s, h), the same on every rank
-        with CommLog() as log:
+        with commlog.record() as log:
             y = mlp(x)
             n_fwd = len(log.events)
             y.sum().backward()
     else:
         model = apply_tp(GPT(cfg, seed=0).to(dev), None)
         x, y = (t.to(dev) for t in get_batch(tiny_corpus(), b, s, step=0))  # (b, s) tokens
-        with CommLog() as log:
+        with commlog.record() as log:
             _, loss = model(x, y)
             n_fwd = len(log.events)
             loss.backward()
-    return [dict(e, phase="forward" if i < n_fwd else "backward") for i, e in enumerate(log.events)]
+    return [dict(vars(e), phase="forward" if i < n_fwd else "backward") for i, e in enumerate(log.events)]
 
 
 def _input(b: int, s: int, h: int, dev):
@@ -59,23 +65,37 @@ def _input(b: int, s: int, h: int, dev):
 
 
 def _comm_jobs(h, s, b, n_head, whats):
-    return {what: comm_job(h, s, b, n_head, what) for what in whats}
+    """{what: (events, bytes this rank sent in the fwd+bwd, counted by the kernel or None)}."""
+    import torch.distributed as dist
+
+    from labkit import netcount
+
+    out = {}
+    for what in whats:
+        dist.barrier()
+        with netcount.socket_bytes() as wire:
+            events = comm_job(h, s, b, n_head, what)
+        out[what] = (events, wire.sent)
+    return out
 
 
 def count_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int = 4,
                whats=("layer",), bytes_per_element: int = 4) -> dict:
-    """{what: rows} for several models in one launch; see count_layer_comm."""
+    """{what: rows} for several models in one launch; see count_layer_comm. Each row also
+    carries "wire_sent": the bytes rank 0 sent in that model's whole fwd+bwd, counted by the
+    kernel (labkit.netcount; None where it cannot count). "measured_bytes" is the comm log's
+    payload of that one call (what the operator asked for), not a wire count."""
     for what in whats:
         if what not in ("layer", "mlp", "naive mlp"):
             raise ValueError(f"what must be 'layer', 'mlp' or 'naive mlp', got {what!r}")
     per_what = run(_comm_jobs, tp, args=(h, s, b, n_head, tuple(whats)), echo=False)[0]
     out = {}
-    for what, events in per_what.items():
+    for what, (events, sent) in per_what.items():
         # the formula is Megatron's (b*s*h per all-reduce); the naive MLP has no formula here
         predicted = None if what == "naive mlp" else tpc.allreduce_bytes(b, s, h, bytes_per_element)
         out[what] = [{"tp": tp, "phase": e["phase"], "op": e["op"], "where": e["where"],
                       "shape": e["shape"], "measured_bytes": e["bytes"],
-                      "predicted_bytes": predicted} for e in events]
+                      "predicted_bytes": predicted, "wire_sent": sent} for e in events]
     return out
 
 
@@ -86,18 +106,78 @@ def count_layer_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int 
     return count_comm(tp, b, s, h, n_head, (what,), bytes_per_element)[what]
 
 
+def wire_job(cfg_kwargs: dict, b: int, repeats: int = 3) -> dict:
+    """On each rank: one forward + backward of the TP GPT, the bytes this rank's sockets sent
+    counted by the kernel (median over `repeats`), and the all-reduces the comm log saw."""
+    import statistics
+
+    import torch.distributed as dist
+
+    from labkit import commlog, netcount
+    from labkit.launch import device
+    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+    from labkit.tp import apply_tp
+
+    cfg, dev = GPTConfig(**cfg_kwargs), device()
+    model = apply_tp(GPT(cfg, seed=0).to(dev), None)
+    x, y = (t.to(dev) for t in get_batch(tiny_corpus(), b, cfg.block_size, step=0))  # (b, s)
+    sent = []
+    for _ in range(repeats):
+        dist.barrier()
+        with netcount.socket_bytes() as wire, commlog.record() as log:
+            model(x, y)[1].backward()
+        model.zero_grad(set_to_none=True)
+        sent.append(wire.sent)
+    return {"sent": None if None in sent else statistics.median(sent), "reason": wire.reason,
+            "all_reduces": log.count("all_reduce"), "logged_bytes": log.bytes("all_reduce"),
+            "other_calls": len(log.events) - log.count("all_reduce")}
+
+
+def count_wire(tps=(2, 4), b: int = 4, n_layer: int = 2, h: int = 64, s: int = 32,
+               n_head: int = 4, repeats: int = 3) -> list:
+    """Rows {tp, all_reduces, sent, predicted, ratio}: bytes rank 0..tp-1 sent in one TP
+    forward + backward (largest rank, kernel count) vs labkit.costs.tensor_parallel's
+    n_layer * 4 * 2(tp-1)/tp * b*s*h*4 bytes (fp32)."""
+    cfg = dict(n_layer=n_layer, n_embd=h, n_head=n_head, block_size=s, vocab_size=96)
+    rows = []
+    for tp in tps:
+        res = run(wire_job, tp, args=(cfg, b, repeats), echo=False, timeout=300)
+        sent = None if any(r["sent"] is None for r in res) else max(r["sent"] for r in res)
+        pred = n_layer * tpc.layer_bytes_sent_per_rank(b, s, h, tp, 4)
+        rows.append({"tp": tp, "b": b, "s": s, "h": h, "n_layer": n_layer,
+                     "all_reduces": res[0]["all_reduces"], "other_calls": res[0]["other_calls"],
+                     "logged_bytes": res[0]["logged_bytes"], "sent": sent, "predicted": pred,
+                     "ratio": None if sent is None else sent / pred, "reason": res[0]["reason"]})
+    return rows
+
+
+def wire_table(rows) -> str:
+    lines = [f"{'tp':>3} {'all-reduces':>11} {'logged KB':>10} {'sent KB (kernel)':>17} "
+             f"{'predicted KB':>13} {'ratio':>6}"]
+    for r in rows:
+        sent = "n/a" if r["sent"] is None else f"{r['sent'] / 1e3:.1f}"
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        lines.append(f"{r['tp']:>3} {r['all_reduces']:>11} {r['logged_bytes'] / 1e3:>10.1f} "
+                     f"{sent:>17} {r['predicted'] / 1e3:>13.1f} {ratio:>6}")
+    lines += [f"sent: not counted ({r['reason']})" for r in rows[:1] if r["sent"] is None]
+    return "\n".join(lines)
+
+
 def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
     """On each rank: the one-process GPT (on the CPU: the reference) and its TP version (on
     labkit.launch.device(): this rank's GPU under NCCL) trained by SGD on the same batches.
 
     Returns {"rows": [(step, loss_ref, loss_tp, max |grad diff|)], "events": the last step's
-    collectives (CommLog events marked forward/backward), "backend", "device"}."""
+    collectives (comm log events marked forward/backward), "sent": bytes this rank's sockets
+    sent in the last step's TP forward + backward, counted by the kernel (labkit.netcount; None
+    where it cannot count, "wire_reason" says why), "backend", "device"}."""
     import torch
     import torch.distributed as dist
 
+    from labkit import commlog, netcount
     from labkit.launch import device
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-    from labkit.tp import CommLog, apply_tp, gather_tp_grads
+    from labkit.tp import apply_tp, gather_tp_grads
 
     cfg, dev = GPTConfig(**cfg_kwargs), device()
     ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0).to(dev), None)
@@ -107,11 +187,12 @@ def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
         x, y = get_batch(tokens, batch, cfg.block_size, step)           # (B, T) on the CPU
         _, loss_r = ref(x, y)
         loss_r.backward()
-        with CommLog() as log:
+        dist.barrier()
+        with netcount.socket_bytes() as wire, commlog.record() as log:
             _, loss_t = tp(x.to(dev), y.to(dev))
             n_fwd = len(log.events)
             loss_t.backward()
-        events = [dict(e, phase="forward" if i < n_fwd else "backward")
+        events = [dict(vars(e), phase="forward" if i < n_fwd else "backward")
                   for i, e in enumerate(log.events)]
         grads = gather_tp_grads(tp)                                     # full, on dev
         diff = max((grads[n].cpu() - p.grad).abs().max().item() for n, p in ref.named_parameters())
@@ -119,7 +200,8 @@ def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
         for o in opts:
             o.step()
             o.zero_grad()
-    return {"rows": rows, "events": events, "backend": dist.get_backend(), "device": str(dev)}
+    return {"rows": rows, "events": events, "sent": wire.sent, "wire_reason": wire.reason,
+            "backend": dist.get_backend(), "device": str(dev)}
 
 
 def time_job(kinds, h: int, s: int, b: int, n_head: int, repeats: int, warmup: int = 2):

@@ -13,52 +13,15 @@ so dL/dX = sum over ranks of each rank's partial dL/dX.
 `gather_last_dim` / `split_last_dim` are the other pair (all-gather forward, take my slice
 backward; and the reverse), used when a column-parallel output must be whole on every rank.
 
-Every collective here goes through `_collective`, which tells any open `CommLog` its size, so the
-chapter can count the bytes of a real run instead of trusting a formula.
+Every collective here goes through `labkit.commlog` (the one communication log), so a timeline
+can show each f and g; the proof of bytes on the wire comes from `labkit.netcount`.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-_LOGS: list = []  # open CommLog contexts (instrumentation only; groups are always passed)
-
-
-class CommLog:
-    """Records every collective the TP operators run on this rank, while open.
-
-        with CommLog() as log:
-            loss.backward()
-        log.events  # [{"op": "all_reduce", "where": "g forward", "numel": ..., "bytes": ...}]
-    """
-
-    def __init__(self):
-        self.events: list = []
-
-    def __enter__(self):
-        _LOGS.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        _LOGS.remove(self)
-        return False
-
-    def count(self, op: str | None = None, where: str | None = None) -> int:
-        return len(self._select(op, where))
-
-    def bytes(self, op: str | None = None, where: str | None = None) -> int:
-        return sum(e["bytes"] for e in self._select(op, where))
-
-    def _select(self, op, where):
-        return [e for e in self.events
-                if (op is None or e["op"] == op) and (where is None or e["where"] == where)]
-
-
-def _collective(op: str, t: torch.Tensor, group, where: str) -> None:
-    for log in _LOGS:
-        log.events.append({"op": op, "where": where, "shape": tuple(t.shape), "numel": t.numel(),
-                           "bytes": t.numel() * t.element_size()})
-
+from labkit import commlog
 
 def world_of(group) -> tuple:
     """(rank, size) of this process in `group` (None: the default group)."""
@@ -68,10 +31,8 @@ def world_of(group) -> tuple:
 def _all_reduce(x: torch.Tensor, group, where: str) -> torch.Tensor:
     if dist.get_world_size(group) == 1:
         return x  # one rank: nothing to add (and nothing is sent)
-    _collective("all_reduce", x, group, where)
     x = x.contiguous().clone()  # never reduce into a tensor autograd saved
-    dist.all_reduce(x, group=group)
-    return x
+    return commlog.all_reduce(x, group=group, where=where)
 
 
 class _F(torch.autograd.Function):
@@ -123,9 +84,8 @@ def _gather(x: torch.Tensor, group, where: str) -> torch.Tensor:
     if tp == 1:
         return x
     x = x.contiguous()
-    _collective("all_gather", x, group, where)
     parts = [torch.empty_like(x) for _ in range(tp)]
-    dist.all_gather(parts, x, group=group)
+    commlog.all_gather_list(parts, x, group=group, where=where)
     return torch.cat(parts, dim=-1)
 
 

@@ -70,25 +70,29 @@ def waste_figure(save_s: float, mtbf_s: float, restart_s: float = 0.0, mark_s: f
     return fig
 
 
-def activation_figure(m: dict):
-    """Saved activation bytes per block and fwd+bwd time, plain vs recompute (measured vs
-    predicted: the block input only, and 4/3 of the time)."""
+def activation_figure(m: dict, timed: dict | None = None):
+    """Saved activation bytes per block (measured vs predicted: the block input only), and the
+    recompute factor: FLOPs and operator calls counted by torch, fwd+bwd time measured (of `m`
+    and, if given, of a larger model `timed`), against (f+b+f)/(f+b) = 4/3."""
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "activation bytes kept per block (KB)", "fwd+bwd time relative to plain"))
+        "activation bytes kept per block (KB)", "recompute / plain"))
     modes = ["plain", "recompute"]
     fig.add_bar(x=modes, y=[m[k]["per_block_bytes"] / 1e3 for k in modes], name="measured",
                 marker_color="#4C78A8", row=1, col=1)
     fig.add_scatter(x=["recompute"], y=[m["predicted_block_bytes_recompute"] / 1e3],
                     mode="markers", marker_symbol="line-ew-open", marker_size=40,
                     marker_line_width=3, name="predicted: B*T*h*4 bytes", row=1, col=1)
-    fig.add_bar(x=modes, y=[1.0, m["time_factor"]], name="measured time", marker_color="#F58518",
-                row=1, col=2)
-    fig.add_scatter(x=["recompute"], y=[m["predicted_factor"]], mode="markers",
-                    marker_symbol="line-ew-open", marker_size=40, marker_line_width=3,
-                    name="predicted: (f+b+f)/(f+b) = 4/3", row=1, col=2)
-    fig.update_layout(height=360, legend_orientation="h", legend_y=-0.2)
+    bars = [("FLOPs (counted)", m["flops_factor"]), ("op calls (counted)", m["ops_factor"]),
+            ("time, small model", m["time_factor"])]
+    if timed is not None:
+        bars.append(("time, larger model", timed["time_factor"]))
+    fig.add_bar(x=[b[0] for b in bars], y=[b[1] for b in bars], name="recompute / plain",
+                marker_color="#F58518", row=1, col=2)
+    fig.add_hline(y=m["predicted_factor"], line_dash="dash", row=1, col=2,
+                  annotation_text="(f+b+f)/(f+b) = 4/3")
+    fig.update_layout(height=380, legend_orientation="h", legend_y=-0.25)
     return fig
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from labkit.costs import scaling
 
 COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "wait": "#BAB0AC",
-           "optimizer": "#54A24B", "comm": "#E45756"}
+           "optimizer": "#54A24B", "comm": "#E45756", "pack": "#B279A2", "unpack": "#9D755D"}
 
 
 def gantt(events, title: str = "one DDP step, per rank"):
@@ -64,21 +64,22 @@ def ideal_timeline():
 
 
 def sweep_figure(rows, predicted=None):
-    """Measured step time vs bucket size (log x), torch DDP and naive as lines, prediction too."""
+    """Measured step time vs bucket size (log x), torch DDP and naive as lines, and the two
+    no-overlap predictions (predicted: rows of bucket_mb, model_ms, textbook_ms)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     b = [r for r in rows if r["version"] == "bucketed"]
     fig.add_trace(go.Scatter(x=[r["bucket_mb"] for r in b], y=[r["step_ms"] for r in b],
                              mode="lines+markers", name="labkit BucketedDDP (measured)",
-                             text=[f"{r['allreduces_per_step']:.0f} buckets" for r in b]))
+                             text=[f"{r['messages']:.0f} buckets" for r in b]))
     if predicted:
         fig.add_trace(go.Scatter(x=[p["bucket_mb"] for p in predicted],
-                                 y=[p["no_overlap_ms"] for p in predicted], mode="lines",
-                                 line_dash="dash", name="predicted, no overlap"))
+                                 y=[p["model_ms"] for p in predicted], mode="lines+markers",
+                                 line_dash="dash", name="model: measured pieces, no overlap"))
         fig.add_trace(go.Scatter(x=[p["bucket_mb"] for p in predicted],
-                                 y=[p["full_overlap_ms"] for p in predicted], mode="lines",
-                                 line_dash="dot", name="predicted, latency only exposed"))
+                                 y=[p["textbook_ms"] for p in predicted], mode="lines",
+                                 line_dash="dot", name="textbook: compute + b*alpha + D/bw"))
     for r in rows:
         if r["version"] in ("torch", "naive", "overlap"):
             fig.add_hline(y=r["step_ms"], line_dash="dot", annotation_text=r["version"])

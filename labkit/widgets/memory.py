@@ -26,7 +26,9 @@ def plan_table(plan: memory.MemoryPlan, gpu="H100 80GB", unit: str = "GB") -> st
     lines = [f"{label:<24} {value:>10.2f} {unit}" for label, value in plan.rows(unit)]
     verdict = "fits" if plan.fits(cap) else "does NOT fit"
     name = gpu if isinstance(gpu, str) else "custom GPU"
-    lines.append(f"{name + ' capacity':<24} {cap / scale:>10.2f} {unit}  -> {verdict}")
+    lines.append(f"{name + ' capacity':<24} {cap / scale:>10.2f} {unit}  -> {verdict} "
+                 f"(keeping {100 * memory.MARGIN:.0f}% free: {plan.headroom(cap) / scale:.2f} "
+                 f"{unit} left)")
     s = plan.settings
     lines.append(f"model {s['model']}: {s['n_params'] / 1e9:.3f}B parameters; recipe {s['recipe']}")
     lines.append("(1 GB = 1e9 bytes, 1 GiB = 2^30 bytes)")

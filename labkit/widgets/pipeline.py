@@ -14,8 +14,9 @@ from labkit import costs
 from labkit.pipeline import schedules
 from labkit.pipeline.simulate import simulate
 
-COLORS = {"F": "#4C78A8", "B": "#F58518"}
-NAMES = {"F": "forward", "B": "backward"}
+COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B"}
+NAMES = {"F": "forward", "B": "backward", "W": "weight gradient (W)"}
+ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
 
 
 def timeline_figure(timeline, P: int, title: str = "", unit: str = "time"):
@@ -25,14 +26,16 @@ def timeline_figure(timeline, P: int, title: str = "", unit: str = "time"):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for kind in "FB":
+    split = any(e["kind"] == "W" for e in timeline)
+    for kind in "FBW":
         ev = [e for e in timeline if e["kind"] == kind]
         if not ev:
             continue
         chunked = any(e["chunk"] for e in timeline)
         labels = [f"{e['mb']}" + (f".{e['chunk']}" if chunked else "") for e in ev]
         fig.add_bar(y=[f"stage {e['stage']}" for e in ev], x=[e["end"] - e["start"] for e in ev],
-                    base=[e["start"] for e in ev], orientation="h", name=NAMES[kind],
+                    base=[e["start"] for e in ev], orientation="h",
+                    name="input gradient (B)" if kind == "B" and split else NAMES[kind],
                     marker_color=COLORS[kind], marker_line_width=1, marker_line_color="white",
                     marker_opacity=[1.0 if e["chunk"] % 2 == 0 else 0.6 for e in ev],
                     text=labels, textposition="inside", insidetextanchor="middle",
@@ -45,13 +48,18 @@ def timeline_figure(timeline, P: int, title: str = "", unit: str = "time"):
 
 
 def gantt(schedule: str = "1f1b", P: int = 4, K: int = 8, v: int = 1, t_f: float = 1.0,
-          t_b: float = 2.0, t_p2p: float = 0.0):
-    """Simulated Gantt chart with the bubble (simulated and formula) in the title."""
-    s = schedules.make(schedule, P, K, v)
-    r = simulate(s, t_f, t_b, t_p2p)
-    f = costs.pipeline.bubble_fraction(P, K, s.v)
-    title = (f"{schedule}, P={P}, K={K}" + (f", v={v}" if s.v > 1 else "")
-             + f": bubble {r.bubble:.1%} simulated, {f:.1%} formula (P-1)/(vK+P-1)")
+          t_b: float = 2.0, t_p2p: float = 0.0, t_w: float = None):
+    """Simulated Gantt chart with the bubble (simulated and formula) in the title. Zero-bubble
+    schedules split t_b into B = t_b - t_w and W = t_w (default t_b / 2)."""
+    s = schedule if isinstance(schedule, schedules.Schedule) else schedules.make(schedule, P, K, v)
+    name = s.name
+    r = simulate(s, t_f, t_b, t_p2p, t_w=t_w)
+    t_w = t_b / 2 if t_w is None else t_w
+    f = (costs.pipeline.schedule_bubble(name, P, K, s.v, t_f, t_b, t_w)
+         if name in ALL_SCHEDULES else None)
+    title = (f"{name}, P={P}, K={K}" + (f", v={v}" if s.v > 1 else "")
+             + f": bubble {r.bubble:.1%} simulated"
+             + (f", {f:.1%} formula" if f is not None else ", no closed form"))
     return timeline_figure(r.timeline, P, title, unit="time (units of t_f)")
 
 
@@ -102,17 +110,21 @@ def calculator():
 
     def show(schedule, P, K, v, t_f, t_b):
         vv = v if schedule == "interleaved" else 1
-        if schedule == "interleaved" and K % P:
-            print(f"interleaved 1F1B needs K a multiple of P: K={K}, P={P}")
+        try:
+            s = schedules.make(schedule, P, K, vv)
+        except ValueError as e:  # e.g. interleaved with K that no round size divides
+            print(e)
             return
-        display(gantt(schedule, P, K, vv, t_f, t_b))
-        peaks = [costs.pipeline.peak_in_flight(schedule, P, K, p, vv) for p in range(P)]
-        print(f"bubble (formula): {costs.pipeline.bubble_fraction(P, K, vv):.1%}   "
-              f"step: {costs.pipeline.step_time(P, K, t_f, t_b, vv):.3g} (vs {K * (t_f + t_b):.3g} "
-              f"of work)   peak micro-batches held per stage: "
-              + ", ".join(f"{x:g}" for x in peaks))
+        display(gantt(s, P, K, vv, t_f, t_b))
+        r = simulate(s, t_f, t_b)
+        f = costs.pipeline.schedule_bubble(schedule, P, K, vv, t_f, t_b, t_b / 2)
+        print(f"bubble: {r.bubble:.1%} simulated, "
+              + (f"{f:.1%} formula" if f is not None else "no closed form")
+              + f"   step: {r.makespan:.3g} (vs {K * (t_f + t_b):.3g} of work)   "
+              f"peak micro-batches held per stage: " + ", ".join(f"{x:g}" for x in r.peak_in_flight)
+              + ("   (W = t_b / 2)" if s.split else ""))
 
-    return w.interactive(show, schedule=w.Dropdown(options=list(costs.pipeline.SCHEDULES), value="1f1b"),
+    return w.interactive(show, schedule=w.Dropdown(options=list(ALL_SCHEDULES), value="1f1b"),
                          P=w.IntSlider(value=4, min=1, max=8), K=w.IntSlider(value=8, min=1, max=32),
                          v=w.IntSlider(value=2, min=1, max=4),
                          t_f=w.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.25),

@@ -3,6 +3,7 @@
     from labkit.widgets import planner as pw
     pw.mesh_figure(Topology(16, dp=2, tp=4, pp=2, gpus_per_node=8))   # rank grid on nodes
     pw.ranked_figure(costs.planner.plan(job, cluster)[:10], cluster)  # time + memory per config
+    pw.stability_figure(costs.planner.stability(job, cluster, inter_bw=[...], overlap=[...]))
     pw.planner()                                                       # the interactive planner
 
 All numbers come from labkit.costs.planner (which uses costs.memory, .pipeline, .comm, .flops).
@@ -14,12 +15,13 @@ from labkit.costs import planner as P
 
 GB = 1e9
 TIME_PARTS = (("compute", "useful compute"), ("tp", "TP all-reduces"), ("bubble", "pipeline bubble"),
-              ("pp", "PP sends"), ("dp", "DP traffic not hidden"))
+              ("pp", "PP sends"), ("dp", "DP traffic not hidden"),
+              ("offload", "offload: PCIe + CPU Adam"))
 
 
 def time_parts(e: P.Estimate) -> dict:
     return {"compute": e.K * e.compute_s, "tp": e.tp_comm_s, "bubble": e.bubble_s,
-            "pp": e.pp_comm_s, "dp": e.dp_exposed_s}
+            "pp": e.pp_comm_s, "dp": e.dp_exposed_s, "offload": e.offload_s}
 
 
 def ranked_figure(estimates, cluster: P.Cluster, title: str = ""):
@@ -37,9 +39,34 @@ def ranked_figure(estimates, cluster: P.Cluster, title: str = ""):
     for comp in memory.MemoryPlan.COMPONENTS:
         fig.add_bar(y=labels, x=[getattr(e.memory, comp) / GB for e in ests], orientation="h",
                     name=memory.MemoryPlan.LABELS[comp], row=1, col=2)
-    fig.add_vline(x=cluster.usable * cluster.capacity / GB, line_dash="dot", row=1, col=2)
+    fig.add_vline(x=cluster.usable / GB, line_dash="dot", row=1, col=2)   # capacity less margin
     fig.update_layout(barmode="stack", height=120 + 28 * len(labels), title=title,
                       legend_orientation="h", legend_y=-0.15, margin_l=10)
+    return fig
+
+
+def stability_figure(result, title: str = ""):
+    """One panel per swept input: each top plan's time per step (failures included) against the
+    input's value. Lines that cross are a ranking that does not hold."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    names = list(result["sweeps"])
+    axis = {"inter_bw": ("inter-node GB/s per GPU", 1e-9), "overlap": ("overlap efficiency", 1),
+            "intra_bw": ("intra-node GB/s per GPU", 1e-9)}
+    fig = make_subplots(rows=1, cols=len(names), shared_yaxes=True,
+                        subplot_titles=[axis.get(n, (n, 1))[0] for n in names])
+    palette = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#9D755D"]
+    for col, name in enumerate(names, 1):
+        sw, scale = result["sweeps"][name], axis.get(name, (name, 1))[1]
+        xs = [v * scale for v in sw["values"]]
+        for i, c in enumerate(result["plans"]):
+            fig.add_scatter(x=xs, y=sw["step_s"][c], mode="lines+markers", name=str(c),
+                            legendgroup=str(c), showlegend=col == 1, row=1, col=col,
+                            line_color=palette[i % len(palette)])
+    fig.update_yaxes(title_text="seconds per step (failures included)", row=1, col=1)
+    fig.update_layout(height=380, title=title or "Does the ranking hold when an input changes?",
+                      legend_orientation="h", legend_y=-0.2)
     return fig
 
 
@@ -78,17 +105,19 @@ def planner():
     links = {name: link.bandwidth for name, link in comm.LINKS.items()}
 
     def show(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch, seq_len, recipe,
-             recompute, top):
+             recompute, sequence_parallel, overlap, margin, efficiency, mtbf_h, top):
         cluster = P.Cluster(n_gpus, gpus_per_node, gpu, intra_bw=links[intra],
-                            inter_bw=links[inter])
+                            inter_bw=links[inter], overlap=overlap, memory_margin=margin,
+                            flop_efficiency=efficiency, gpu_mtbf_h=mtbf_h)
         job = P.Job(model, global_batch=global_batch, seq_len=seq_len, recipe=recipe,
-                    recompute=recompute)
+                    recompute=recompute, sequence_parallel=sequence_parallel)
         ranked = P.plan(job, cluster)
         if not ranked:
             print("No configuration fits: more GPUs, a bigger GPU, recomputation, or ZeRO-3.")
             return
-        cols = ["TP", "PP", "DP", "ZeRO", "micro-batch", "K", "memory GB", "bubble %",
-                "DP comm s", "step s"]
+        cols = ["TP", "PP", "DP", "ZeRO", "offload", "micro-batch", "K", "memory GB",
+                "headroom GB", "bubble %", "DP exposed s", "step s", "MFU %", "HFU %",
+                "eff. step s"]
         print(P.table(ranked[:top], cols))
         print("\nwhy the first one:")
         for line in P.reasons(ranked[0], job, cluster):
@@ -106,5 +135,13 @@ def planner():
         global_batch=w.Dropdown(options=[256, 512, 1024, 1536, 2048], value=1024),
         seq_len=w.Dropdown(options=[1024, 2048, 4096, 8192], value=4096),
         recipe=w.Dropdown(options=list(memory.RECIPES), value="mixed"),
-        recompute=w.Dropdown(options=["none", "selective", "full"], value="selective"),
+        recompute=w.Dropdown(options=[("none", "none"), ("full (chapter 06)", "full"),
+                                      ("selective (not yet taught)", "selective")], value="none"),
+        sequence_parallel=w.Checkbox(value=False, description="sequence parallel (not yet taught)"),
+        overlap=w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05, description="overlap"),
+        margin=w.FloatSlider(value=0.10, min=0.0, max=0.3, step=0.01, description="memory margin"),
+        efficiency=w.FloatSlider(value=0.5, min=0.2, max=0.8, step=0.05,
+                                 description="kernel efficiency"),
+        mtbf_h=w.FloatLogSlider(value=P.LLAMA3_GPU_MTBF_H, base=10, min=3, max=6,
+                                description="GPU MTBF h"),
         top=w.IntSlider(value=8, min=3, max=20))

@@ -2,7 +2,8 @@
 
     from labkit.widgets import tp as view
     view.split_picture()                    # column vs row split of W in Y = X W (schematic)
-    view.bytes_figure(rows)                 # measured bytes of each all-reduce vs the formula
+    view.bytes_figure(rows)                 # logged bytes of each all-reduce vs the formula
+    view.wire_figure(wire_rows)             # bytes sent, counted by the kernel, vs labkit.costs
     view.scaling_figure(b, s, h, links)     # alpha-beta layer time vs TP per interconnect
     view.calculator()                       # sliders over labkit.costs.tensor_parallel
 """
@@ -38,18 +39,36 @@ def split_picture(tp: int = 4):
     return fig
 
 
-def bytes_figure(rows, title: str = "bytes of every TP all-reduce: measured vs formula"):
-    """rows from labkit.tp.measure.count_layer_comm (several tp): bars measured, markers formula."""
+def bytes_figure(rows, title: str = "bytes of every TP all-reduce: logged vs formula"):
+    """rows from labkit.tp.measure.count_layer_comm (several tp): bars the comm log's payload of
+    each call (what the operator asked for), markers the formula."""
     import plotly.graph_objects as go
 
     labels = [f"TP={r['tp']} {r['phase'][:3]} #{i}" for i, r in enumerate(rows)]
     fig = go.Figure([
-        go.Bar(x=labels, y=[r["measured_bytes"] for r in rows], name="measured (CommLog)",
+        go.Bar(x=labels, y=[r["measured_bytes"] for r in rows], name="logged (labkit.commlog)",
                marker_color=COLOURS[0]),
         go.Scatter(x=labels, y=[r["predicted_bytes"] for r in rows], mode="markers",
                    marker=dict(symbol="x", size=12, color=COLOURS[3]),
                    name="formula b*s*h*4 bytes")])
     fig.update_layout(title=title, yaxis_title="bytes per all-reduce", height=380)
+    return fig
+
+
+def wire_figure(rows, title: str = "bytes each rank sent in one TP forward + backward"):
+    """rows from labkit.tp.measure.count_wire: bars the kernel's count (labkit.netcount), markers
+    labkit.costs' ring prediction n_layer * 4 * 2(tp-1)/tp * b*s*h*4."""
+    import plotly.graph_objects as go
+
+    rows = [r for r in rows if r["sent"] is not None]
+    labels = [f"TP={r['tp']}" for r in rows]
+    fig = go.Figure([
+        go.Bar(x=labels, y=[r["sent"] for r in rows], name="counted by the kernel",
+               marker_color=COLOURS[0]),
+        go.Scatter(x=labels, y=[r["predicted"] for r in rows], mode="markers",
+                   marker=dict(symbol="line-ew-open", size=40, line_width=3, color="black"),
+                   name="labkit.costs (ring)")])
+    fig.update_layout(title=title, yaxis_title="bytes sent per rank", height=360)
     return fig
 
 

@@ -6,26 +6,31 @@ Toward Training Trillion Parameter Models"), each checked against one process.
     zero = ZeRO2(model.parameters(), torch.optim.AdamW, lr=1e-3)
     loss = model(x, y)[1]; loss.backward(); zero.step(); zero.zero_grad()
     zero.held_bytes()      # {"params": ..., "grads": ..., "optimizer": ...} on this rank
-    zero.counter.sent      # bytes this rank sent through each ring collective
+    # bytes sent: counted by the kernel around the step (labkit.netcount), see zero.train
 
     shard       per-parameter padded chunks, reduce-scatter / all-gather (one tensor or many in
-                one message), byte counting, what a rank holds
+                one message; a ring reduce-scatter where the backend's is not one), what a
+                rank holds
     zero1       DataParallel (stage 0); zero1_step (per parameter, the exercise),
                 zero1_step_flat (one message each way), naive_zero1_step (all-reduce: 3Ψ); ZeRO1
     zero2       ZeRO2: gradients reduce-scattered in buckets during backward, full ones freed
     zero3       ZeRO3: parameters sharded, gathered just in time per unit (FSDP)
-    train       the same few training steps for any stage, and the one-process reference
+    params      real training code: parameter groups, frozen and unused parameters (has-grad
+                flags), clipping by the global norm of sharded gradients, bad-input errors
+    train       the same few training steps for any stage (frozen / unused / groups / clipping /
+                accumulation with no_sync), and the one-process references
     fsdp        the same training with PyTorch's FSDP2 fully_shard and ZeroRedundancyOptimizer
     measure     bytes held and sent per stage next to labkit.costs (lab, bench, chapter)
 
 Process groups are arguments (default: the world).
 """
-from labkit.zero.shard import (CommCounter, all_gather_full, chunk_size, padded_flat,
+from labkit.zero.params import param_groups, weight_decay_groups
+from labkit.zero.shard import (all_gather_full, chunk_size, padded_flat, reduce_scatter_algorithm,
                                reduce_scatter_mean, shard_of, shard_optimizer)
 from labkit.zero.zero1 import DataParallel, ZeRO1, naive_zero1_step, zero1_step, zero1_step_flat
 from labkit.zero.zero2 import ZeRO2
 from labkit.zero.zero3 import ZeRO3
 
-__all__ = ["CommCounter", "DataParallel", "ZeRO1", "ZeRO2", "ZeRO3", "all_gather_full",
-           "chunk_size", "naive_zero1_step", "padded_flat", "reduce_scatter_mean", "shard_of",
-           "shard_optimizer", "zero1_step", "zero1_step_flat"]
+__all__ = ["DataParallel", "ZeRO1", "ZeRO2", "ZeRO3", "all_gather_full", "chunk_size",
+           "naive_zero1_step", "padded_flat", "param_groups", "reduce_scatter_algorithm", "reduce_scatter_mean",
+           "shard_of", "shard_optimizer", "weight_decay_groups", "zero1_step", "zero1_step_flat"]

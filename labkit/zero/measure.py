@@ -1,15 +1,18 @@
 """Measured bytes per rank and bytes sent per step for ZeRO stages 0-3, next to labkit.costs.
 
     from labkit.launch import run
-    from labkit.zero.measure import LAB_MODEL, measure_stages, rows
+    from labkit.zero.measure import LAB_MODEL, measure_stages, rows, table
     per_rank = run(measure_stages, 4, args=(LAB_MODEL,))
-    for r in rows(per_rank): print(r)
+    print(table(rows(per_rank, LAB_MODEL)))
 
 Used by chapter 03's lab, `labkit run zero` and `labkit bench zero`. Everything is fp32 on
 CPU with AdamW: 4 bytes of weights, 4 of gradients and 8 of optimizer state (momentum, variance)
-per parameter, the calculator's Precision("fp32 Adam", 4, 4, 8). The bytes are the tensors each
-rank keeps after a step (before zero_grad); the traffic is what this rank's ring collectives
-send in one step (labkit.zero.shard.CommCounter).
+per parameter, the calculator's Precision("fp32 Adam", 4, 4, 8). The bytes held are the tensors
+each rank keeps after a step (before zero_grad). The bytes sent are counted by the kernel
+(labkit.netcount: the payload this rank's TCP sockets moved in one step), not by labkit; the
+prediction is labkit.costs.zero.comm_per_rank of the Ψ the stage moves (`moved_numel`).
+`collective_bytes` is chapter 03's myth vs measurement: the backend's own reduce-scatter beside
+labkit's ring, counted the same way.
 """
 from __future__ import annotations
 
@@ -27,18 +30,72 @@ PARTS = ("params", "grads", "optimizer")
 
 def measure_stages(cfg: GPTConfig = LAB_MODEL, stages=(0, 1, 2, 3), optimizer: str = "adamw",
                    steps: int = 2, batch_size: int = 8) -> dict:
-    """Rank side: {stage: {"held": {...}, "sent": {...}, "numel": Ψ}} after `steps` steps."""
+    """Rank side: {stage: {"held", "sent", "received", "logged", "numel"}} after `steps` steps."""
     from labkit.zero.train import sharded_train
 
     out = {}
     for stage in stages:
         res = sharded_train(stage, cfg, optimizer, steps=steps, batch_size=batch_size)
-        out[stage] = {"held": res["held"], "sent": res["sent"], "numel": res["numel"]}
+        out[stage] = {k: res[k] for k in ("held", "sent", "received", "wire_reason", "logged",
+                                          "numel")}
     return out
 
 
-def rows(per_rank, recipe=FP32_ADAM) -> list:
-    """One row per stage: measured (largest over ranks) and predicted bytes, sent and formula."""
+def moved_numel(cfg: GPTConfig, stage: int, world: int) -> int:
+    """Ψ as the stage moves it: stage 0 all-reduces the Ψ gradients in one flat buffer; stages
+    1-2 pad each parameter to a multiple of N (labkit.zero.shard); stage 3 gathers each unit's
+    padded parameters, so a tied embedding used by two units counts twice."""
+    from labkit.model import GPT
+    from labkit.zero.shard import chunk_size, unique_params
+    from labkit.zero.zero3 import default_units
+
+    model = GPT(cfg)
+
+    def padded(params):
+        return sum(world * chunk_size(p.numel(), world) for p in params)
+    if stage == 0:
+        return sum(p.numel() for p in unique_params(model))
+    if stage in (1, 2):
+        return padded(unique_params(model))
+    return sum(padded(unique_params(u)) for u in default_units(model))
+
+
+def flag_numel(cfg: GPTConfig, stage: int, world: int) -> int:
+    """Values the has-grad flags add to the gradient collective's payload (labkit.zero.params.
+    with_flags: one per parameter, so that an unused parameter keeps gradient None): stage 0
+    all-reduces P, stage 1 reduce-scatters N*P, stage 3 N*P_u per unit; stage 2 none (its hooks
+    only fire for parameters that have a gradient). P is tens; Ψ is millions in real models."""
+    from labkit.model import GPT
+    from labkit.zero.shard import unique_params
+    from labkit.zero.zero3 import default_units
+
+    model = GPT(cfg)
+    if stage == 0:
+        return len(unique_params(model))
+    if stage == 1:
+        return world * len(unique_params(model))
+    if stage == 3:
+        return world * sum(len(unique_params(u)) for u in default_units(model))
+    return 0
+
+
+def flag_bytes(cfg: GPTConfig, stage: int, world: int, bytes_per_value: int = 4) -> float:
+    """Bytes per rank the flags add on the wire (ring: all-reduce 2(N-1)/N, reduce-scatter
+    (N-1)/N of the payload)."""
+    share = 2 * (world - 1) / world if stage == 0 else (world - 1) / world
+    return share * flag_numel(cfg, stage, world) * bytes_per_value
+
+
+def predicted_sent(cfg: GPTConfig, stage: int, world: int, bytes_per_value: int = 4) -> float:
+    """labkit.costs' bytes sent per rank per step (ring collectives) for this model and stage
+    (without has-grad flags: find_unused_parameters=False; flag_bytes gives what they add)."""
+    return costs_zero.comm_per_rank(moved_numel(cfg, stage, world), stage, world,
+                                    bytes_per_value=bytes_per_value)["total"]
+
+
+def rows(per_rank, cfg: GPTConfig = LAB_MODEL, recipe=FP32_ADAM) -> list:
+    """One row per stage: held bytes (largest rank) vs labkit.costs.memory, bytes sent (kernel
+    count, largest rank) vs labkit.costs.zero, and their ratio."""
     world = len(per_rank)
     out = []
     for stage in [k for k in per_rank[0] if k in (0, 1, 2, 3)]:   # other entries: ignored
@@ -46,26 +103,93 @@ def rows(per_rank, recipe=FP32_ADAM) -> list:
         ms = memory.model_states(numel, recipe=recipe, zero_stage=stage, dp=world)
         pred = {"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer}
         held = {k: max(r[stage]["held"][k] for r in per_rank) for k in PARTS}
-        sent = max(sum(r[stage]["sent"].values()) for r in per_rank)
-        formula = costs_zero.comm_per_rank(numel, stage, world,
-                                            bytes_per_value=recipe.weights)["total"]
+        counted = [r[stage]["sent"] for r in per_rank]
+        sent = None if None in counted else max(counted)
+        formula = predicted_sent(cfg, stage, world, recipe.weights)
         out.append({"ranks": world, "stage": stage, "numel": numel,
                     **{f"{k}_measured": held[k] for k in PARTS},
                     **{f"{k}_predicted": pred[k] for k in PARTS},
                     "total_measured": sum(held.values()), "total_predicted": ms.total,
                     "sent_measured": sent, "sent_predicted": formula,
-                    "sent_in_psi": sent / (numel * recipe.weights)})
+                    "sent_ratio": None if sent is None else sent / formula,
+                    "sent_in_psi": None if sent is None else sent / (numel * recipe.weights),
+                    "wire_reason": per_rank[0][stage].get("wire_reason")})
     return out
 
 
 def table(rs) -> str:
     head = (f"{'ranks':>5} {'stage':>5} {'params KB':>10} {'grads KB':>9} {'optim KB':>9} "
-            f"{'total KB':>9} {'predicted':>9} {'sent KB':>8} {'Ψ vals':>6} {'predicted':>9}")
+            f"{'total KB':>9} {'predicted':>9} {'sent KB':>8} {'predicted':>9} {'ratio':>6} "
+            f"{'Ψ vals':>6}")
     lines = [head, "-" * len(head)]
     for r in rs:
+        if r["sent_measured"] is None:
+            sent = f"{'n/a':>8} {r['sent_predicted'] / 1e3:>9.1f} {'':>6} {'':>6}"
+        else:
+            sent = (f"{r['sent_measured'] / 1e3:>8.1f} {r['sent_predicted'] / 1e3:>9.1f} "
+                    f"{r['sent_ratio']:>6.3f} {r['sent_in_psi']:>6.2f}")
         lines.append(f"{r['ranks']:>5} {r['stage']:>5} {r['params_measured'] / 1e3:>10.1f} "
                      f"{r['grads_measured'] / 1e3:>9.1f} {r['optimizer_measured'] / 1e3:>9.1f} "
                      f"{r['total_measured'] / 1e3:>9.1f} {r['total_predicted'] / 1e3:>9.1f} "
-                     f"{r['sent_measured'] / 1e3:>8.1f} {r['sent_in_psi']:>6.2f} "
-                     f"{r['sent_predicted'] / 1e3:>9.1f}")
+                     f"{sent}")
+    reasons = {r["wire_reason"] for r in rs if r["sent_measured"] is None}
+    lines += [f"sent: not counted ({why})" for why in sorted(reasons)]
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- myth vs measurement
+def collective_bytes(numel: int = 2**20, repeats: int = 3) -> dict:
+    """Rank side: kernel-counted bytes this rank sends for one call of each collective on a
+    numel-element fp32 buffer (median over `repeats`), as a multiple of the buffer's bytes D.
+
+    {"backend reduce-scatter", "labkit ring reduce-scatter", "backend all-gather",
+     "backend all-reduce"} -> sent / D; "ring" -> (N-1)/N, the reduce-scatter's optimum."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit import netcount
+    from labkit.launch import device
+    from labkit.zero.shard import all_gather_flat, reduce_scatter_sum
+
+    n, dev = dist.get_world_size(), device()
+    numel -= numel % n                                  # equal chunks for the backend's calls
+    full = torch.randn(numel, device=dev)               # (N*c,)
+    piece = torch.randn(numel // n, device=dev)         # (c,)
+    calls = {
+        "backend reduce-scatter": lambda: reduce_scatter_sum(full, algorithm="backend"),
+        "labkit ring reduce-scatter": lambda: reduce_scatter_sum(full, algorithm="ring"),
+        "backend all-gather": lambda: all_gather_flat(piece),
+        "backend all-reduce": lambda: dist.all_reduce(full.clone()),
+    }
+    out = {"ring": (n - 1) / n, "reason": netcount.why_not()}
+    for name, call in calls.items():
+        counts = []
+        for _ in range(repeats):
+            dist.barrier()
+            with netcount.socket_bytes() as c:
+                call()
+            counts.append(c.sent)
+        out[name] = None if None in counts else statistics.median(counts) / (numel * 4)
+    dist.barrier()
+    return out
+
+
+def accumulation_tradeoff(cfg: GPTConfig = LAB_MODEL, micro_batches: int = 4,
+                          stages=(2, 3), batch_size: int = 16) -> dict:
+    """Rank side: gradient accumulation over `micro_batches` for ZeRO-2/3, reduce-scattering
+    every micro-batch vs holding full gradients (no_sync) until the last one.
+    {(stage, "every"|"no_sync"): {"sent": kernel-counted bytes of the step, "peak_grad_bytes":
+    gradient storage held at most}}: no_sync sends one reduce-scatter instead of k, but holds Ψ
+    full gradients (4Ψ bytes in fp32) instead of about Ψ/N, the memory ZeRO-2/3 set out to save."""
+    from labkit.zero.train import sharded_train
+
+    out = {}
+    for stage in stages:
+        for mode in ("every", "no_sync"):
+            res = sharded_train(stage, cfg, "adamw", steps=1, batch_size=batch_size,
+                                accumulate=micro_batches, no_sync=mode == "no_sync")
+            out[(stage, mode)] = {"sent": res["sent"], "peak_grad_bytes": res["peak_grad_bytes"],
+                                  "numel": res["numel"]}
+    return out

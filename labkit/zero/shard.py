@@ -6,9 +6,11 @@ owns elements [r*c, (r+1)*c). Equal chunks let reduce-scatter and all-gather use
 the padding (< N elements per parameter) is ignored when the full tensor is rebuilt. A parameter
 whose size does not divide by N is the ordinary case, not an exception.
 
-Also here: a counter of the bytes each rank sends through the ring collectives (to measure the
-ZeRO paper's 2Ψ vs 3Ψ), and `held_bytes`, what a rank actually keeps in parameters, gradients and
-optimizer state.
+Every collective goes through labkit.commlog (one event per call, for timelines and counts).
+The reduce-scatter is labkit's ring (labkit.collectives) where the backend's own moves
+all-reduce bytes (Gloo), and the backend's where it is a ring (NCCL): `reduce_scatter_algorithm`.
+The bytes really sent are counted by the kernel (labkit.netcount), never by this module. Also
+here: what a rank keeps in parameters, gradients and optimizer state (`tensor_bytes`, ...).
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ import math
 
 import torch
 import torch.distributed as dist
+
+from labkit import commlog
+from labkit.collectives import ring_reduce_scatter
 
 
 def chunk_size(numel: int, world: int) -> int:
@@ -36,62 +41,53 @@ def shard_of(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return padded_flat(t, world)[rank * c:(rank + 1) * c].clone()
 
 
-class CommCounter:
-    """Bytes this rank sends through ring collectives, by collective name.
+def reduce_scatter_algorithm(group=None) -> str:
+    """"ring" (labkit.collectives, built from send/recv) or "backend" (the backend's own).
 
-    Ring reduce-scatter and all-gather of a D-byte buffer send (N-1)/N * D bytes per rank; a ring
-    all-reduce is both, 2(N-1)/N * D (labkit.costs.comm)."""
-
-    def __init__(self):
-        self.sent = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0}
-
-    def add(self, op: str, full_bytes: float, world: int) -> None:
-        factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
-        self.sent[op] += factor * full_bytes
-
-    @property
-    def total(self) -> float:
-        return sum(self.sent.values())
-
-    def reset(self) -> None:
-        for k in self.sent:
-            self.sent[k] = 0.0
+    NCCL's reduce-scatter is a ring: each rank sends (N-1)/N of the buffer. PyTorch's Gloo backend
+    all-reduces a copy of the whole buffer and keeps this rank's chunk: 2(N-1)/N, twice the ring
+    (counted by the kernel: labkit.netcount, chapter 03), so there labkit runs its own ring and
+    ZeRO moves what the ZeRO paper says on every backend."""
+    return "backend" if "nccl" in str(dist.get_backend(group)).lower() else "ring"
 
 
-def _reduce_scatter(out, inp, op, group):
-    # newer PyTorch renames reduce_scatter_tensor to reduce_scatter_single
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(out, inp, op=op, group=group)
+def reduce_scatter_sum(flat: torch.Tensor, group=None, where: str = "ZeRO reduce-scatter",
+                       algorithm: str | None = None) -> torch.Tensor:
+    """This rank's chunk of the sum over ranks of flat (N*c,), logged as one reduce-scatter
+    (labkit.commlog). `flat` is not changed. algorithm: None (reduce_scatter_algorithm), "ring"
+    or "backend"."""
+    world = dist.get_world_size(group)
+    algorithm = algorithm or reduce_scatter_algorithm(group)
+    if algorithm == "backend":
+        out = flat.new_empty(flat.numel() // world)                  # (c,)
+        return commlog.reduce_scatter_into(out, flat, group=group, where=where)
+    if algorithm != "ring":
+        raise ValueError(f"algorithm must be 'ring' or 'backend', got {algorithm!r}")
+    with commlog.composite("reduce_scatter", flat, group=group, where=where):
+        return ring_reduce_scatter(flat.clone(), "sum", group)      # (c,); the ring writes its input
 
 
-def _all_gather(out, inp, group):
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=group)
+def all_gather_flat(mine: torch.Tensor, group=None, where: str = "ZeRO all-gather") -> torch.Tensor:
+    """Every rank's (c,) piece, concatenated in rank order (N*c,): the backend's all-gather (a
+    ring on Gloo and NCCL alike: (N-1)/N of the output sent per rank), logged by commlog."""
+    out = mine.new_empty(dist.get_world_size(group) * mine.numel())  # (N*c,)
+    return commlog.all_gather_into(out, mine.detach().contiguous(), group=group, where=where)
 
 
-def reduce_scatter_mean(full: torch.Tensor, group=None, counter: CommCounter | None = None):
+def reduce_scatter_mean(full: torch.Tensor, group=None, where: str = "ZeRO reduce-scatter"):
     """This rank's chunk of the mean over ranks of `full` (any shape).        # (c,)"""
     world = dist.get_world_size(group)
-    flat = padded_flat(full, world)                                  # (N*c,)
-    out = flat.new_empty(flat.numel() // world)                      # (c,)
-    _reduce_scatter(out, flat, op=dist.ReduceOp.SUM, group=group)
-    if counter is not None:
-        counter.add("reduce_scatter", flat.numel() * flat.element_size(), world)
-    return out.div_(world)
+    return reduce_scatter_sum(padded_flat(full, world), group, where).div_(world)
 
 
-def all_gather_full(shard: torch.Tensor, shape, group=None, counter: CommCounter | None = None):
+def all_gather_full(shard: torch.Tensor, shape, group=None, where: str = "ZeRO all-gather"):
     """The full tensor of `shape` rebuilt from every rank's chunk.         # shape"""
-    world = dist.get_world_size(group)
-    flat = shard.new_empty(world * shard.numel())                   # (N*c,)
-    _all_gather(flat, shard.detach().contiguous(), group=group)
-    if counter is not None:
-        counter.add("all_gather", flat.numel() * flat.element_size(), world)
-    numel = math.prod(shape)
-    return flat[:numel].view(shape)
+    flat = all_gather_flat(shard, group, where)                      # (N*c,)
+    return flat[:math.prod(shape)].view(shape)
 
 
-def reduce_scatter_mean_many(fulls, group=None, counter: CommCounter | None = None) -> list:
+def reduce_scatter_mean_many(fulls, group=None, where: str = "ZeRO reduce-scatter",
+                             algorithm: str | None = None) -> list:
     """reduce_scatter_mean of several tensors in ONE collective (fewer, larger messages).
 
     Each padded tensor is viewed as (N, c_i); concatenating along dim 1 puts every rank's chunks
@@ -100,22 +96,15 @@ def reduce_scatter_mean_many(fulls, group=None, counter: CommCounter | None = No
     cols = [padded_flat(t, world).view(world, -1) for t in fulls]    # (N, c_i) each
     sizes = [c.shape[1] for c in cols]
     flat = torch.cat(cols, dim=1).reshape(-1)                        # (N * sum c_i,)
-    out = flat.new_empty(sum(sizes))                                 # (sum c_i,)
-    _reduce_scatter(out, flat, op=dist.ReduceOp.SUM, group=group)
-    if counter is not None:
-        counter.add("reduce_scatter", flat.numel() * flat.element_size(), world)
-    return list(out.div_(world).split(sizes))
+    return list(reduce_scatter_sum(flat, group, where, algorithm).div_(world).split(sizes))
 
 
-def all_gather_many(shards, shapes, group=None, counter: CommCounter | None = None) -> list:
+def all_gather_many(shards, shapes, group=None, where: str = "ZeRO all-gather") -> list:
     """all_gather_full of several shards in ONE collective; returns the full tensors."""
     world = dist.get_world_size(group)
     sizes = [s.numel() for s in shards]
     mine = torch.cat([s.detach().reshape(-1) for s in shards])       # (sum c_i,)
-    flat = mine.new_empty(world * mine.numel())                      # (N * sum c_i,)
-    _all_gather(flat, mine, group=group)
-    if counter is not None:
-        counter.add("all_gather", flat.numel() * flat.element_size(), world)
+    flat = all_gather_flat(mine, group, where)                       # (N * sum c_i,)
     rows = flat.view(world, -1).split(sizes, dim=1)                  # (N, c_i) each
     return [r.reshape(-1)[:math.prod(shape)].view(shape) for r, shape in zip(rows, shapes)]
 
@@ -123,19 +112,26 @@ def all_gather_many(shards, shapes, group=None, counter: CommCounter | None = No
 def shard_optimizer(params, optimizer_class, group=None, **optimizer_kwargs):
     """ZeRO's first idea: this rank's shard of every parameter, and an optimizer over shards only.
 
+    params: tensors, or torch-style groups [{"params": [...], "lr": ...}].
     Returns (shards, optimizer): shards[i] is a leaf tensor (c_i,) that is a VIEW of rank's chunk
     of params[i], so updating it updates the parameter in place and costs no extra memory. (Each
     parameter's storage is moved into a zero-padded flat buffer of N*c_i elements first, so every
     chunk, the last included, has c_i elements.) The optimizer, any torch.optim class, keeps its
     state for these elements only."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    shards = []
-    for p in params:
-        c = chunk_size(p.numel(), world)
-        flat = padded_flat(p, world).clone()                         # (N*c,) owns the storage
-        p.data = flat[:p.numel()].view(p.shape)                      # the parameter lives in it
-        shards.append(flat[rank * c:(rank + 1) * c].requires_grad_(True))   # (c,) a view
-    return shards, optimizer_class(shards, **optimizer_kwargs)
+    params = list(params)
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    shards, shard_groups = [], []
+    for g in groups:    # torch-style parameter groups (lr, weight_decay ...) keep their options
+        mine = []
+        for p in g["params"]:
+            c = chunk_size(p.numel(), world)
+            flat = padded_flat(p, world).clone()                     # (N*c,) owns the storage
+            p.data = flat[:p.numel()].view(p.shape)                  # the parameter lives in it
+            mine.append(flat[rank * c:(rank + 1) * c].requires_grad_(True))   # (c,) a view
+        shards += mine
+        shard_groups.append({**g, "params": mine})
+    return shards, optimizer_class(shard_groups, **optimizer_kwargs)
 
 
 def tensor_bytes(tensors) -> int:

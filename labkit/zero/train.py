@@ -12,58 +12,89 @@ the global mean loss, and the gradients match the reference's.
 """
 from __future__ import annotations
 
-import torch
+import contextlib
 
+import torch
+import torch.nn as nn
+
+from labkit import reference as _reference
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.reference import OPTIMIZERS, make_optimizer, optimizer_spec  # noqa: F401 (one registry)
+from labkit.zero.params import weight_decay_groups
 
 # n_embd 25, 5 heads: most parameters (625, 25, 2400, 400 elements ...) split unevenly in 2 or 3
 TINY = GPTConfig(vocab_size=96, block_size=16, n_layer=2, n_head=5, n_embd=25)
 
-OPTIMIZERS = {
-    "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
-    "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
-}
-
-
-def optimizer_spec(name: str):
-    if name not in OPTIMIZERS:
-        raise KeyError(f"optimizer {name!r}: choose one of {', '.join(OPTIMIZERS)}")
-    return OPTIMIZERS[name]
 
 
 def reference_train(cfg: GPTConfig, optimizer: str, steps: int = 3, batch_size: int = 12,
-                    seed: int = 0) -> dict:
-    """One process, the whole global batch: {"params": {name: tensor}, "losses": [...]}."""
-    opt_class, kw = optimizer_spec(optimizer)
+                    seed: int = 0, model=None) -> dict:
+    """One process, the whole global batch (labkit.reference.reference_train):
+    {"params": {name: tensor}, "losses": [...], "grads": first step's}."""
+    return _reference.reference_train(cfg, steps=steps, batch_size=batch_size,
+                                      optimizer=optimizer, seed=seed, model=model)
+
+
+def real_model(cfg: GPTConfig, seed: int = 0, freeze=(), unused: bool = False):
+    """The tiny GPT as real training code meets it: parameters named in `freeze` frozen, and with
+    unused=True a head that forward never calls (its gradient is None on every step)."""
     model = GPT(cfg, seed=seed)
-    opt = opt_class(model.parameters(), **kw)
-    tokens, losses = tiny_corpus(), []
+    if unused:
+        torch.manual_seed(seed + 1)
+        model.unused_head = nn.Linear(cfg.n_embd, 3)                 # never called
+    for name, p in model.named_parameters():
+        if name in freeze:
+            p.requires_grad_(False)
+    return model
+
+
+def real_reference(cfg: GPTConfig, optimizer: str, steps: int = 3, batch_size: int = 12,
+                   seed: int = 0, freeze=(), unused=False, groups=False,
+                   max_grad_norm=None) -> dict:
+    """Plain PyTorch on one process: torch param groups (no decay on 1-D tensors), torch's
+    clip_grad_norm_. {"params", "losses", "grads" (first step, after clipping)}."""
+    model = real_model(cfg, seed, freeze, unused)
+    cls, kw = optimizer_spec(optimizer)
+    opt = cls(weight_decay_groups(model, kw.get("weight_decay", 0.0)), **kw) if groups \
+        else make_optimizer(optimizer, model.parameters())
+    tokens, losses, first = tiny_corpus(), [], None
     for step in range(steps):
         x, y = get_batch(tokens, batch_size, cfg.block_size, step, seed)   # (B, T)
         loss = model(x, y)[1]
         loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None],
+                                           max_grad_norm)
+        if first is None:
+            first = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "losses": losses}
+            "losses": losses, "grads": first}
 
 
-def make_stage(stage: int, model, optimizer: str, group=None, naive: bool = False, **stage_kw):
+def make_stage(stage: int, model, optimizer: str, group=None, naive: bool = False,
+               groups: bool = False, **stage_kw):
     """DataParallel / ZeRO1 / ZeRO2 / ZeRO3 over `model` with a named optimizer.
 
-    stage_kw go to the stage's class (e.g. bucket_bytes for ZeRO2)."""
+    groups: two parameter groups, no weight decay on 1-D tensors (norms, biases). stage_kw go to
+    the stage's class (max_grad_norm for all; bucket_bytes for ZeRO2; reduce_scatter="backend"
+    for ZeRO2 and ZeRO3: the backend's own reduce-scatter instead of labkit's choice)."""
     from labkit.zero import DataParallel, ZeRO1, ZeRO2, ZeRO3
 
     opt_class, kw = optimizer_spec(optimizer)
+    params = weight_decay_groups(model, kw.get("weight_decay", 0.0)) if groups \
+        else model.parameters()
     if stage == 0:
-        return DataParallel(model.parameters(), opt_class, group, **kw)
+        return DataParallel(params, opt_class, group, **stage_kw, **kw)
     if stage == 1:
-        return ZeRO1(model.parameters(), opt_class, group, naive=naive, **kw)
+        return ZeRO1(params, opt_class, group, naive=naive, **stage_kw, **kw)
     if stage == 2:
-        return ZeRO2(model.parameters(), opt_class, group, **stage_kw, **kw)
+        return ZeRO2(params, opt_class, group, **stage_kw, **kw)
     if stage == 3:
-        return ZeRO3(model, opt_class, group, **kw)
+        return ZeRO3(model, opt_class, group, param_groups=params if groups else None,
+                     **stage_kw, **kw)
     raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
 
 
@@ -74,18 +105,55 @@ def full_params(zero, model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def gradient_bytes_held(zero) -> int:
+    """Bytes of gradient storage this rank holds now, by storage size: full gradients (p.grad;
+    ZeRO-3's no_sync buffers) plus the shards' reduced chunks. Shared storage counted once."""
+    tensors = [p.grad for p in zero.params] + [s.grad for s in getattr(zero, "shards", [])]
+    tensors += list(getattr(zero, "_held", {}).values())
+    seen, total = set(), 0
+    for t in tensors:
+        if t is not None and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def gathered_grads(zero, model) -> dict:
+    """name -> the mean gradient this stage used in its step (after clipping), full size; a
+    parameter without one is left out. Collective for stages 1-3 (all-gathers the chunks)."""
+    from labkit.zero.shard import all_gather_full
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    if zero.stage == 0:
+        return {names[id(p)]: p.grad.clone() for p in zero.params if p.grad is not None}
+    out = {}
+    for p, s in zip(zero.params, zero.shards):
+        if s.grad is not None:      # the same on every rank (from the reduced has-grad flags)
+            shape = zero.shapes[id(p)] if zero.stage == 3 else p.shape
+            out[names[id(p)]] = all_gather_full(s.grad.detach(), shape, zero.group).clone()
+    return out
+
+
 def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
                   batch_size: int = 12, seed: int = 0, group=None, naive: bool = False,
-                  step_fn=None, accumulate: int = 1, stage_kw=None) -> dict:
+                  step_fn=None, accumulate: int = 1, stage_kw=None, freeze=(),
+                  unused: bool = False, groups: bool = False, no_sync: bool = False) -> dict:
     """Run on every rank (via labkit.launch.run): train `steps` steps with a ZeRO stage.
 
     Returns {"params", "losses" (this rank's local losses), "held" (bytes kept after the last
-    step, before zero_grad), "sent" (bytes sent per step, by collective), "numel"}.
+    step, before zero_grad), "sent"/"received" (bytes this rank's sockets moved in the last step,
+    counted by the kernel: labkit.netcount; None where it cannot count, "wire_reason" says why),
+    "logged" ({op: [calls, payload bytes]} of the last step, labkit.commlog), "numel"}.
     step_fn(params, shards, optimizer, group) replaces ZeRO-1's step (the exercise).
     accumulate: split this rank's rows into that many micro-batches, one backward each, before
-    the step (gradient accumulation; the losses are scaled so the sum is the mean)."""
+    the step (gradient accumulation; the losses are scaled so the sum is the mean); no_sync: all
+    but the last micro-batch inside zero.no_sync() (ZeRO-2/3: hold full gradients, send once).
+    freeze, unused: labkit.zero.train.real_model; groups: no decay on 1-D tensors. Also returns
+    "grads": the first step's mean gradient per name (gathered from the shards; None-free),
+    "peak_grad_bytes": the most gradient storage held after any micro-batch's backward."""
     import torch.distributed as dist
 
+    from labkit import commlog, netcount
     from labkit.launch import device, note
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -93,30 +161,45 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     if batch_size % world:
         raise ValueError(f"batch_size={batch_size} must divide by the world size {world} so "
                          f"that every rank's mean loss weighs the same")
-    model = GPT(cfg, seed=seed).to(dev)
+    model = real_model(cfg, seed, freeze, unused).to(dev)
     numel = sum(p.numel() for p in model.parameters())
-    zero = make_stage(stage, model, optimizer, group, naive=naive, **(stage_kw or {}))
+    stage_kw = {**({"find_unused_parameters": True} if unused else {}), **(stage_kw or {})}
+    zero = make_stage(stage, model, optimizer, group, naive=naive, groups=groups, **stage_kw)
+    zero.keep_shard_grads = True    # ZeRO-1: keep the reduced chunks until zero_grad
+    first_grads, peak_grads = None, 0
     tokens, losses = tiny_corpus(), []
     for step in range(steps):
         note(f"ZeRO-{stage} step {step}")
-        zero.counter.reset()  # ZeRO-2 and -3 communicate during forward and backward too
         x, y = get_batch(tokens, batch_size, cfg.block_size, step, seed)   # (B, T) global
         x, y = shard_rows(x, rank, world).to(dev), shard_rows(y, rank, world).to(dev)  # (B/N, T)
         loss = 0.0
-        for xm, ym in zip(x.chunk(accumulate), y.chunk(accumulate)):    # (B/N/k, T) each
-            part = model(xm, ym)[1] * (xm.shape[0] / x.shape[0])
-            part.backward()
-            loss = loss + part.detach()
-        if step_fn is not None:
-            step_fn(zero.params, zero.shards, zero.optimizer, group)
-        else:
-            zero.step()
+        # the whole step: ZeRO-2 and -3 communicate during forward and backward too
+        with netcount.socket_bytes(group) as wire, commlog.record() as log:
+            micro = list(zip(x.chunk(accumulate), y.chunk(accumulate)))   # (B/N/k, T) each
+            for i, (xm, ym) in enumerate(micro):
+                quiet = no_sync and i < len(micro) - 1 and hasattr(zero, "no_sync")
+                with zero.no_sync() if quiet else contextlib.nullcontext():
+                    part = model(xm, ym)[1] * (xm.shape[0] / x.shape[0])
+                    part.backward()
+                loss = loss + part.detach()
+                peak_grads = max(peak_grads, gradient_bytes_held(zero))
+            if step_fn is not None:
+                step_fn(zero.params, zero.shards, zero.optimizer, group)
+            else:
+                zero.step()
         held = zero.held_bytes()
+        if first_grads is None:
+            first_grads = gathered_grads(zero, model)
         zero.zero_grad()
         losses.append(loss.item())
+    logged = {}                                  # {op: [calls, payload bytes]}, last step
+    for e in log.events:
+        calls, nbytes = logged.get(e.op, (0, 0))
+        logged[e.op] = [calls + 1, nbytes + e.bytes]
     return {"params": full_params(zero, model), "losses": losses, "held": held,
-            "sent": dict(zero.counter.sent), "numel": numel,
-            "state_numel": state_numel(zero.optimizer)}
+            "grads": first_grads, "peak_grad_bytes": peak_grads,
+            "sent": wire.sent, "received": wire.received, "wire_reason": wire.reason,
+            "logged": logged, "numel": numel, "state_numel": state_numel(zero.optimizer)}
 
 
 def state_numel(optimizer) -> list:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit.zero.shard import (CommCounter, all_gather_full, all_gather_many,
-                               optimizer_state_bytes, reduce_scatter_mean,
-                               reduce_scatter_mean_many, shard_optimizer, tensor_bytes,
-                               unique_params)
+from labkit import commlog
+from labkit.zero.shard import (all_gather_full, all_gather_many, optimizer_state_bytes,
+                               reduce_scatter_mean, reduce_scatter_mean_many, shard_optimizer,
+                               tensor_bytes)
+from labkit.zero.params import clip_, flat_params, param_groups, require_grads, with_flags
 
 
-def zero1_step(params, shards, optimizer, group=None, counter=None) -> None:
+def zero1_step(params, shards, optimizer, group=None) -> None:
     """One ZeRO-1 step: reduce-scatter gradients, update this rank's shards, all-gather params.
 
     params: the full parameters (same values on every rank), each with this rank's local .grad.
@@ -35,62 +36,84 @@ def zero1_step(params, shards, optimizer, group=None, counter=None) -> None:
     updates. Afterwards every rank's params hold the same updated values."""
     for p, s in zip(params, shards):
         g = p.grad if p.grad is not None else torch.zeros_like(p)
-        s.grad = reduce_scatter_mean(g, group, counter)             # (c,) mean over ranks
+        s.grad = reduce_scatter_mean(g, group)                      # (c,) mean over ranks
     optimizer.step()
     with torch.no_grad():
         for p, s in zip(params, shards):
-            p.copy_(all_gather_full(s, p.shape, group, counter))   # p.shape
+            p.copy_(all_gather_full(s, p.shape, group))            # p.shape
 
 
-def zero1_step_flat(params, shards, optimizer, group=None, counter=None) -> None:
+def zero1_step_flat(params, shards, optimizer, group=None) -> None:
     """zero1_step with one reduce-scatter and one all-gather for all parameters together: the
     same bytes in 2 messages instead of 2 per parameter (what DeepSpeed's buckets do)."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    for s, g in zip(shards, reduce_scatter_mean_many(grads, group, counter)):
+    for s, g in zip(shards, reduce_scatter_mean_many(grads, group)):
         s.grad = g                                                   # (c,) mean over ranks
     optimizer.step()
     with torch.no_grad():
-        for p, full in zip(params, all_gather_many(shards, [p.shape for p in params], group,
-                                                    counter)):
+        for p, full in zip(params, all_gather_many(shards, [p.shape for p in params], group)):
             p.copy_(full)
 
 
-def naive_zero1_step(params, shards, optimizer, group=None, counter=None) -> None:
+def naive_zero1_step(params, shards, optimizer, group=None) -> None:
     """The same update with a full all-reduce first (3(N-1)/N Ψ sent instead of 2(N-1)/N Ψ)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     for p, s in zip(params, shards):
         g = (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
-        dist.all_reduce(g, group=group)                             # everyone gets everything...
-        if counter is not None:
-            counter.add("all_reduce", g.numel() * g.element_size(), world)
+        commlog.all_reduce(g, group=group, where="naive ZeRO-1")    # everyone gets everything...
         c = s.numel()
         flat = torch.cat([g.reshape(-1), g.new_zeros(world * c - g.numel())])
         s.grad = flat[rank * c:(rank + 1) * c] / world               # ...and keeps 1/N of it
     optimizer.step()
     with torch.no_grad():
         for p, s in zip(params, shards):
-            p.copy_(all_gather_full(s, p.shape, group, counter))
+            p.copy_(all_gather_full(s, p.shape, group))
 
 
 class DataParallel:
-    """Stage 0: all-reduce the mean gradient, full optimizer on every rank (the baseline)."""
+    """Stage 0: all-reduce the mean gradient, full optimizer on every rank (the baseline).
+
+    params: tensors or torch-style groups (labkit.zero.params: frozen ones left out).
+    find_unused_parameters: send a has-grad flag per parameter with the gradients, so that one no
+    rank used keeps gradient None (False, the default as in torch DDP: a missing gradient is an
+    error). max_grad_norm: clip by the global norm before the step."""
 
     stage = 0
 
-    def __init__(self, params, optimizer_class, group=None, **optimizer_kwargs):
-        self.params = unique_params(params)
-        self.group, self.counter = group, CommCounter()
-        self.optimizer = optimizer_class(self.params, **optimizer_kwargs)
+    def __init__(self, params, optimizer_class, group=None, max_grad_norm: float | None = None,
+                 find_unused_parameters: bool = False, **optimizer_kwargs):
+        self.find_unused = find_unused_parameters
+        self.groups, self.frozen = param_groups(params)
+        self.params = flat_params(self.groups)
+        self.group, self.max_grad_norm, self.last_grad_norm = group, max_grad_norm, None
+        self.optimizer = optimizer_class(self.groups, **optimizer_kwargs)
 
     def step(self) -> None:
         world = dist.get_world_size(self.group)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])            # one message, not one per tensor
-        dist.all_reduce(flat, group=self.group)
-        self.counter.add("all_reduce", flat.numel() * flat.element_size(), world)
-        for p, g in zip(self.params, flat.div_(world).split([g.numel() for g in grads])):
-            p.grad = g.view_as(p)
+        parts = self._parts(1)                                       # grads (+ (P,) flags)
+        flat = torch.cat([g.reshape(-1) for g in parts])  # one message, not one per tensor
+        commlog.all_reduce(flat, group=self.group, where="DP all-reduce")  # a ring on Gloo too
+        reduced = list(flat.div_(world).split([g.numel() for g in parts]))
+        grads, flags = self._split_flags(reduced)
+        for p, g, used in zip(self.params, grads, flags):
+            p.grad = g.view_as(p) if used > 0 else None              # unused everywhere: None
+        if self.max_grad_norm is not None:   # full gradients: the local norm is the global one
+            self.last_grad_norm = clip_([p.grad for p in self.params], self.max_grad_norm,
+                                        self.group, sharded=False)
         self.optimizer.step()
+
+    def _parts(self, world: int) -> list:
+        """The local gradients to reduce, plus has-grad flags if find_unused_parameters."""
+        grads = [p.grad for p in self.params]
+        if self.find_unused:
+            return with_flags(self.params, grads, world)
+        require_grads(self.params, grads)
+        return grads
+
+    def _split_flags(self, reduced):
+        if self.find_unused:
+            return reduced[:-1], reduced[-1].tolist()
+        return reduced, [1.0] * len(reduced)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -98,7 +121,7 @@ class DataParallel:
 
     def held_bytes(self) -> dict:
         """What this rank keeps between steps: parameters, gradients, optimizer state."""
-        return {"params": tensor_bytes(self.params),
+        return {"params": tensor_bytes(self.params + self.frozen),
                 "grads": tensor_bytes(p.grad for p in self.params),
                 "optimizer": optimizer_state_bytes(self.optimizer)}
 
@@ -109,14 +132,38 @@ class ZeRO1(DataParallel):
     stage = 1
 
     def __init__(self, params, optimizer_class, group=None, naive=False, flat=True,
+                 max_grad_norm: float | None = None, find_unused_parameters: bool = False,
                  **optimizer_kwargs):
-        self.params = unique_params(params)
-        self.group, self.counter, self.naive, self.flat = group, CommCounter(), naive, flat
-        self.shards, self.optimizer = shard_optimizer(self.params, optimizer_class, group,
+        self.find_unused = find_unused_parameters
+        self.groups, self.frozen = param_groups(params)
+        self.params = flat_params(self.groups)
+        self.group, self.naive, self.flat = group, naive, flat
+        self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
+        self.shards, self.optimizer = shard_optimizer(self.groups, optimizer_class, group,
                                                       **optimizer_kwargs)
 
     def step(self) -> None:
-        fn = naive_zero1_step if self.naive else zero1_step_flat if self.flat else zero1_step
-        fn(self.params, self.shards, self.optimizer, self.group, self.counter)
-        for s in self.shards:  # the reduced chunk was only needed for the update
-            s.grad = None
+        if self.naive or not self.flat:   # the exercise's paths: a missing gradient is zeros
+            fn = naive_zero1_step if self.naive else zero1_step
+            fn(self.params, self.shards, self.optimizer, self.group)
+        else:
+            self._step_flat()
+        if not getattr(self, "keep_shard_grads", False):   # True: tests compare them
+            for s in self.shards:  # the reduced chunk was only needed for the update
+                s.grad = None
+
+    def _step_flat(self) -> None:
+        """zero1_step_flat, plus has-grad flags, clipping and frozen parameters."""
+        world = dist.get_world_size(self.group)
+        reduced = reduce_scatter_mean_many(self._parts(world), self.group)   # (c_i,) each
+        chunks, flags = self._split_flags(reduced)
+        for s, g, used in zip(self.shards, chunks, flags):
+            s.grad = g if used > 0 else None
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = clip_([s.grad for s in self.shards], self.max_grad_norm,
+                                        self.group, sharded=True)
+        self.optimizer.step()
+        with torch.no_grad():
+            fulls = all_gather_many(self.shards, [p.shape for p in self.params], self.group)
+            for p, full in zip(self.params, fulls):
+                p.copy_(full)                                        # p.shape

@@ -12,34 +12,59 @@ full gradients is alive; after the step each rank holds the gradients of its sha
 (`bucket_bytes=0` reduce-scatters every parameter on its own: the naive version, many small
 messages; DeepSpeed's reduce_bucket_size is the same knob.) The step flushes the last bucket,
 updates the shards and all-gathers the parameters. Bytes sent: the same 2(N-1)/N Ψ as stage 1
-and DDP.
+and DDP, with a ring reduce-scatter (`reduce_scatter="backend"` forces the backend's own, which
+on Gloo moves all-reduce bytes: chapter 03 measures the difference).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from labkit.zero.shard import (CommCounter, all_gather_many, reduce_scatter_mean_many,
-                               shard_optimizer, unique_params)
+from labkit.zero.params import clip_, flat_params, param_groups
+from labkit.zero.shard import all_gather_many, reduce_scatter_mean_many, shard_optimizer
 from labkit.zero.zero1 import DataParallel
 
 
 class ZeRO2(DataParallel):
-    """Sharded optimizer states and gradients; full parameters on every rank."""
+    """Sharded optimizer states and gradients; full parameters on every rank.
+
+    Frozen parameters get no hook, no shard, no state. A parameter unused on a step never fires
+    its hook, so its shard's gradient stays None (the optimizer skips it); which parameters are
+    used must be the same on every rank (find_unused_parameters is accepted and not needed) (as in DDP without find_unused_parameters), or the
+    buckets' collectives would not match. `no_sync()`: accumulate full local gradients over
+    micro-batches and reduce-scatter once, on the last (hook-free) backward."""
 
     stage = 2
 
     def __init__(self, params, optimizer_class, group=None, bucket_bytes: int = 64 * 1024,
-                 **optimizer_kwargs):
-        self.params = unique_params(params)
-        self.group, self.counter, self.bucket_bytes = group, CommCounter(), bucket_bytes
-        self.shards, self.optimizer = shard_optimizer(self.params, optimizer_class, group,
+                 reduce_scatter: str | None = None, max_grad_norm: float | None = None,
+                 find_unused_parameters: bool = False, **optimizer_kwargs):
+        self.groups, self.frozen = param_groups(params)
+        self.params = flat_params(self.groups)
+        self.group, self.bucket_bytes = group, bucket_bytes
+        self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
+        self.reduce_scatter = reduce_scatter   # None: labkit.zero.shard.reduce_scatter_algorithm
+        self.shards, self.optimizer = shard_optimizer(self.groups, optimizer_class, group,
                                                       **optimizer_kwargs)
-        self._bucket, self._bucket_size = [], 0
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(s))
-                       for p, s in zip(self.params, self.shards)]
+        self._bucket, self._bucket_size, self._sync = [], 0, True
+        for p, s in zip(self.params, self.shards):   # for the life of the parameters
+            p.register_post_accumulate_grad_hook(self._make_hook(s))
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside keeps full local gradients (p.grad accumulates; 2Ψ or 4Ψ bytes held)
+        and sends nothing; the next backward outside reduce-scatters the sum once."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
 
     def _make_hook(self, shard):
         def hook(p):  # runs in backward, once p.grad holds this step's local gradient
+            if not self._sync:
+                return  # no_sync: the full gradient stays in p.grad and keeps accumulating
             if any(q is p for q, _ in self._bucket):
                 return  # accumulated again before its bucket was sent: it is already queued
             self._bucket.append((p, shard))
@@ -53,7 +78,8 @@ class ZeRO2(DataParallel):
         if not self._bucket:
             return
         params, shards = zip(*self._bucket)
-        chunks = reduce_scatter_mean_many([p.grad for p in params], self.group, self.counter)
+        chunks = reduce_scatter_mean_many([p.grad for p in params], self.group,
+                                          where="ZeRO-2 bucket", algorithm=self.reduce_scatter)
         for p, s, chunk in zip(params, shards, chunks):              # chunk: (c,)
             s.grad = chunk if s.grad is None else s.grad.add_(chunk)
             p.grad = None                       # the full gradient is gone: ZeRO-2's saving
@@ -61,10 +87,13 @@ class ZeRO2(DataParallel):
 
     def step(self) -> None:
         self._flush()                           # the last, partly filled bucket
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = clip_([s.grad for s in self.shards], self.max_grad_norm,
+                                        self.group, sharded=True)
         self.optimizer.step()
         with torch.no_grad():
             fulls = all_gather_many(self.shards, [p.shape for p in self.params], self.group,
-                                    self.counter)
+                                    where="ZeRO-2 params")
             for p, full in zip(self.params, fulls):
                 p.copy_(full)                                        # p.shape
 
@@ -77,7 +106,3 @@ class ZeRO2(DataParallel):
         out["grads"] += sum(s.grad.numel() * s.grad.element_size()
                             for s in self.shards if s.grad is not None)
         return out
-
-    def remove_hooks(self) -> None:
-        for h in self._hooks:
-            h.remove()

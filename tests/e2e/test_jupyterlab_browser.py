@@ -302,3 +302,100 @@ def test_every_chapter_runs_with_live_plots_and_widgets(browser, server, name):
         assert not ch.page_errors, ch.page_errors[:5]
     finally:
         ch.close()
+
+
+# ---- One door: ./book.sh opens START_HERE.ipynb, which leads to every notebook ------------------
+
+BOOK_FILES = ["book.sh", "scripts/env.sh", "requirements.txt", "pyproject.toml", "jupyterlab",
+              "chapters", "exercises", "solutions", "START_HERE.ipynb"]
+
+
+@pytest.fixture(scope="module")
+def book_sh(tmp_path_factory):
+    """./book.sh itself (its settings, its landing page, its root), run in a copy of the book so
+    that JupyterLab's autosave and settings writes never touch the repository."""
+    import shutil
+
+    repo = tmp_path_factory.mktemp("door") / "book"
+    for rel in BOOK_FILES:
+        src, dst = ROOT / rel, repo / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    (repo / ".venv").symlink_to(ROOT / ".venv")  # same requirements: env.sh installs nothing
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(JUPYTER_CONFIG_DIR=str(repo / ".cfg"), JUPYTER_RUNTIME_DIR=str(repo / ".run"),
+               JUPYTER_DATA_DIR=str(repo / ".data"))
+    log_path = repo.parent / "book-sh.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["bash", str(repo / "book.sh"), "--no-browser",
+                                 f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+                                 f"--IdentityProvider.token={token}"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        srv = {"url": f"http://127.0.0.1:{port}", "token": token, "book": repo, "log": log_path}
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                _api(srv, "GET", "/api/status")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    pytest.fail("./book.sh did not start JupyterLab:\n" + log_path.read_text()[-3000:])
+                time.sleep(0.5)
+        yield srv
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, book_sh):
+    """From the server's front URL: START_HERE.ipynb is what opens; no news pop-up and no request
+    off this machine; its links open chapter 00, its exercises and its solutions; the file browser
+    shows all three folders; a cell of the chapter runs."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    outside = []
+    context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(book_sh["url"])
+                  or r.request.url.startswith(("data:", "blob:")) else (outside.append(r.request.url), r.abort()))
+    page = context.new_page()
+    page.goto(f"{book_sh['url']}/?token={book_sh['token']}")
+    landing = page.locator(".jp-Notebook .jp-RenderedMarkdown:has-text('How grading works')")
+    landing.first.wait_for(timeout=90_000)
+    assert page.locator(".lm-TabBar-tab.jp-mod-current:has-text('START_HERE.ipynb')").count() == 1
+    page.wait_for_timeout(3000)  # the news question, were it asked, shows up by now
+    assert page.locator(".Toastify__toast:has-text('news')").count() == 0, "Jupyter news pop-up shown"
+    listing = page.locator(".jp-DirListing-itemText").all_inner_texts()
+    assert {"chapters", "exercises", "solutions"} <= set(listing), listing
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "door-landing.png"))
+
+    def follow(href: str, tab: str) -> None:
+        page.locator(f".lm-TabBar-tab:has-text('START_HERE.ipynb')").first.click()
+        page.locator(f".jp-RenderedMarkdown a[href*='{href}']").first.click()  # Lab resolves hrefs
+        page.locator(f".lm-TabBar-tab.jp-mod-current:has-text('{tab}')").wait_for(timeout=60_000)
+        # The notebook opened is that one: JupyterLab puts the current document's path in the URL.
+        page.wait_for_function("(p) => decodeURIComponent(location.pathname).endsWith('/tree/' + p)",
+                               arg=href, timeout=30_000)
+        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+
+    for folder in ("exercises", "solutions", "chapters"):  # the chapter last: its cell runs next
+        follow(f"{folder}/{FIRST}", FIRST)
+    # Run the chapter's first code cell (its imports) and wait for its execution count.
+    nb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+    nb.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000) \
+        if nb.locator(".jp-Notebook-ExecutionIndicator").count() else None
+    cell = nb.locator(".jp-CodeCell").first
+    cell.click()
+    page.keyboard.press("Control+Enter")
+    prompt = cell.locator(".jp-InputPrompt")
+    page.wait_for_function("(el) => /\\[\\d+\\]:/.test(el.textContent)", arg=prompt.element_handle(),
+                           timeout=120_000)
+    assert cell.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                        ":has-text('Error')").count() == 0
+    page.screenshot(path=str(SHOTS / "door-chapter.png"))
+    tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").all_inner_texts()
+    context.close()
+    assert sum(FIRST in t for t in tabs) == 3, tabs  # chapter, exercises and solutions all opened
+    assert not outside, f"requests off this machine: {sorted(set(outside))[:5]}"

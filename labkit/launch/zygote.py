@@ -2,9 +2,9 @@
 
 Starting a rank the plain way (a new Python that imports torch) costs seconds on a small
 machine, for every rank of every run. labkit.launch starts this process once per notebook
-kernel (or test session), lazily, and asks it over a pipe to fork each rank: a run then starts
-in a fraction of a second. Nothing of labkit but this file is imported before the fork, so the
-ranks see the current code. The zygote dies with its parent (PR_SET_PDEATHSIG), and reaps its
+kernel (or test session), lazily (labkit.launch.warm), and asks it over a pipe to fork each rank:
+a run then starts in a fraction of a second. It is started by path, not as a module, so nothing
+of labkit but this file is imported before the fork, and the ranks see the current code. The zygote dies with its parent (PR_SET_PDEATHSIG), and reaps its
 children, writing each one's exit status to `exit<rank>` in the run's folder.
 
 Protocol (stdin, one line per request): "<rundir> <rank>\n" -> stdout: "<pid>\n".
@@ -87,10 +87,13 @@ def _become_rank(rundir, rank):
     sys.stdin = open(os.devnull)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    from labkit.launch import _child
+    from labkit.launch.rank import main as rank_main
 
-    _child(rundir, rank, parent_pid=os.getppid())
+    rank_main(rundir, rank, parent_pid=os.getppid())
 
 
 if __name__ == "__main__":
+    # Started by path: Python put this file's folder first on sys.path, where its sibling modules
+    # would shadow top-level names; put the working folder there instead, as `python -m` would.
+    sys.path[0] = os.getcwd()
     main()

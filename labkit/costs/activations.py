@@ -1,0 +1,149 @@
+"""Activation bytes of one transformer layer, derived for the model's real architecture.
+
+    from labkit.costs import activations, models
+    spec = models.preset("llama3-8b")
+    activations.layer_terms(spec, seq_len=8192, micro_batch=1)     # {term: bytes}, one layer
+    activations.layer_bytes(spec, seq_len=8192, micro_batch=1)     # their sum
+    activations.korthikanti(2048, 1, 12288, 96)                     # the paper's closed form
+
+What autograd keeps for the backward of one layer, tensor by tensor (s sequence, b micro-batch,
+h hidden, a query heads, kv = n_kv_heads * head_dim, f the MLP's hidden size; D bytes per
+activation value, M bytes per dropout-mask value, t the tensor-parallel degree):
+
+  norm inputs             2 D sbh      each norm's backward needs its input (one before attention,
+                                       one before the MLP; the first is the layer's input)
+  norm statistics         2 n 4 sb     fp32 per token: LayerNorm keeps mean and 1/std (n = 2),
+                                       RMSNorm only 1/rms (n = 1); negligible at real h
+  normalized values       2 D sbh      only for a norm that is not one fused kernel (PyTorch's
+                                       nn.RMSNorm on CPU): x / rms is kept for the weight's grad
+  attention input         D sbh        the normed input, shared by the q, k and v projections
+  q and k                 D sb(h + kv) kept for Q K^T; with GQA the keys are kv wide, unless the
+                                       implementation repeats them to h first (kv_expanded)
+  v                       D sb kv      kept for (probabilities) V
+  attention scores (eager attention only, the s^2 terms)
+    softmax output        D a s^2 b    softmax's backward needs its output
+    dropout mask          M a s^2 b    with dropout
+    dropped probabilities D a s^2 b    with dropout: the input of the product with V
+  log-sum-exp (fused / flash attention instead of the scores)
+                          4 a s b      fp32 per query row; the scores are recomputed in backward
+  attention output        D sbh        input of the output projection (the fused kernel's own
+                                       output is the same storage)
+  MLP input               D sbh        the normed input of the first MLP matrix
+  MLP, GELU (2 matrices)  2 D sbf      GELU's input and its output (the second matrix's input)
+  MLP, SwiGLU (3 matrices) 4 D sbf     gate output (SiLU's input), SiLU's output, up output, and
+                                       their product (the down projection's input)
+  dropout masks           2 M sbh      after the attention and MLP projections, with dropout
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models") is the
+special case GPT with a 4h GELU MLP, multi-head attention, eager attention and dropout, in 16-bit
+with 1-byte masks (D = 2, M = 1), without the norm statistics:
+  4 + 2 + 4 + 2 + 2 + 2 + 16 + 2 = 34 (times sbh) and 2 + 1 + 2 = 5 (times a s^2 b):
+  s b h (34 + 5 a s / h). Llama-style models (SwiGLU with f near 8h/3, GQA, no dropout, fused
+attention) keep a different count; on CPU PyTorch's dropout keeps a mask as wide as the values
+(M = D). labkit.activation_memory checks every term against what autograd really saves.
+
+Tensor parallelism (Megatron) splits everything between the column- and row-parallel matrices by
+t; the norm inputs and statistics, the attention and MLP inputs and the dropout masks stay whole
+(Korthikanti's 10 + 24/t). Sequence parallelism splits those too (all of it / t). Selective
+recomputation drops the s^2 terms; full recomputation keeps only the layer's input, D sbh.
+"""
+from __future__ import annotations
+
+ATTENTION = ("flash", "eager")
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _check(seq_len, micro_batch, tp, recompute, attention):
+    for name, v in (("seq_len", seq_len), ("micro_batch", micro_batch), ("tp", tp)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+
+
+def layer_terms(spec, *, seq_len: int, micro_batch: int = 1, tp: int = 1,
+                sequence_parallel: bool = False, recompute: str = "none",
+                attention: str = "flash", dtype_bytes: int = 2, mask_bytes: int = 1,
+                dropout: bool | None = None, kv_expanded: bool = False,
+                norm_stats: bool = True, fused_norm: bool = True) -> dict:
+    """Bytes autograd keeps for one layer's backward, term by term (see the module docstring).
+
+    spec: a costs.models.ModelSpec (its gated_mlp, ffn, kv_heads, norm and dropout are used).
+    attention: "flash" (a fused kernel: PyTorch's scaled_dot_product_attention on a GPU) keeps a
+    log-sum-exp per query row; "eager" keeps the s x s scores (Korthikanti's count).
+    fused_norm: the norms run as one kernel (LayerNorm always; RMSNorm in training frameworks);
+    False adds the normalized values an unfused norm keeps.
+    dtype_bytes: 2 for bf16/fp16 activations, 4 for fp32. mask_bytes: 1 for a fused GPU dropout
+    (a bool mask), = dtype_bytes for PyTorch's CPU dropout. dropout: None takes spec.dropout."""
+    _check(seq_len, micro_batch, tp, recompute, attention)
+    s, b, h, a, f = seq_len, micro_batch, spec.hidden, spec.n_heads, spec.ffn
+    kv = h if kv_expanded else spec.kv_dim
+    D, M, t = dtype_bytes, mask_bytes, tp
+    drop = spec.dropout if dropout is None else dropout
+    sb = s * b
+    split = t                                   # inside the column/row-parallel region
+    whole = t if sequence_parallel else 1       # outside it: split only by sequence parallelism
+    if recompute == "full":                     # only the layer's input survives the forward
+        return {"layer input (full recomputation)": D * sb * h / whole}
+    stats = 2 if spec.norm == "layernorm" else 1
+    terms = {
+        "norm inputs": 2 * D * sb * h / whole,
+        "norm statistics": (2 * stats * 4 * sb / whole) if norm_stats else 0.0,
+        "normalized values": 0.0 if fused_norm else 2 * D * sb * h / whole,
+        "attention input": D * sb * h / whole,
+        "q and k": D * sb * (h + kv) / split,
+        "v": D * sb * kv / split,
+    }
+    if attention == "eager":
+        if recompute == "none":
+            terms["softmax output"] = D * a * s * s * b / split
+            if drop:
+                terms["attention dropout mask"] = M * a * s * s * b / split
+                terms["dropped probabilities"] = D * a * s * s * b / split
+    else:
+        terms["log-sum-exp"] = 4 * a * sb / split
+    terms["attention output"] = D * sb * h / split
+    terms["MLP input"] = D * sb * h / whole
+    if spec.gated_mlp:
+        terms["SwiGLU: gate, SiLU(gate), up, product"] = 4 * D * sb * f / split
+    else:
+        terms["GELU input and output"] = 2 * D * sb * f / split
+    if drop:
+        terms["dropout masks"] = 2 * M * sb * h / whole
+    return terms
+
+
+def layer_bytes(spec, **kw) -> float:
+    """The sum of layer_terms: bytes one layer keeps for one micro-batch."""
+    return sum(layer_terms(spec, **kw).values())
+
+
+def korthikanti(seq_len: int, micro_batch: int, hidden: int, n_heads: int, *, tp: int = 1,
+                sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """The paper's closed forms for a GPT layer (4h GELU MLP, dropout, 16-bit, eager attention):
+
+        no parallelism          s b h (34 + 5 a s / h)
+        tensor parallel         s b h (10 + 24/t + 5 a s / (h t))
+        tensor + sequence par.  s b h (34 + 5 a s / h) / t
+        selective recompute     drops the 5 a s / h term
+        full recompute          2 s b h (/ t with sequence parallelism)"""
+    _check(seq_len, micro_batch, tp, recompute, "eager")
+    s, b, h, a, t = seq_len, micro_batch, hidden, n_heads, tp
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sequence_parallel else 1)
+    scores = 0.0 if recompute == "selective" else 5 * a * s / h
+    if sequence_parallel:
+        return sbh * (34 + scores) / t
+    return sbh * (10 + 24 / t + scores / t)
+
+
+def derivation(spec, **kw) -> str:
+    """layer_terms as text: one line per term, in GB, with the sum (for notebooks and widgets)."""
+    terms = layer_terms(spec, **kw)
+    width = max(len(k) for k in terms)
+    lines = [f"  {k:<{width}}  {v / 1e9:9.3f} GB" for k, v in terms.items() if v]
+    lines.append(f"  {'one layer':<{width}}  {sum(terms.values()) / 1e9:9.3f} GB")
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""The planner's inputs: the cluster, the job and one configuration, with sourced defaults.
+
+Every number the planner cannot derive is a field here, with where its default comes from:
+links (NVLink 3, InfiniBand HDR), the kernels' efficiency, the overlap of communication with
+compute (an assumption: chapter 07 sweeps it), the memory margin, the failure rate (Llama 3),
+checkpoint bandwidth (Llama 3's storage), restart time, PCIe and CPU memory bandwidth (offload).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labkit.costs import memory, models
+
+# Llama 3 405B: 419 unexpected interruptions in 54 days on 16,384 H100s (Dubey et al. 2024,
+# "The Llama 3 Herd of Models", section 3.3.4): one per 16,384 * 54 * 24 / 419 = 50,677 GPU-hours
+# (5.8 GPU-years), about one every 3.1 hours for the whole job. 78% were hardware.
+LLAMA3_GPU_MTBF_H = 16_384 * 54 * 24 / 419
+# Llama 3's storage (Tectonic) sustains 2 TB/s, peaks at 7 (section 3.3.1): 122 MB/s per GPU
+# at 16,384 GPUs, the sustained figure.
+LLAMA3_CKPT_BW = 2e12 / 16_384
+
+
+@dataclass(frozen=True)
+class Cluster:
+    n_gpus: int
+    gpus_per_node: int = 8
+    gpu: str = "A100 80GB"             # name in costs.memory.GPUS / costs.flops.PEAK_FLOPS
+    gpu_memory: float | None = None    # bytes; None: the GPU's capacity
+    intra_bw: float = 300e9            # bytes/s per GPU per direction inside a node (NVLink 3)
+    inter_bw: float = 25e9             # bytes/s per GPU between nodes (InfiniBand HDR 200 Gb/s)
+    intra_alpha: float = 3e-6          # seconds per message
+    inter_alpha: float = 5e-6
+    flop_efficiency: float = 0.5       # share of peak the kernels reach on the FLOPs they run
+    overlap: float = 0.5               # share of hideable DP traffic that hides (assumption)
+    memory_margin: float = 0.10        # share of GPU memory a plan must leave free
+    gpu_mtbf_h: float = LLAMA3_GPU_MTBF_H   # hours between interruptions, per GPU (Llama 3)
+    ckpt_bw: float = LLAMA3_CKPT_BW    # bytes/s each GPU writes its checkpoint shard at
+    restart_s: float = 600.0           # seconds to restart after a failure (assumption)
+    pcie_bw: float = 25e9              # bytes/s GPU <-> CPU per GPU (PCIe 4.0 x16, offload)
+    cpu_bw: float = 25e9               # bytes/s of CPU memory bandwidth per GPU (offloaded Adam)
+
+    def __post_init__(self):
+        if self.n_gpus < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"n_gpus={self.n_gpus}, gpus_per_node={self.gpus_per_node}: both "
+                             f"must be positive")
+        if self.n_gpus > self.gpus_per_node and self.n_gpus % self.gpus_per_node:
+            raise ValueError(f"n_gpus={self.n_gpus} is not a whole number of nodes of "
+                             f"{self.gpus_per_node} GPUs: use a multiple of {self.gpus_per_node}")
+        for name in ("flop_efficiency", "overlap", "memory_margin"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1 or (name == "flop_efficiency" and v == 0):
+                raise ValueError(f"{name}={v}: a share between 0 and 1 (50% is 0.5)")
+
+    @property
+    def capacity(self) -> float:
+        return memory.gpu_capacity(self.gpu if self.gpu_memory is None else self.gpu_memory)
+
+    @property
+    def usable(self) -> float:
+        """Bytes a plan may fill: the capacity less the margin."""
+        return (1 - self.memory_margin) * self.capacity
+
+
+@dataclass(frozen=True)
+class Job:
+    model: object                      # a ModelSpec or a preset name (costs.models.PRESETS)
+    global_batch: int                  # sequences per optimizer step
+    seq_len: int = 2048
+    recipe: str = "mixed"              # costs.memory.RECIPES: always an explicit choice
+    recompute: str = "none"            # "none", "full" (chapter 06) or "selective" (chapter 07)
+    sequence_parallel: bool = False    # Megatron's SP with TP (chapter 07): activations / tp
+    attention: str = "flash"           # "flash": scaled_dot_product_attention's fused kernel,
+                                       # as labkit.model runs it; "eager": s x s scores kept
+    offload: bool = True               # consider ZeRO-Offload plans (chapter 03)
+
+    @property
+    def spec(self) -> models.ModelSpec:
+        return self.model if isinstance(self.model, models.ModelSpec) else models.preset(self.model)
+
+
+@dataclass(frozen=True)
+class Config:
+    tp: int
+    pp: int
+    dp: int
+    zero: int = 0
+    micro_batch: int = 1
+    offload: bool = False              # ZeRO-Offload: optimizer states (and their update) on CPU
+
+    def micro_batches(self, job: Job) -> int:
+        return job.global_batch // (self.dp * self.micro_batch)
+
+    def __str__(self):
+        off = " +offload" if self.offload else ""
+        return f"TP{self.tp} x PP{self.pp} x DP{self.dp}, ZeRO-{self.zero}{off}, b={self.micro_batch}"

@@ -1,0 +1,242 @@
+"""Lab 07: where activation memory goes, and sequence / context parallelism against one process.
+
+    labkit run context [--nproc 2] [--tp 2 --cp 2 --seq 32 --batch 2]   (--nproc: tp and cp)
+
+Part 1, activations: one block of the tiny GPT (fp32, eager attention, which keeps its s x s
+scores as in Korthikanti et al.'s count; no dropout: the book's TP has none) saves tensors for backward; PyTorch's saved-tensor hooks
+count their storages (labkit.activation_memory's counter, which the formula never feeds) for: no
+parallelism, TP t, TP t + SP, selective recomputation (the attention core under
+torch.utils.checkpoint) and full recomputation (the block under it). Beside each, the formula of
+labkit.costs.activations for the same architecture.
+
+Part 2, runs: Plan(tp=t, sp=True) and Plan(cp=c) (and Plan(dp=2, cp=2) when 4 ranks are asked
+for) train through labkit.parallel and are compared with the one-process reference (losses, first
+step's gradients, parameters), with the bytes each mesh dimension moved (the comm log's payload
+and the kernel's socket count) beside labkit.costs.parallel.
+
+Bad input (a sequence that 2*cp or tp does not divide, a degree below 1) is a one-line error
+naming the factors, exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+BACKEND = "auto"
+CASES = ("none", "TP", "TP + SP", "selective", "full")
+
+
+@contextlib.contextmanager
+def attention_core_recomputed():
+    """Selective recomputation (Korthikanti et al. 2022): inside this block every call of
+    scaled_dot_product_attention runs under torch.utils.checkpoint, so its scores, softmax and
+    dropout mask are recomputed in backward instead of kept (only q, k, v are saved)."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    plain = F.scaled_dot_product_attention
+
+    def core(*args, **kw):
+        return checkpoint(lambda *a: plain(*a, **kw), *args, use_reentrant=False)
+
+    F.scaled_dot_product_attention = core
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = plain
+
+
+def block_saved_bytes(block, h) -> int:
+    """Bytes block(h) keeps for backward (saved-tensor hooks; parameters and repeats left out)."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    torch.manual_seed(0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = block(h)
+    y.sum().backward()                                       # frees the graph
+    return sum(seen.values())
+
+
+def activation_job(cfg_kwargs: dict, batch: int) -> dict:
+    """Rank side (tp ranks): bytes block 0 saves under each CASES entry, on this rank."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit.checkpoint.activation import with_recompute
+    from labkit.context import apply_sp
+    from labkit.launch import device
+    from labkit.model import GPT, GPTConfig
+    from labkit.tp import apply_tp
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg, dev = GPTConfig(**cfg_kwargs), device()
+    T, h = cfg.block_size, cfg.n_embd
+    x = torch.randn(batch, T, h, generator=torch.Generator().manual_seed(1)).to(dev)
+
+    def leaf():                                              # (B, T, h) the block's input
+        return x.clone().requires_grad_()
+
+    def plain():
+        return GPT(cfg, seed=0).to(dev).train()
+
+    out = {}
+    with sdpa_kernel([SDPBackend.MATH]):                     # eager attention: keeps the scores
+        out["none"] = block_saved_bytes(plain().blocks[0], leaf())
+        out["TP"] = block_saved_bytes(apply_tp(plain(), None).blocks[0], leaf())
+        out["TP + SP"] = block_saved_bytes(apply_sp(plain(), None).blocks[0], leaf())
+        with attention_core_recomputed():
+            out["selective"] = block_saved_bytes(plain().blocks[0], leaf())
+            out["TP + SP, selective"] = block_saved_bytes(apply_sp(plain(), None).blocks[0],
+                                                          leaf())
+        model = plain()
+        with_recompute(model)
+        out["full"] = block_saved_bytes(model.blocks[0], leaf())
+    out["flash"] = block_saved_bytes(plain().blocks[0], leaf())  # CPU's fused kernel: no scores
+    out["tp"] = dist.get_world_size()
+    return out
+
+
+def predicted(cfg, batch: int, tp: int) -> dict:
+    """labkit.costs.activations for the same block on this CPU: fp32 values (D = 4), keys and
+    values repeated to every head before attention, eager attention (PyTorch's math kernel), no
+    dropout (the book's TP has none); "flash": the fused kernel, which keeps a log-sum-exp."""
+    from labkit.costs import activations, models
+
+    spec = models.from_gpt_config(cfg)
+    kw = dict(seq_len=cfg.block_size, micro_batch=batch, dtype_bytes=4, mask_bytes=4,
+              attention="eager", kv_expanded=True, dropout=False)
+    return {"none": activations.layer_bytes(spec, **kw),
+            "TP": activations.layer_bytes(spec, tp=tp, **kw),
+            "TP + SP": activations.layer_bytes(spec, tp=tp, sequence_parallel=True, **kw),
+            "selective": activations.layer_bytes(spec, recompute="selective", **kw),
+            "TP + SP, selective": activations.layer_bytes(spec, tp=tp, sequence_parallel=True,
+                                                          recompute="selective", **kw),
+            "full": activations.layer_bytes(spec, recompute="full", **kw),
+            "flash": activations.layer_bytes(spec, **dict(kw, attention="flash"))}
+
+
+def activation_rows(cfg_kwargs: dict, batch: int = 2, tp: int = 2) -> list:
+    """Measured (rank 0 of a tp group) beside predicted, one row per case."""
+    from labkit.context.sequence_parallel import check_sequence
+    from labkit.launch import run
+    from labkit.model import GPTConfig
+
+    cfg = GPTConfig(**cfg_kwargs)
+    check_sequence(cfg.block_size, tp)
+    got = run(activation_job, tp, args=(cfg_kwargs, batch))[0]
+    want = predicted(cfg, batch, tp)
+    return [{"case": k, "measured": got[k], "predicted": want[k], "ratio": got[k] / want[k]}
+            for k in want]
+
+
+def parallel_runs(plans: list, cfg_kwargs: dict, steps: int = 2, batch: int = 4) -> list:
+    """Each plan trained through labkit.parallel vs the one-process reference: a summary per plan
+    {"plan", "worst": {loss, grads, params}, "ok", "bytes": bytes_rows}."""
+    from labkit.launch import run
+    from labkit.model import GPTConfig
+    from labkit.parallel import check_plan
+    from labkit.parallel.compare import bytes_rows, differences
+    from labkit.parallel.job import train
+    from labkit.reference import reference_train
+
+    cfg = GPTConfig(**cfg_kwargs)
+    ref = reference_train(cfg, steps, batch, "sgd")
+    out = []
+    for plan in plans:
+        check_plan(plan, cfg, world=plan.world, batch_size=batch)
+        res = run(train, plan.world, args=(plan, cfg_kwargs, steps, batch, "sgd"), timeout=300)
+        diffs = differences(res, ref, "sgd")
+        worst = {k: max(d[k] for d in diffs) for k in ("loss", "grads", "params")}
+        rows = bytes_rows(res, plan, cfg, batch)
+        out.append({"plan": plan, "worst": worst, "ok": all(d["ok"] for d in diffs),
+                    "bytes": rows, "kernel_sent": res[0]["kernel_sent"],
+                    "wire_predicted": sum(r["wire"] for r in rows if r["rank"] == 0)})
+    return out
+
+
+def check_sizes(seq: int, tp: int, cp: int) -> None:
+    """The sizes a run needs, checked before any process starts (one line naming the factors)."""
+    from labkit.context.layout import check_layout
+    from labkit.context.sequence_parallel import check_sequence
+
+    for name, v in (("tp", tp), ("cp", cp), ("seq", seq)):
+        if v < 1:
+            raise ValueError(f"--{name}={v} must be at least 1")
+    if tp > 1:
+        check_sequence(seq, tp)
+    if cp > 1:
+        check_layout(seq, cp, "zigzag")
+
+
+def main(argv=()):
+    import os
+
+    from labkit.model import GPTConfig
+    from labkit.parallel import Plan
+    from labkit.progress import Progress
+    from labkit.table import table
+
+    p = argparse.ArgumentParser(prog="labkit run context")
+    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)),
+                   help="the default of --tp and --cp")
+    p.add_argument("--tp", type=int, default=None)
+    p.add_argument("--cp", type=int, default=None)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2)
+    a = p.parse_args(list(argv))
+    a.tp = a.nproc if a.tp is None else a.tp
+    a.cp = a.nproc if a.cp is None else a.cp
+    check_sizes(a.seq, a.tp, a.cp)
+    prog = Progress("context", total=2)
+    cfg = dict(n_layer=2, n_embd=32, n_head=4, block_size=a.seq)
+    GPTConfig(**cfg)
+    rows = []
+    if a.tp > 1:
+        rows = activation_rows(cfg, a.batch, a.tp)
+    prog.done(f"activation bytes of one block measured ({len(rows)} cases)")
+    plans = [Plan(tp=a.tp, sp=True)] if a.tp > 1 else []
+    plans += [Plan(cp=a.cp)] if a.cp > 1 else []
+    runs = parallel_runs(plans, cfg, a.steps, 2 * a.batch)
+    prog.done(f"{len(runs)} plans trained against the one-process reference")
+    if rows:
+        print(table(rows, [("case", "case"), ("measured B", "measured", ","),
+                           ("formula B", "predicted", ",.0f"), ("ratio", "ratio", ".3f")],
+                    title=f"activation bytes one block saves, rank 0, tp={a.tp}, s={a.seq}, "
+                          f"b={a.batch}, h=32, a=4, fp32 (saved-tensor hooks vs "
+                          "labkit.costs.activations)"))
+    print()
+    print(table([(_short(r["plan"]), r["worst"]["loss"],
+                  r["worst"]["grads"], r["worst"]["params"], "yes" if r["ok"] else "NO")
+                 for r in runs],
+                [("plan", 0), ("max |loss diff|", 1, ".1e"), ("max |grad diff|", 2, ".1e"),
+                 ("max |param diff|", 3, ".1e"), ("equal", 4)],
+                title=f"{a.steps} SGD steps vs the one-process reference"))
+    rows = [dict(b, plan=_short(r["plan"])) for r in runs for b in r["bytes"] if b["rank"] == 0]
+    print()
+    print(table(rows, [("plan", "plan"), ("dim", "dim"), ("logged B", "logged", ","),
+                       ("formula B", "predicted", ",.0f")],
+                title="payload per mesh dimension, rank 0, one step (comm log vs formula)"))
+    print()
+    print(table(runs, [("plan", lambda r: _short(r["plan"])),
+                       ("kernel sent B", "kernel_sent", ","),
+                       ("ring formula B", "wire_predicted", ",.0f"),
+                       ("ratio", lambda r: r["kernel_sent"] / r["wire_predicted"]
+                        if r["kernel_sent"] else None, ".3f")],
+                title="bytes rank 0 sent in one step, counted by the kernel (labkit.netcount)"))
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+def _short(plan) -> str:
+    parts = [f"{k}={getattr(plan, k)}" for k in ("dp", "tp", "cp") if getattr(plan, k) > 1]
+    return "Plan(" + ", ".join(parts + (["sp=True"] if plan.sp else [])) + ")"

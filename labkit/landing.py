@@ -1,0 +1,129 @@
+"""START_HERE.ipynb: the book's front door, written from the chapters that exist.
+
+    python -m labkit.landing [ROOT]      (re)write ROOT/START_HERE.ipynb (./book.sh does this)
+
+The table of contents is generated, never typed: every chapters/NN_*.ipynb becomes a row with
+its title (the chapter's first heading) and links to its exercise and solution notebooks where
+they exist, so a chapter added later appears the next time the book is opened. The file is only
+rewritten when its content changes (a launch leaves git clean when nothing was added). The same
+notebook is the landing page of the website (labkit.site).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+NAME = "START_HERE.ipynb"
+FOLDERS = ("chapters", "exercises", "solutions")
+
+INTRO = """\
+# Distributed LLM training, by running it
+
+This is the book's front door. Every chapter is a Jupyter notebook you read *and run*: the
+labs start real processes on this machine (Gloo on CPU, NCCL when there is a GPU per rank),
+and every number in the prose is printed by a cell beneath it.
+
+**Each chapter comes in three notebooks**, all openable from the file browser on the left:
+
+* `chapters/` — the chapter: prose, labs, figures and calculators, saved with its outputs;
+* `exercises/` — the same chapter with parts of the code removed for you to write;
+* `solutions/` — the worked answers (the exercises are generated from them).
+"""
+
+HOW = """\
+## How to run the labs
+
+* In a notebook, run cells top to bottom (**Run ▸ Run All Cells**, or Shift+Enter cell by
+  cell). A lab cell starts N processes and prints what each rank did.
+* From a terminal (**File ▸ New ▸ Terminal**): `labkit list` shows the labs by chapter;
+  `labkit run ring --nproc 4` runs one; `labkit bench` runs the benchmarks.
+* Nothing needs a GPU; on a machine with GPUs the same cells pick NCCL when N is at most the
+  number of GPUs.
+
+## How grading works
+
+Each exercise in `exercises/NN_*.ipynb` is a `raise NotImplementedError("Exercise N.M: ...")`
+for you to replace, followed by a **checker cell** (`labkit.check.chNN...`): it runs your code
+on real processes, compares it with a one-process reference, and prints a score for that
+exercise. Grade a whole notebook (it runs every cell headless) from a terminal:
+
+```
+labkit grade exercises/01_collectives.ipynb           # one notebook: a score table
+labkit grade submissions/ --csv scores.csv            # a folder of students' notebooks
+```
+
+A notebook that raises, hangs or is not a notebook scores zero for the exercises it did not
+reach; the others are graded all the same. Grading runs the submitted code with your
+privileges: grade untrusted submissions inside a container or VM.
+"""
+
+
+def chapter_title(path: Path) -> str:
+    """The first markdown heading of a notebook, without '#' and the 'Chapter NN —' prefix."""
+    try:
+        nb = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return Path(path).stem
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "markdown":
+            continue
+        for line in "".join(cell.get("source", "")).splitlines():
+            if line.startswith("#"):
+                title = line.lstrip("#").strip()
+                return re.sub(r"^Chapter\s+\d+\s*[—:-]+\s*", "", title) or Path(path).stem
+    return Path(path).stem
+
+
+def chapters(root: Path) -> list:
+    """[{"number", "stem", "title", "chapters": rel path, "exercises": rel or None, ...}]."""
+    root = Path(root)
+    rows = []
+    for path in sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        row = {"number": path.name[:2], "stem": path.stem, "title": chapter_title(path)}
+        for folder in FOLDERS:
+            row[folder] = f"{folder}/{path.name}" if (root / folder / path.name).exists() else None
+        rows.append(row)
+    return rows
+
+
+def table_markdown(rows: list, link_ext: str = ".ipynb") -> str:
+    """The table of contents as a markdown table; links end in link_ext (.html for the site)."""
+    def link(rel, text):
+        return f"[{text}]({rel[:-len('.ipynb')]}{link_ext})" if rel else "—"
+
+    lines = ["## Contents", "", "| # | chapter | exercises | solutions |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['number']} | {link(r['chapters'], r['title'])} | "
+                     f"{link(r['exercises'], 'exercises')} | {link(r['solutions'], 'solutions')} |")
+    return "\n".join(lines)
+
+
+def landing_notebook(root: Path, link_ext: str = ".ipynb"):
+    """The landing notebook (nbformat node) for the book at root. Cell ids are fixed, so an
+    unchanged book gives a byte-identical file."""
+    rows = chapters(root)
+    cells = [nbformat.v4.new_markdown_cell(INTRO), nbformat.v4.new_markdown_cell(
+        table_markdown(rows, link_ext)), nbformat.v4.new_markdown_cell(HOW)]
+    for i, cell in enumerate(cells):
+        cell["id"] = f"start-here-{i}"
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["title"] = "Start here"
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def write(root: Path) -> Path:
+    """Write ROOT/START_HERE.ipynb if its content changed; return its path."""
+    path = Path(root) / NAME
+    text = nbformat.writes(landing_notebook(root)) + "\n"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+if __name__ == "__main__":
+    print(write(Path(sys.argv[1] if len(sys.argv) > 1 else ".")))

@@ -1,0 +1,136 @@
+"""Zero-bubble schedules (Qi et al., 2023, arXiv:2401.10241): the backward split in two.
+
+    from labkit.pipeline import zero_bubble
+    s = zero_bubble.zb_h1(P=4, K=8)   # 1F1B's peak memory, about a third of its bubble
+    s.stages[3]                       # [F0, B0, W0, F1, B1, W1, ...]
+
+A backward does two things: the gradient with respect to the stage's input (B), which the stage
+before is waiting for, and the gradients of the stage's weights (W), which nobody waits for
+until the optimizer step. Run B at once and W later, in the holes where a stage would wait:
+with t_F = t_B = t_W the idle time of a stage falls from 1F1B's (P-1)(t_F + t_B + t_W) to
+(P-1)(t_F + t_B - t_W) for ZB-H1, a third. ZB-H2 also lets a stage hold more micro-batches
+(up to 2P-1 on every stage instead of P-p), so that extra warm-up forwards fill the start and the
+deferred W's fill the end: the bubble nearly vanishes, paid for in activation memory (W holds
+the activations it needs until it runs).
+
+ZB-H1 is the paper's hand-built order (`zb_h1`). ZB-H2 is built by list scheduling, in the
+spirit of the paper's heuristic: simulate the pipeline
+with unit times and let each stage, whenever it is free, run a ready B first (the critical
+path), else a forward if its memory cap allows, else its oldest pending W. The order each stage
+ran becomes the schedule: plain data, checked by labkit.pipeline.validate like any other.
+Forwards and B's run in micro-batch order, so messages between two stages keep their order
+(NCCL-safe: validate.check_message_order).
+"""
+from __future__ import annotations
+
+from labkit.pipeline.schedules import Action, Schedule, _check, one_f_one_b_stage
+
+CAPS = {  # micro-batches whose W has not run that stage p of P may hold
+    "zb-h2": lambda p, P: 2 * P - 1,       # the paper's ZB-H2 peak
+}
+
+
+def split_backward(s: Schedule, name: str = None) -> Schedule:
+    """The same order with every backward split into B then W at once (no deferral): the
+    reference a zero-bubble schedule is compared with, and the start of chapter 05's exercise."""
+    stages = [[x for a in actions for x in ((a, Action("W", a.mb, a.chunk)) if a.kind == "B"
+                                            else (a,))] for actions in s.stages]
+    return Schedule(name or s.name + "-split", s.P, s.K, s.v, stages)
+
+
+def list_schedule(P: int, K: int, cap, t_f: float = 1.0, t_b: float = 1.0, t_w: float = 1.0,
+                  name: str = "zb") -> Schedule:
+    """Greedy order for v = 1: each free stage runs a ready B, else F (if below cap(p, P)
+    micro-batches held), else its oldest pending W. Stages are served in the order of the time
+    they decide at, so no message can arrive before a decision already taken."""
+    _check(P, K)
+    caps = [max(1, min(K, cap(p, P))) for p in range(P)]
+    free = [0.0] * P
+    next_f = [0] * P                # next micro-batch to forward
+    next_b = [0] * P                # next micro-batch to run B of
+    pending_w = [[] for _ in range(P)]
+    held = [0] * P                  # forwards whose W has not run (W needs their activations)
+    f_arrive = {}                   # (stage, mb) -> time the forward input is there
+    b_arrive = {}                   # (stage, mb) -> time the output gradient is there
+    f_done = {}                     # (stage, mb) -> end of that forward
+    orders = [[] for _ in range(P)]
+
+    def options(p):
+        """[(priority, ready time, action)] stage p could run next, given what has arrived."""
+        out, k = [], next_b[p]
+        if k < next_f[p]:
+            ready = b_arrive.get((p, k)) if p < P - 1 else f_done[(p, k)]
+            if ready is not None:
+                out.append((0, ready, Action("B", k)))
+        k = next_f[p]
+        if k < K and held[p] < caps[p]:
+            ready = 0.0 if p == 0 else f_arrive.get((p, k))
+            if ready is not None:
+                out.append((1, ready, Action("F", k)))
+        if pending_w[p]:
+            out.append((2, free[p], Action("W", pending_w[p][0])))
+        return out
+
+    def decide(p):
+        """(time stage p starts its next action, the action), or None when nothing is known."""
+        opts = options(p)
+        if not opts:
+            return None
+        t = max(free[p], min(r for _, r, _ in opts))
+        return t, min((pri, a) for pri, r, a in opts if r <= t)[1]
+
+    total = 3 * K * P
+    while sum(map(len, orders)) < total:
+        choices = [(d[0], p, d[1]) for p in range(P) if (d := decide(p)) is not None]
+        if not choices:
+            raise RuntimeError(f"list scheduling stalled at P={P}, K={K} (a bug)")
+        t, p, a = min(choices)
+        dur = {"F": t_f, "B": t_b, "W": t_w}[a.kind]
+        end = t + dur
+        orders[p].append(a)
+        free[p] = end
+        if a.kind == "F":
+            next_f[p] += 1
+            held[p] += 1
+            f_done[(p, a.mb)] = end
+            if p < P - 1:
+                f_arrive[(p + 1, a.mb)] = end
+        elif a.kind == "B":
+            next_b[p] += 1
+            pending_w[p].append(a.mb)
+            if p > 0:
+                b_arrive[(p - 1, a.mb)] = end
+        else:
+            pending_w[p].pop(0)
+            held[p] -= 1
+    return Schedule(name, P, K, 1, orders)
+
+
+def zb_h1(P: int, K: int) -> Schedule:
+    """ZB-H1 (the paper's hand-built order): 1F1B with the backward split, and stage p running
+    the W of micro-batch i only after the B of micro-batch i + p, so its last p W's fill the
+    cool-down. Stage p then holds up to (P - p) + p = P micro-batches: 1F1B's peak (stage 0's),
+    on every stage. Bubble (P-1)(t_F + t_B - t_W) per stage for K >= P."""
+    _check(P, K)
+    stages = []
+    for p in range(P):
+        d, order = min(p, K), []
+        for a in one_f_one_b_stage(p, P, K):
+            order.append(a)
+            if a.kind == "B" and a.mb >= d:
+                order.append(Action("W", a.mb - d))
+        stages.append(order + [Action("W", k) for k in range(K - d, K)])
+    return Schedule("zb-h1", P, K, 1, stages)
+
+
+def zb_h2(P: int, K: int) -> Schedule:
+    """ZB-H2: up to 2(P-p)-1 micro-batches held on stage p; bubble near zero for K >= 2P-1."""
+    return list_schedule(P, K, CAPS["zb-h2"], name="zb-h2")
+
+
+def make(name: str, P: int, K: int) -> Schedule:
+    if name == "zb-h1":
+        return zb_h1(P, K)
+    if name == "zb-h2":
+        return zb_h2(P, K)
+    raise ValueError(f"zero-bubble schedule {name!r}: choose 'zb-h1' or 'zb-h2'")

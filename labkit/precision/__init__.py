@@ -1,0 +1,12 @@
+"""Mixed precision, loss scaling and FP8, on the book's tiny GPT (chapter 09).
+
+    formats   what fp32, tf32, bf16, fp16, e4m3 and e5m2 can hold: range, precision, spacing
+    master    why fp32 master weights: bf16 weights that stop learning, measured
+    scaler    DynamicLossScaler (Micikevicius et al. 2018), decision for decision like GradScaler
+    fp8       FP8 matmuls emulated on any device: per-tensor delayed scaling and DeepSeek-V3's
+              1x128 / 128x128 block scaling, e4m3 forward, e5m2 gradients, fp32 accumulation
+    memory    bytes per parameter of a real optimizer step, from storage sizes
+
+On a CPU the fp8 code emulates the numerics (values are rounded exactly as an fp8 cast rounds
+them); it says nothing about speed, which needs fp8 tensor cores.
+"""

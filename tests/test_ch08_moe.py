@@ -1,0 +1,154 @@
+"""Chapter 08: costs.moe against counts, the hand-written all-to-all against the built-in, the
+lab's byte count against the kernel, and the checkers against right and known-wrong answers."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from labkit.check import ch08
+from labkit.costs import moe as mc
+from labkit.launch import run
+from labkit.model import GPT, GPTConfig
+
+
+# ----------------------------------------------------------------------------- costs
+def test_params_match_the_model_count():
+    cfg = GPTConfig(n_layer=2, n_embd=32, n_head=4, block_size=16, n_expert=4, expert_top_k=2,
+                    expert_ffn_mult=2, shared_expert=True)
+    model = GPT(cfg)
+    p = mc.params(32, 2, 4, 2, 2, vocab=cfg.vocab_size, positions=16, shared_expert=True)
+    assert p["total"] == sum(q.numel() for q in model.parameters())
+    assert p["experts"] == sum(q.numel() for n, q in model.named_parameters() if ".experts." in n)
+    assert p["active"] == p["total"] - 2 * 2 * p["per_expert"]       # 2 layers skip 2 experts
+
+
+def test_alltoall_formula_and_memory():
+    assert mc.alltoall_bytes_per_layer(100, 2, 8, 4, 2) == 4 * 0.75 * 2 * 100 * 8 * 2
+    assert mc.alltoall_bytes_per_layer(100, 2, 8, 1) == 0                # ep=1: nothing moves
+    one = mc.memory_per_gpu(64, 2, 8, 2, 2, ep=1)
+    eight = mc.memory_per_gpu(64, 2, 8, 2, 2, ep=8)
+    assert eight["experts"] == pytest.approx(one["experts"] / 8)
+    assert eight["non_expert"] == one["non_expert"]
+
+
+def test_dropped_fraction_matches_a_simulation():
+    g = torch.Generator().manual_seed(0)
+    n, E, k, f = 256, 8, 1, 1.0
+    cap = mc.capacity(n, k, E, f)
+    drops = []
+    for _ in range(200):
+        load = torch.bincount(torch.randint(E, (n,), generator=g), minlength=E)
+        drops.append(float((load - cap).clamp(min=0).sum()) / n)
+    assert sum(drops) / len(drops) == pytest.approx(mc.dropped_fraction(E, k, n, f), abs=0.01)
+    assert mc.dropped_fraction(E, k, n, 0.5) == pytest.approx(0.5, abs=1e-3)   # forced: half cannot fit
+
+
+@pytest.mark.parametrize("kw,words", [(dict(n_expert=4, k=5), ["top-k=5", "n_expert=4"]),
+                                      (dict(n_expert=8, k=2, ep=3), ["ep=3", "divides 8"]),
+                                      (dict(n_expert=8, k=2, factor=0.0), ["drop every token"])])
+def test_bad_input_says_what_to_change(kw, words):
+    with pytest.raises(ValueError) as err:
+        mc.check(**kw)
+    assert all(w in str(err.value) for w in words)
+
+
+# ----------------------------------------------------------------------------- all-to-all
+def _a2a_job(schedule, splits_of):
+    from labkit.moe.alltoall import all_to_all
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    in_splits = splits_of(rank, n)
+    out_splits = [splits_of(j, n)[rank] for j in range(n)]
+    x = torch.arange(sum(in_splits) * 3, dtype=torch.float32).view(-1, 3) + 1000 * rank
+    ref = x.new_empty(sum(out_splits), 3)
+    dist.all_to_all_single(ref, x, out_splits, in_splits)
+    return torch.equal(all_to_all(x, out_splits, in_splits, schedule=schedule), ref)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("schedule", ["naive", "pairwise"])
+def test_hand_written_all_to_all_equals_the_builtin(n, schedule):
+    def uneven(r, n):
+        return [(r * 3 + j * 2) % 5 for j in range(n)]            # includes zeros
+    assert all(run(_a2a_job, n, args=(schedule, uneven), echo=False))
+
+
+# ----------------------------------------------------------------------------- lab
+def test_kernel_bytes_follow_the_routing_formula():
+    from labkit.labs.moe import bytes_job, bytes_rows
+
+    rows = bytes_rows(run(bytes_job, 3, args=([20, 9, 14], dict(n_expert=6)), echo=False), 3)
+    for r in rows:
+        if r["kernel B"] is None:
+            pytest.skip("no kernel counter here")
+        assert r["formula B"] > 0 and 1.0 <= r["ratio"] < 1.15, r
+
+
+def test_balancing_runs_and_records_a_load_per_step():
+    from labkit.labs.moe import balance_run
+
+    r = balance_run("bias", steps=3, cfg_kwargs=dict(n_layer=1))
+    assert len(r["loads"]) == 3 and all(sum(lo) == 4 * 16 * 2 for lo in r["loads"])
+
+
+# ----------------------------------------------------------------------------- checkers
+def _keep_right(expert, n_expert, cap):
+    n, k = expert.shape
+    kept, used = torch.zeros(n, k, dtype=torch.bool), [0] * n_expert
+    for j in range(k):
+        for t in range(n):
+            e = int(expert[t, j])
+            if used[e] < cap:
+                used[e] += 1
+                kept[t, j] = True
+    return kept
+
+
+def _keep_token_major(expert, n_expert, cap):      # wrong: token 0's second choice first
+    n, k = expert.shape
+    kept, used = torch.zeros(n, k, dtype=torch.bool), [0] * n_expert
+    for t in range(n):
+        for j in range(k):
+            e = int(expert[t, j])
+            if used[e] < cap:
+                used[e] += 1
+                kept[t, j] = True
+    return kept
+
+
+def test_routing_checker_scores_right_and_wrong():
+    assert ch08.routing_with_capacity(_keep_right).score == ch08.EXERCISES["8.1"][1]
+    assert ch08.routing_with_capacity(_keep_token_major).score < ch08.EXERCISES["8.1"][1]
+    assert ch08.routing_with_capacity(lambda e, E, c: torch.ones_like(e, dtype=torch.bool)).score == 0
+
+
+def _dispatch_ignoring_drops(x, expert, weight, kept, local_experts, first, group=None):
+    """Wrong: every assignment is computed, dropped ones too (otherwise a correct answer)."""
+    from labkit.moe.expert_parallel import all_to_all
+
+    ep, per = dist.get_world_size(group), len(local_experts)
+    n, k = expert.shape
+    tok = torch.arange(n).repeat_interleave(k)
+    slot = torch.arange(k).repeat(n)
+    e = expert.reshape(-1)
+    order = torch.argsort(e, stable=True)
+    tok, slot, e = tok[order], slot[order], e[order]
+    send = torch.bincount(e // per, minlength=ep)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    s, r = send.tolist(), recv.tolist()
+    ids = torch.empty(sum(r), dtype=e.dtype)
+    dist.all_to_all_single(ids, e, r, s, group=group)
+    rows = all_to_all(x[tok], r, s, group)
+    out = rows * 0
+    for j, m in enumerate(local_experts):
+        idx = torch.nonzero(ids == first + j, as_tuple=True)[0]
+        if idx.numel():
+            out = out.index_copy(0, idx, m(rows[idx]))
+    back = all_to_all(out, s, r, group)
+    return torch.zeros_like(x).index_add(0, tok, back * weight[tok, slot].unsqueeze(-1))
+
+
+def test_dispatch_checker_catches_a_known_wrong_answer():
+    res = ch08.dispatch_combine(_dispatch_ignoring_drops)
+    assert res.score < ch08.EXERCISES["8.2"][1]
+    assert any("dropped" in c["message"] for c in res.cases if not c["passed"])
