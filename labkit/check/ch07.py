@@ -164,6 +164,13 @@ def sp_pair(gather_fn, scatter_fn=None):
 
 
 # ----------------------------------------------------------------------------- 7.3
+_C10D_TO_DIST = {"allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
+                 "allreduce": "all_reduce", "alltoall": "all_to_all",
+                 "alltoall_base": "all_to_all_single", "_reduce_scatter_base":
+                 "reduce_scatter_tensor", "reduce_scatter": "reduce_scatter",
+                 "allgather_into_tensor_coalesced": "all_gather_into_tensor"}
+
+
 def _refuse_collectives_mode():
     """A TorchDispatchMode that lets point-to-point ops through and stops any collective (a c10d
     op other than send/recv) with a hint, whoever calls it: the learner's code, a helper, or
@@ -179,9 +186,11 @@ def _refuse_collectives_mode():
             name = func.__name__
             if func.namespace == "c10d" and not name.startswith(("send", "recv", "barrier",
                                                                  "monitored_barrier")):
-                self.used.append(name)
-                raise RuntimeError(f"collective c10d.{name} called: ring attention passes K/V "
-                                   "with point-to-point messages only")
+                base = name.split(".")[0].rstrip("_")
+                public = _C10D_TO_DIST.get(base, base)    # the name the learner wrote
+                self.used.append(public)
+                raise RuntimeError(f"collective dist.{public} called (c10d.{name}): ring "
+                                   "attention passes K/V with point-to-point messages only")
             return func(*args, **(kwargs or {}))
     return Refuse
 

@@ -116,8 +116,8 @@ class ParallelGPT:
     def train_step(self, x: torch.Tensor, y: torch.Tensor, capture_grads: bool = False) -> float:
         """One optimizer step on the global batch x, y (B, T), the same on every rank. Returns
         the global batch's mean loss, on every rank. capture_grads: keep the whole batch's
-        gradient of every owned parameter (summed over dp by an extra, unlogged all-reduce) for
-        comparison with a reference; ZeRO-3 keeps gradients only in its shards, so not there."""
+        gradient of every owned parameter (summed over dp by an extra, unlogged all-reduce when
+        captured_grads() reads it, outside the step) for comparison with a reference; ZeRO-3 keeps gradients only in its shards, so not there."""
         B, dev = x.shape[0], next(iter(self.owned.values())).device
         xs = shard_rows(x, self.d, self.dp).to(dev)                    # (B_d, T) my replica's
         ys = shard_rows(y, self.d, self.dp).to(dev)
@@ -142,8 +142,7 @@ class ParallelGPT:
                 self._captured = {n: p.grad.clone() for n, p in self.owned.items()
                                   if p.grad is not None}
         self._capturing = False
-        if capture_grads:
-            self._captured = self._sum_over_dp(self._captured)
+        self._summed = False   # summed over dp when read: the step's own traffic stays the step's
         self.dp_stage.step()
         if self.expert_stage:
             self.expert_stage.step()
@@ -201,6 +200,8 @@ class ParallelGPT:
         one-process GPT's names; only the parameters this pipeline stage owns."""
         if self._captured is None:
             raise RuntimeError("call train_step(..., capture_grads=True) first")
+        if not self._summed:       # a collective: every rank reads its capture
+            self._captured, self._summed = self._sum_over_dp(self._captured), True
         return self._full(lambda name, p: self._captured.get(name))
 
     def full_params(self) -> dict:

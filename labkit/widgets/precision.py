@@ -72,10 +72,12 @@ def curves_figure(curves: dict, title="Loss"):
 
 
 def bytes_widget(n_params: float = 7e9):
-    """Toggles: weights, gradients, master copy, moments; the recipe's bytes/param and total."""
+    """Toggles: weights, gradients, master copy, moments, and a model-size slider; the recipe's
+    bytes/param and the whole model's training state in GB."""
     import ipywidgets as w
 
-    opts = list(cp.BYTES)
+    size = w.FloatLogSlider(value=n_params / 1e9, base=10, min=-1, max=3, step=0.05,
+                            description="params (B)")
     wt = w.Dropdown(options=["bf16", "fp16", "fp8", "fp32"], value="bf16", description="weights")
     gr = w.Dropdown(options=["bf16", "fp16", "fp32"], value="bf16", description="grads")
     ms = w.Checkbox(value=True, description="fp32 master copy")
@@ -84,12 +86,12 @@ def bytes_widget(n_params: float = 7e9):
 
     def show(*_):
         r = cp.recipe(wt.value, gr.value, ms.value, mo.value)
+        n = size.value * 1e9
         out.clear_output()
         with out:
             print(f"{r.weights:g} + {r.grads:g} + {r.optimizer:g} = {r.total:g} bytes/param; "
-                  f"{n_params / 1e9:g}B params: {cp.model_bytes(n_params, r) / 1e9:.0f} GB")
-    for c in (wt, gr, ms, mo):
+                  f"{n / 1e9:.3g}B params: {cp.model_bytes(n, r) / 1e9:,.0f} GB")
+    for c in (size, wt, gr, ms, mo):
         c.observe(show, "value")
     show()
-    del opts
-    return w.VBox([w.HBox([wt, gr]), w.HBox([ms, mo]), out])
+    return w.VBox([size, w.HBox([wt, gr]), w.HBox([ms, mo]), out])
