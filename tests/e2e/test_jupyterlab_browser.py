@@ -387,11 +387,20 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
     nb.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000) \
         if nb.locator(".jp-Notebook-ExecutionIndicator").count() else None
     cell = nb.locator(".jp-CodeCell").first
-    cell.click()
-    page.keyboard.press("Control+Enter")
+    cell.locator(".jp-InputPrompt").click()    # selects the cell (command mode), no editor focus
+    page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
+    page.click("li[data-command='runmenu:run']")  # Run Selected Cell(s)
     prompt = cell.locator(".jp-InputPrompt")
-    page.wait_for_function("(el) => /\\[\\d+\\]:/.test(el.textContent)", arg=prompt.element_handle(),
-                           timeout=120_000)
+    try:
+        page.wait_for_function("(el) => /\\[\\d+\\]:/.test(el.textContent)",
+                               arg=prompt.element_handle(), timeout=120_000)
+    except Exception:
+        page.screenshot(path=str(SHOTS / "door-chapter-stuck.png"))
+        pytest.fail(f"the chapter's first cell did not run; its prompt reads "
+                    f"{prompt.inner_text()!r}; kernel status "
+                    f"{nb.locator('.jp-Notebook-ExecutionIndicator').first.get_attribute('data-status') if nb.locator('.jp-Notebook-ExecutionIndicator').count() else None!r}; "
+                    f"dialogs: {page.locator('.jp-Dialog').all_inner_texts()!r}; server log:\n"
+                    + book_sh["log"].read_text()[-3000:])
     assert cell.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
                         ":has-text('Error')").count() == 0
     page.screenshot(path=str(SHOTS / "door-chapter.png"))
