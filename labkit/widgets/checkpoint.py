@@ -10,6 +10,10 @@ Every number comes from labkit.costs.checkpoint, like the worked answers in the 
 from __future__ import annotations
 
 from labkit.costs import checkpoint as ck
+from labkit.costs.plan_inputs import LLAMA3_GPU_MTBF_H
+
+# The default node: 8 GPUs failing at Llama 3's measured rate (the planner's figure, chapter 10).
+NODE_MTBF_H = LLAMA3_GPU_MTBF_H / 8
 
 
 def plan(n_params_b: float, recipe: str, writers: int, per_writer_GBps: float,
@@ -108,7 +112,8 @@ def calculator():
         writers=w.IntSlider(value=64, min=1, max=1024, description="writers"),
         per_writer_GBps=w.FloatSlider(value=2.0, min=0.1, max=25, description="GB/s each"),
         storage_GBps=w.FloatSlider(value=100, min=1, max=2000, description="storage GB/s"),
-        node_mtbf_h=w.FloatLogSlider(value=43800, base=10, min=2, max=6, description="node MTBF h"),
+        node_mtbf_h=w.FloatLogSlider(value=round(NODE_MTBF_H), base=10, min=2, max=6,
+                                     description="node MTBF h"),
         nodes=w.IntSlider(value=256, min=1, max=4096, description="nodes"),
         restart_min=w.FloatSlider(value=10, min=0, max=60, description="restart min"),
         interval_min=w.FloatSlider(value=30, min=1, max=600, description="interval min"))
