@@ -1,0 +1,260 @@
+"""Benchmark: ring attention (forward + backward) on a zig-zag split sequence, against the same
+attention on the whole sequence in one process; how much of the ring's K/V traffic hides behind
+compute; and the bytes each rank sent, counted by the kernel, against labkit.costs.context.
+
+    labkit bench context [--cp 2 4] [--seq 1024] [--heads 4] [--dim 32] [--repeats 5]
+
+Every measurement runs real processes (labkit.launch.run, Gloo), one thread each:
+
+  time     wall time of one forward + backward (median over repeats, after one warm-up; the
+           slowest rank's clock per repeat), as a ratio to one process running the same tiled
+           attention (labkit.context.tiled_attention) and torch's F.scaled_dot_product_attention
+           on the whole sequence, measured in the same run. On a CPU with fewer cores than
+           ranks the ranks share the cores: a ratio says what splitting costs here (the
+           communication, the merges, the sharing), not the speed-up a GPU cluster would see.
+  hidden   per rank, the fraction of the ring's communication that its compute hides:
+               hidden = 1 - exposed / standalone
+           exposed: seconds the rank was blocked in wait() on the ring's K/V and dK/dV sends
+           and receives during one forward + backward (labkit.commlog's `blocked`);
+           standalone: wall time of the very same hops (same tensors' sizes, peers, tags and
+           grouping into steps) posted and waited at once with no compute between
+           (transfer_only). ring_attention posts the next hop before computing the current
+           block, so the transfer can run while it computes. 1 means the waits cost nothing;
+           0 means every wait was as long as the bare transfer; below 0 means a rank waited
+           longer than the transfer takes: for a neighbour still computing (ranks sharing
+           cores run unevenly), which is exposed time too. Posting itself (the calls that hand
+           the buffers to Gloo) is in standalone and not in exposed, so this is the fraction of
+           the waiting that overlap removed.
+  bytes    payload the rank's TCP sockets sent during one forward + backward (labkit.netcount:
+           Gloo's data plus its small per-message headers), over labkit.costs.context's
+           cp_ring_layer_bytes: (cp - 1) K/V chunks forward, (cp - 1) K/V + cp dK/dV backward.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+LAYOUT = "zigzag"
+RING_WHERE = ("ring attention k/v", "ring attention backward k/v", "ring attention dk/dv")
+TAG_K, TAG_V, TAG_DK, TAG_DV = 1, 2, 3, 4
+
+
+def check_config(cp_list, seq: int, heads: int, dim: int, repeats: int) -> None:
+    """ValueError (one line, what to change) for a configuration the bench cannot run."""
+    for name, v in (("--seq", seq), ("--heads", heads), ("--dim", dim), ("--repeats", repeats)):
+        if v < 1:
+            raise ValueError(f"{name} must be 1 or more (got {v})")
+    for cp in cp_list:
+        if cp < 2:
+            raise ValueError(f"--cp {cp}: ring attention needs at least 2 ranks")
+        if seq % (2 * cp):
+            raise ValueError(f"--seq {seq} is not divisible by 2*cp = {2 * cp} (cp={cp}): the "
+                             f"zig-zag layout cuts the sequence into 2*cp chunks; use a multiple "
+                             f"of {2 * cp}")
+
+
+def _inputs(seq: int, heads: int, dim: int, dev):
+    """q, k, v, dout for the whole sequence, the same on every rank (seeded). (1, H, T, d) each."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, heads, seq, dim, generator=g).to(dev) for _ in range(4)]  # (1,H,T,d)
+
+
+def _fwd_bwd(attn, q, k, v, dout):
+    """One forward and backward of attn(q, k, v); returns out, (dq, dk, dv)."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attn(q, k, v)                                      # (1, H, T_local, d)
+    out.backward(dout)
+    return out.detach(), (q.grad, k.grad, v.grad)
+
+
+def _median_time(fn, repeats: int, dev) -> list:
+    from labkit.timing import now
+
+    times = []
+    for i in range(repeats + 1):                             # the first call is the warm-up
+        t0 = now(dev)
+        fn()
+        if i:
+            times.append(now(dev) - t0)
+    return times
+
+
+def one_process_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
+    """On one rank: seconds per forward + backward of tiled attention and of torch's SDPA."""
+    import torch.nn.functional as F
+
+    from labkit.context import tiled_attention
+    from labkit.launch import device
+
+    torch.set_num_threads(1)
+    dev = device()
+    q, k, v, dout = _inputs(seq, heads, dim, dev)
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    return {name: _median_time(lambda a=attn: _fwd_bwd(a, q, k, v, dout), repeats, dev)
+            for name, attn in (("tiled", tiled_attention), ("sdpa", sdpa))}
+
+
+def transfer_only(k, v, group=None) -> None:
+    """The ring's hops with no compute between: forward cp-1 K/V hops; backward cp-1 K/V hops,
+    each posted with a dK/dV hop, then the last dK/dV hop home. Each step's messages are posted
+    as one batch (labkit.collectives.exchange) and waited for at once. k, v: (B, Hk, T/cp, d)."""
+    import torch.distributed as dist
+
+    from labkit.collectives import exchange
+
+    rank, cp = dist.get_rank(group), dist.get_world_size(group)
+    right, left = (rank + 1) % cp, (rank - 1) % cp
+
+    def step(send, tags, where):
+        recv = [torch.empty_like(t) for t in send]           # (B, Hk, T/cp, d) each
+        ops = [(dist.irecv, t, left, group, tag) for t, tag in zip(recv, tags)]
+        ops += [(dist.isend, t, right, group, tag) for t, tag in zip(send, tags)]
+        for w in exchange(ops, where=where):
+            w.wait()
+        return recv
+
+    cur = [k, v]
+    for _ in range(cp - 1):
+        cur = step(cur, (TAG_K, TAG_V), "alone k/v")
+    cur, acc = [k, v], [torch.zeros_like(k), torch.zeros_like(v)]  # (B, Hk, T/cp, d)
+    for s in range(cp):
+        both = (cur + acc, (TAG_K, TAG_V, TAG_DK, TAG_DV)) if s < cp - 1 else (acc, (TAG_DK, TAG_DV))
+        got = step(*both, "alone k/v + dk/dv")
+        cur, acc = (got[:2], got[2:]) if s < cp - 1 else (cur, got)
+
+
+def _ring_call(q, k, v, dout, group=None):
+    from labkit.context import ring_attention
+
+    return _fwd_bwd(lambda q, k, v: ring_attention(q, k, v, group, layout=LAYOUT), q, k, v, dout)
+
+
+def _reference(q, k, v, dout, rank: int, cp: int):
+    """SDPA on the whole sequence, then this rank's zig-zag rows of out, dq, dk, dv."""
+    import torch.nn.functional as F
+
+    from labkit.context import split_sequence
+
+    out, grads = _fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                          q, k, v, dout)
+    return [split_sequence(t, rank, cp, LAYOUT) for t in (out, *grads)]  # (1, H, T/cp, d) each
+
+
+def ring_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
+    """On each rank of a cp group (the world): bytes sent in one ring forward + backward (kernel
+    count), per-repeat wall time and blocked-in-wait seconds, per-repeat standalone transfer
+    time, and whether the result matches SDPA on the whole sequence."""
+    import torch.distributed as dist
+
+    from labkit import commlog, netcount
+    from labkit.context import split_sequence
+    from labkit.launch import device
+    from labkit.timing import now
+
+    torch.set_num_threads(1)
+    dev, rank, cp = device(), dist.get_rank(), dist.get_world_size()
+    whole = _inputs(seq, heads, dim, dev)                    # q, k, v, dout (1, H, T, d)
+    q, k, v, dout = (split_sequence(t, rank, cp, LAYOUT) for t in whole)  # (1, H, T/cp, d)
+    out, grads = _ring_call(q, k, v, dout)                   # also the warm-up
+    ref = _reference(*whole, rank, cp)
+    err = max(float((a - b).abs().max()) for a, b in zip((out, *grads), ref))
+    dist.barrier()
+    with netcount.socket_bytes() as wire:
+        _ring_call(q, k, v, dout)
+    res = {"rank": rank, "sent": wire.sent, "why_not": wire.reason, "max_err": err,
+           "seconds": [], "exposed": [], "standalone": []}
+    for i in range(repeats + 1):                             # i = 0: warm-up
+        dist.barrier()
+        with commlog.record() as log:
+            t0 = now(dev)
+            _ring_call(q, k, v, dout)
+            t1 = now(dev)
+        dist.barrier()
+        t2 = now(dev)
+        transfer_only(k, v)
+        t3 = now(dev)
+        if i:
+            res["seconds"].append(t1 - t0)
+            res["exposed"].append(sum(log.seconds(where=w) for w in RING_WHERE))
+            res["standalone"].append(t3 - t2)
+    return res
+
+
+def measure(cp_list=(2, 4), seq: int = 1024, heads: int = 4, dim: int = 32,
+            repeats: int = 5) -> dict:
+    """Run the one-process baselines and ring attention at each cp; return the bench's rows."""
+    from labkit.costs.context import cp_ring_layer_bytes
+    from labkit.launch import run
+
+    check_config(cp_list, seq, heads, dim, repeats)
+    base = run(one_process_job, 1, args=(seq, heads, dim, repeats), echo=False)[0]
+    base = {name: statistics.median(ts) for name, ts in base.items()}
+    rows, ranks = [], []
+    for cp in cp_list:
+        res = run(ring_job, cp, args=(seq, heads, dim, repeats), echo=False)
+        slowest = [max(r["seconds"][i] for r in res) for i in range(repeats)]
+        t = statistics.median(slowest)
+        predicted = cp_ring_layer_bytes(1, seq, heads * dim, cp, bytes_per_element=4)["total"]
+        per_rank = [_rank_row(cp, r, predicted) for r in res]
+        ranks += per_rank
+        rows.append({"cp": cp, "seconds": t, "vs_tiled": t / base["tiled"],
+                     "vs_sdpa": t / base["sdpa"], "max_err": max(r["max_err"] for r in res),
+                     "hidden_min": min(p["hidden"] for p in per_rank),
+                     "hidden_max": max(p["hidden"] for p in per_rank),
+                     "sent": [p["sent"] for p in per_rank], "predicted": predicted,
+                     "bytes_ratio": max(p["bytes_ratio"] or 0.0 for p in per_rank) or None,
+                     "why_not": res[0]["why_not"]})
+    config = {"cp": list(cp_list), "seq": seq, "heads": heads, "dim": dim, "batch": 1,
+              "dtype": "float32", "repeats": repeats, "layout": LAYOUT}
+    return {"rows": rows, "ranks": ranks, "one_process_seconds": base, "config": config}
+
+
+def _rank_row(cp: int, r: dict, predicted: float) -> dict:
+    exposed, standalone = statistics.median(r["exposed"]), statistics.median(r["standalone"])
+    return {"cp": cp, "rank": r["rank"], "exposed": exposed, "standalone": standalone,
+            "hidden": 1.0 - exposed / standalone, "sent": r["sent"], "predicted": predicted,
+            "bytes_ratio": None if r["sent"] is None else r["sent"] / predicted}
+
+
+def _print(res: dict) -> None:
+    from labkit.table import table
+
+    c, base = res["config"], res["one_process_seconds"]
+    x = lambda v: f"{v:.2f}x"                                # noqa: E731
+    print(table(res["rows"], [
+        "cp", ("ms / fwd+bwd", lambda r: 1e3 * r["seconds"], ".1f"),
+        ("vs 1-process tiled", "vs_tiled", x), ("vs 1-process SDPA", "vs_sdpa", x),
+        ("max |err|", "max_err", ".1e"),
+        ("hidden (min..max rank)", lambda r: f"{r['hidden_min']:.2f}..{r['hidden_max']:.2f}"),
+        ("sent/predicted (max rank)", "bytes_ratio",
+         lambda v: "-" if v is None else f"{v:.3f}")],
+        title=f"ring attention fwd+bwd, zig-zag, T={c['seq']} H={c['heads']} d={c['dim']} fp32, "
+              f"median of {c['repeats']} (slowest rank); 1 process: tiled "
+              f"{1e3 * base['tiled']:.1f} ms, SDPA {1e3 * base['sdpa']:.1f} ms. One thread per "
+              f"rank: on a CPU with fewer cores than ranks (4 ranks on 2 cores) they share "
+              f"cores, so ratios show overheads, not speed-up"))
+    print(table(res["ranks"], [
+        "cp", "rank", ("exposed ms", lambda r: 1e3 * r["exposed"], ".2f"),
+        ("standalone ms", lambda r: 1e3 * r["standalone"], ".2f"), ("hidden", "hidden", ".2f"),
+        ("sent bytes", "sent", lambda v: "-" if v is None else f"{v:,}"),
+        ("predicted", "predicted", ",.0f"),
+        ("ratio", "bytes_ratio", lambda v: "-" if v is None else f"{v:.3f}")],
+        title="hidden = 1 - exposed / standalone: exposed = time blocked in wait() on the ring's "
+              "K/V and dK/dV messages in one fwd+bwd; standalone = the same hops with no compute "
+              "between (medians). Bytes: kernel count (labkit.netcount) vs "
+              "labkit.costs.context.cp_ring_layer_bytes"))
+
+
+def main(argv=()) -> dict:
+    p = argparse.ArgumentParser(prog="labkit bench context")
+    p.add_argument("--cp", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--seq", type=int, default=1024, help="whole sequence length T")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dim", type=int, default=32, help="head dimension d")
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args(list(argv))
+    res = measure(a.cp, a.seq, a.heads, a.dim, a.repeats)
+    _print(res)
+    return res
