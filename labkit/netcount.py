@@ -143,20 +143,27 @@ class SocketBytes:
         self.reason = why_not(group)
         self._start: dict = {}
 
+    def _settled(self) -> dict:
+        """A snapshot taken once what this process wrote has been acknowledged (or settle_s
+        passed): bytes written before the block but acknowledged inside it are not the block's,
+        and bytes written inside it but acknowledged after it are."""
+        snap = snapshot(self.exclude_ports)
+        deadline = time.monotonic() + self.settle_s
+        while any(i["unacked"] or i["notsent"] for i in snap.values()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.002)
+            snap = snapshot(self.exclude_ports)
+        return snap
+
     def __enter__(self):
         if self.reason is None:
-            self._start = snapshot(self.exclude_ports)
+            self._start = self._settled()
         return self
 
     def __exit__(self, *exc):
         if self.reason is not None:
             return False
-        end = snapshot(self.exclude_ports)
-        deadline = time.monotonic() + self.settle_s
-        while any(i["unacked"] or i["notsent"] for i in end.values()) \
-                and time.monotonic() < deadline:       # written but not yet acknowledged
-            time.sleep(0.002)
-            end = snapshot(self.exclude_ports)
+        end = self._settled()
         zero = {"bytes_acked": 0, "bytes_received": 0}
         self.sent = sum(i["bytes_acked"] - self._start.get(k, zero)["bytes_acked"]
                         for k, i in end.items())
