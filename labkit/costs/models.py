@@ -40,6 +40,9 @@ class ModelSpec:
     seq_len: int = 2048            # the context it was trained with (a default for calculators)
     published: str = ""            # the size its authors quote, for the reader
     dropout: bool = False          # trained with dropout (GPT-2/3: 0.1; Llama: none); activations
+    n_experts: int = 0             # 0: a dense MLP; E > 0: every MLP is a mixture of E experts,
+                                   # each an MLP of this spec's shape (h -> f -> h), plus a router
+    top_k: int = 0                 # experts each token visits (k of E), when n_experts > 0
 
     def __post_init__(self):
         for field in ("vocab_size", "hidden", "n_layers", "n_heads"):
@@ -52,6 +55,9 @@ class ModelSpec:
         if self.n_heads % self.kv_heads:
             raise ValueError(f"{self.name}: n_heads={self.n_heads} must be divisible by "
                              f"n_kv_heads={self.kv_heads}")
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"{self.name}: top_k={self.top_k} must be between 1 and "
+                             f"n_experts={self.n_experts} (a token visits k of the E experts)")
         if self.norm not in ("rmsnorm", "layernorm"):
             raise ValueError(f"{self.name}: norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
 
@@ -85,6 +91,12 @@ def attention_params(spec: ModelSpec) -> int:
 
 
 def mlp_params(spec: ModelSpec) -> int:
+    """One layer's MLP: a dense MLP, or n_experts of them and the router (h x E, no bias)."""
+    one = _one_mlp_params(spec)
+    return one if not spec.n_experts else spec.n_experts * one + spec.hidden * spec.n_experts
+
+
+def _one_mlp_params(spec: ModelSpec) -> int:
     h, f = spec.hidden, spec.ffn
     if spec.gated_mlp:
         return 3 * h * f + ((2 * f + h) if spec.bias else 0)   # gate, up: h->f; down: f->h
@@ -122,6 +134,23 @@ def matmul_params(spec: ModelSpec) -> int:
     if not spec.tied_embeddings:
         lookups += spec.vocab_size * spec.hidden
     return num_params(spec) - lookups
+
+
+def expert_params(spec: ModelSpec) -> int:
+    """Parameters in experts, all layers (0 for a dense model): what expert parallelism shards."""
+    return spec.n_layers * spec.n_experts * _one_mlp_params(spec)
+
+
+def active_params(spec: ModelSpec) -> int:
+    """Parameters one token's forward touches: all but the E - k experts it skips (= N when
+    dense). Mixtral-8x7B: 12.9B of 46.7B."""
+    skipped = spec.n_layers * (spec.n_experts - spec.top_k) * _one_mlp_params(spec)
+    return num_params(spec) - skipped
+
+
+def active_matmul_params(spec: ModelSpec) -> int:
+    """matmul_params counting only the k experts a token visits: the N of 6N for a mixture."""
+    return matmul_params(spec) - (num_params(spec) - active_params(spec))
 
 
 def breakdown(spec: ModelSpec) -> dict:
@@ -165,6 +194,13 @@ PRESETS = {
     "llama3-405b": ModelSpec("Llama-3.1-405B", vocab_size=128256, hidden=16384, n_layers=126,
                              n_heads=128, n_kv_heads=8, ffn_hidden=53248, gated_mlp=True,
                              seq_len=8192, published="405B"),
+    # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", table 1: dim 4096, 32 layers, head
+    # dim 128, 32 heads, 8 kv heads, hidden 14336, vocab 32000, 8 experts, top-2; 47B parameters,
+    # 13B active). The counts here give 46,702,792,704 total and 12,879,925,248 active (the router counted as active).
+    "mixtral-8x7b": ModelSpec("Mixtral-8x7B", vocab_size=32000, hidden=4096, n_layers=32,
+                              n_heads=32, n_kv_heads=8, ffn_hidden=14336, gated_mlp=True,
+                              seq_len=32768, published="46.7B (12.9B active)", n_experts=8,
+                              top_k=2),
 }
 
 
