@@ -207,6 +207,8 @@ def _finish_torchrun_rank(code: int = 0) -> None:
 
 
 def _bench(names, rest) -> int:
+    import os
+
     parser = argparse.ArgumentParser(prog="labkit bench")
     parser.add_argument("--json", default="bench-results.json", help="where to write the results")
     opts, rest = parser.parse_known_args(rest)
@@ -214,7 +216,13 @@ def _bench(names, rest) -> int:
     results = {}
     for name in names:
         print(f"== benchmark: {name}", flush=True)
-        results[name] = _load("labkit.bench", name).main(rest)
+        try:
+            results[name] = _load("labkit.bench", name).main(rest)
+        except _input_errors() as err:  # bad input: one line, exit 2, as for labs
+            if os.environ.get("LABKIT_DEBUG"):
+                raise
+            print(f"labkit: bench {name}: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+            return 2
     Path(opts.json).write_text(json.dumps(results, indent=2))
     print(f"wrote {opts.json}")
     return 0

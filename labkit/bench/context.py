@@ -2,11 +2,11 @@
 attention on the whole sequence in one process; how much of the ring's K/V traffic hides behind
 compute; and the bytes each rank sent, counted by the kernel, against labkit.costs.context.
 
-    labkit bench context [--cp 2 4] [--seq 1024] [--heads 4] [--dim 32] [--repeats 5]
+    labkit bench context [--cp 2 4] [--seq 1024] [--heads 4] [--dim 32] [--repeats 10]
 
 Every measurement runs real processes (labkit.launch.run, Gloo), one thread each:
 
-  time     wall time of one forward + backward (median over repeats, after one warm-up; the
+  time     wall time of one forward + backward (median over repeats, after a warm-up; the
            slowest rank's clock per repeat), as a ratio to one process running the same tiled
            attention (labkit.context.tiled_attention) and torch's F.scaled_dot_product_attention
            on the whole sequence, measured in the same run. On a CPU with fewer cores than
@@ -24,7 +24,9 @@ Every measurement runs real processes (labkit.launch.run, Gloo), one thread each
            longer than the transfer takes: for a neighbour still computing (ranks sharing
            cores run unevenly), which is exposed time too. Posting itself (the calls that hand
            the buffers to Gloo) is in standalone and not in exposed, so this is the fraction of
-           the waiting that overlap removed.
+           the waiting that overlap removed. Per pass (forward, backward) from medians over
+           repeats; the total from the sums of those medians. The backward cannot hide all of
+           it: the last dK/dV hop home starts only after the neighbour's last block.
   bytes    payload the rank's TCP sockets sent during one forward + backward (labkit.netcount:
            Gloo's data plus its small per-message headers), over labkit.costs.context's
            cp_ring_layer_bytes: (cp - 1) K/V chunks forward, (cp - 1) K/V + cp dK/dV backward.
@@ -37,7 +39,8 @@ import statistics
 import torch
 
 LAYOUT = "zigzag"
-RING_WHERE = ("ring attention k/v", "ring attention backward k/v", "ring attention dk/dv")
+FORWARD_WHERE = "ring attention k/v"                       # labkit.context.ring_attention's labels
+BACKWARD_WHERE = ("ring attention backward k/v", "ring attention dk/dv")
 TAG_K, TAG_V, TAG_DK, TAG_DV = 1, 2, 3, 4
 
 
@@ -96,13 +99,15 @@ def one_process_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
             for name, attn in (("tiled", tiled_attention), ("sdpa", sdpa))}
 
 
-def transfer_only(k, v, group=None) -> None:
+def transfer_only(k, v, group=None) -> tuple:
     """The ring's hops with no compute between: forward cp-1 K/V hops; backward cp-1 K/V hops,
     each posted with a dK/dV hop, then the last dK/dV hop home. Each step's messages are posted
-    as one batch (labkit.collectives.exchange) and waited for at once. k, v: (B, Hk, T/cp, d)."""
+    as one batch (labkit.collectives.exchange) and waited for at once. k, v: (B, Hk, T/cp, d).
+    Returns (forward seconds, backward seconds), this rank's clock."""
     import torch.distributed as dist
 
     from labkit.collectives import exchange
+    from labkit.timing import now
 
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     right, left = (rank + 1) % cp, (rank - 1) % cp
@@ -115,14 +120,19 @@ def transfer_only(k, v, group=None) -> None:
             w.wait()
         return recv
 
+    t0 = now(k.device)
     cur = [k, v]
     for _ in range(cp - 1):
         cur = step(cur, (TAG_K, TAG_V), "alone k/v")
+    t1 = now(k.device)
     cur, acc = [k, v], [torch.zeros_like(k), torch.zeros_like(v)]  # (B, Hk, T/cp, d)
     for s in range(cp):
-        both = (cur + acc, (TAG_K, TAG_V, TAG_DK, TAG_DV)) if s < cp - 1 else (acc, (TAG_DK, TAG_DV))
-        got = step(*both, "alone k/v + dk/dv")
-        cur, acc = (got[:2], got[2:]) if s < cp - 1 else (cur, got)
+        if s < cp - 1:
+            got = step(cur + acc, (TAG_K, TAG_V, TAG_DK, TAG_DV), "alone k/v + dk/dv")
+            cur, acc = got[:2], got[2:]
+        else:
+            acc = step(acc, (TAG_DK, TAG_DV), "alone dk/dv home")
+    return t1 - t0, now(k.device) - t1
 
 
 def _ring_call(q, k, v, dout, group=None):
@@ -172,18 +182,17 @@ def ring_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
             _ring_call(q, k, v, dout)
             t1 = now(dev)
         dist.barrier()
-        t2 = now(dev)
-        transfer_only(k, v)
-        t3 = now(dev)
+        alone = transfer_only(k, v)                          # (forward s, backward s)
         if i:
             res["seconds"].append(t1 - t0)
-            res["exposed"].append(sum(log.seconds(where=w) for w in RING_WHERE))
-            res["standalone"].append(t3 - t2)
+            res["exposed"].append((log.seconds(where=FORWARD_WHERE),
+                                   sum(log.seconds(where=w) for w in BACKWARD_WHERE)))
+            res["standalone"].append(alone)
     return res
 
 
 def measure(cp_list=(2, 4), seq: int = 1024, heads: int = 4, dim: int = 32,
-            repeats: int = 5) -> dict:
+            repeats: int = 10) -> dict:
     """Run the one-process baselines and ring attention at each cp; return the bench's rows."""
     from labkit.costs.context import cp_ring_layer_bytes
     from labkit.launch import run
@@ -212,10 +221,18 @@ def measure(cp_list=(2, 4), seq: int = 1024, heads: int = 4, dim: int = 32,
 
 
 def _rank_row(cp: int, r: dict, predicted: float) -> dict:
-    exposed, standalone = statistics.median(r["exposed"]), statistics.median(r["standalone"])
-    return {"cp": cp, "rank": r["rank"], "exposed": exposed, "standalone": standalone,
-            "hidden": 1.0 - exposed / standalone, "sent": r["sent"], "predicted": predicted,
-            "bytes_ratio": None if r["sent"] is None else r["sent"] / predicted}
+    """One rank's medians over repeats: exposed and standalone seconds per pass, hidden."""
+    row = {"cp": cp, "rank": r["rank"]}
+    for i, phase in enumerate(("forward", "backward")):
+        row[f"exposed_{phase}"] = statistics.median(e[i] for e in r["exposed"])
+        row[f"standalone_{phase}"] = statistics.median(a[i] for a in r["standalone"])
+        row[f"hidden_{phase}"] = 1.0 - row[f"exposed_{phase}"] / row[f"standalone_{phase}"]
+    row["exposed"] = row["exposed_forward"] + row["exposed_backward"]
+    row["standalone"] = row["standalone_forward"] + row["standalone_backward"]
+    row["hidden"] = 1.0 - row["exposed"] / row["standalone"]
+    row.update(sent=r["sent"], predicted=predicted,
+               bytes_ratio=None if r["sent"] is None else r["sent"] / predicted)
+    return row
 
 
 def _print(res: dict) -> None:
@@ -235,15 +252,18 @@ def _print(res: dict) -> None:
               f"{1e3 * base['tiled']:.1f} ms, SDPA {1e3 * base['sdpa']:.1f} ms. One thread per "
               f"rank: on a CPU with fewer cores than ranks (4 ranks on 2 cores) they share "
               f"cores, so ratios show overheads, not speed-up"))
+    ms = lambda key: (key.replace("_", " ") + " ms", lambda r: 1e3 * r[key], ".2f")  # noqa: E731
     print(table(res["ranks"], [
-        "cp", "rank", ("exposed ms", lambda r: 1e3 * r["exposed"], ".2f"),
-        ("standalone ms", lambda r: 1e3 * r["standalone"], ".2f"), ("hidden", "hidden", ".2f"),
-        ("sent bytes", "sent", lambda v: "-" if v is None else f"{v:,}"),
+        "cp", "rank", ms("exposed_forward"), ms("standalone_forward"),
+        ("hidden fwd", "hidden_forward", ".2f"), ms("exposed_backward"),
+        ms("standalone_backward"), ("hidden bwd", "hidden_backward", ".2f"),
+        ("hidden", "hidden", ".2f"), ("sent bytes", "sent", lambda v: "-" if v is None else f"{v:,}"),
         ("predicted", "predicted", ",.0f"),
         ("ratio", "bytes_ratio", lambda v: "-" if v is None else f"{v:.3f}")],
-        title="hidden = 1 - exposed / standalone: exposed = time blocked in wait() on the ring's "
-              "K/V and dK/dV messages in one fwd+bwd; standalone = the same hops with no compute "
-              "between (medians). Bytes: kernel count (labkit.netcount) vs "
+        title="per rank, medians: hidden = 1 - exposed / standalone, where exposed = seconds "
+              "blocked in wait() on ring attention's K/V (and, backward, dK/dV) messages in one "
+              "fwd+bwd, standalone = the same hops posted and waited with no compute between. "
+              "Bytes sent in one fwd+bwd: kernel count (labkit.netcount) vs "
               "labkit.costs.context.cp_ring_layer_bytes"))
 
 
@@ -253,7 +273,7 @@ def main(argv=()) -> dict:
     p.add_argument("--seq", type=int, default=1024, help="whole sequence length T")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=32, help="head dimension d")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=10)
     a = p.parse_args(list(argv))
     res = measure(a.cp, a.seq, a.heads, a.dim, a.repeats)
     _print(res)
