@@ -196,7 +196,8 @@ PRESETS = {
                              seq_len=8192, published="405B"),
     # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", table 1: dim 4096, 32 layers, head
     # dim 128, 32 heads, 8 kv heads, hidden 14336, vocab 32000, 8 experts, top-2; 47B parameters,
-    # 13B active). The counts here give 46,702,792,704 total and 12,879,925,248 active (the router counted as active).
+    # 13B active). The counts here give 46,702,792,704 total and 12,879,925,248 active (the
+    # router counted as active).
     "mixtral-8x7b": ModelSpec("Mixtral-8x7B", vocab_size=32000, hidden=4096, n_layers=32,
                               n_heads=32, n_kv_heads=8, ffn_hidden=14336, gated_mlp=True,
                               seq_len=32768, published="46.7B (12.9B active)", n_experts=8,

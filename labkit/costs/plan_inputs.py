@@ -86,10 +86,21 @@ class Config:
     zero: int = 0
     micro_batch: int = 1
     offload: bool = False              # ZeRO-Offload: optimizer states (and their update) on CPU
+    cp: int = 1                        # context parallelism: each sequence split over cp ranks
+                                       # (zig-zag ring attention); weights replicated over cp
+    ep: int = 1                        # expert parallelism: the experts sharded over groups of ep
+                                       # data-parallel ranks (ep divides dp, as labkit.parallel.Plan)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
 
     def micro_batches(self, job: Job) -> int:
         return job.global_batch // (self.dp * self.micro_batch)
 
     def __str__(self):
         off = " +offload" if self.offload else ""
-        return f"TP{self.tp} x PP{self.pp} x DP{self.dp}, ZeRO-{self.zero}{off}, b={self.micro_batch}"
+        cp = f" x CP{self.cp}" if self.cp > 1 else ""
+        ep = f" (EP{self.ep})" if self.ep > 1 else ""
+        return (f"TP{self.tp} x PP{self.pp} x DP{self.dp}{ep}{cp}, ZeRO-{self.zero}{off}, "
+                f"b={self.micro_batch}")
