@@ -16,12 +16,14 @@ from labkit.costs import planner as P
 GB = 1e9
 TIME_PARTS = (("compute", "useful compute"), ("tp", "TP all-reduces"), ("bubble", "pipeline bubble"),
               ("pp", "PP sends"), ("dp", "DP traffic not hidden"),
-              ("offload", "offload: PCIe + CPU Adam"))
+              ("offload", "offload: PCIe + CPU Adam"), ("cp", "CP ring not hidden"),
+              ("ep", "EP all-to-alls"))
 
 
 def time_parts(e: P.Estimate) -> dict:
     return {"compute": e.K * e.compute_s, "tp": e.tp_comm_s, "bubble": e.bubble_s,
-            "pp": e.pp_comm_s, "dp": e.dp_exposed_s, "offload": e.offload_s}
+            "pp": e.pp_comm_s, "dp": e.dp_exposed_s, "offload": e.offload_s,
+            "cp": e.cp_exposed_s, "ep": e.ep_comm_s}
 
 
 def ranked_figure(estimates, cluster: P.Cluster, title: str = ""):
@@ -115,7 +117,7 @@ def planner():
         if not ranked:
             print("No configuration fits: more GPUs, a bigger GPU, recomputation, or ZeRO-3.")
             return
-        cols = ["TP", "PP", "DP", "ZeRO", "offload", "micro-batch", "K", "memory GB",
+        cols = ["TP", "PP", "DP", "CP", "EP", "ZeRO", "offload", "micro-batch", "K", "memory GB",
                 "headroom GB", "bubble %", "DP exposed s", "step s", "MFU %", "HFU %",
                 "eff. step s"]
         print(P.table(ranked[:top], cols))
@@ -133,7 +135,7 @@ def planner():
         intra=w.Dropdown(options=list(links), value="NVLink 3 (A100 SXM)"),
         inter=w.Dropdown(options=list(links), value="InfiniBand HDR 200 Gb/s"),
         global_batch=w.Dropdown(options=[256, 512, 1024, 1536, 2048], value=1024),
-        seq_len=w.Dropdown(options=[1024, 2048, 4096, 8192], value=4096),
+        seq_len=w.Dropdown(options=[1024, 2048, 4096, 8192, 32768, 131072], value=4096),
         recipe=w.Dropdown(options=list(memory.RECIPES), value="mixed"),
         recompute=w.Dropdown(options=[("none", "none"), ("full (chapter 06)", "full"),
                                       ("selective (not yet taught)", "selective")], value="none"),
