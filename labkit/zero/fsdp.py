@@ -15,17 +15,24 @@ from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
 from labkit.zero.train import optimizer_spec
 
 
-def fsdp2_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12, seed: int = 0) -> dict:
+def fsdp2_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12, seed: int = 0,
+                mp_policy=None) -> dict:
+    """mp_policy: labkit's or torch's MixedPrecisionPolicy (None: fp32 throughout)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     model = GPT(cfg, seed=seed)
+    shard_kw = {}
+    if mp_policy is not None:   # the same four fields
+        shard_kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=mp_policy.param_dtype, reduce_dtype=mp_policy.reduce_dtype,
+            output_dtype=mp_policy.output_dtype, cast_forward_inputs=mp_policy.cast_forward_inputs)
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, **shard_kw)
+    fully_shard(model, mesh=mesh, **shard_kw)
     opt_class, kw = optimizer_spec(optimizer)
     opt = opt_class(model.parameters(), **kw)
     tokens, losses = tiny_corpus(), []

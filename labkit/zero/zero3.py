@@ -16,7 +16,12 @@ other module that owns parameters: embeddings, final norm, output head). For eve
                step needs a full parameter; the next forward gathers what it needs)
 
 so a rank holds 16Ψ/N bytes of model states (mixed precision) plus one unit's full parameters
-at a time. Bytes sent per rank: all-gather in forward + all-gather in backward + reduce-scatter
+at a time. With mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16) (labkit.zero.precision,
+FSDP2's fields) the shards stay fp32 and each rank casts its shard to bf16 before the all-gather:
+the gathers move 2 bytes per value instead of 4, and the unit computes in bf16; gradients are
+reduce-scattered in reduce_dtype and added into the fp32 shard gradients. replicate= keeps small
+parameters (norm weights, biases) whole on every rank: no gather, one all-reduce of their
+gradients per unit, instead of a tiny padded shard of each. Bytes sent per rank: all-gather in forward + all-gather in backward + reduce-scatter
 = 3(N-1)/N Ψ, 1.5x DDP's 2(N-1)/N Ψ.
 
 How this version drops the full parameters between forward and backward: the unit runs as one
@@ -34,8 +39,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from labkit import commlog
 from labkit.zero.params import clip_, require_grads
 from labkit.zero.params import param_groups as _param_groups
+from labkit.zero.precision import cast_floating, replicated_ids, resolve
 from labkit.zero.shard import (all_gather_full, all_gather_many, optimizer_state_bytes,
                                reduce_scatter_mean_many, shard_of, unique_params)
 
@@ -82,9 +89,10 @@ class _Unit(torch.autograd.Function):
         grad_x = grads[0] if xd.requires_grad else None
         pgrads = list(grads[1:] if xd.requires_grad else grads)
         none = (None,) * len(params)
-        if not zero._sync:      # no_sync: hold the full gradients, send nothing
+        if not zero._sync:      # no_sync: hold the full gradients (reduce_dtype), send nothing
             for p, g in zip(trainable, pgrads):
                 if g is not None:
+                    g = g.to(zero.reduce_dtype_of(p))
                     held = zero._held.get(id(p))
                     zero._held[id(p)] = g if held is None else held + g
             return (None, None, grad_x, *none)
@@ -94,21 +102,11 @@ class _Unit(torch.autograd.Function):
                 pgrads[i] = held if pgrads[i] is None else pgrads[i] + held
         if not trainable:
             return (None, None, grad_x, *none)
-        # reduce-scatter each full gradient into this rank's chunk, with has-grad flags in the
-        # same message; autograd accumulates the chunks into the shards' .grad (a tied weight
-        # used by two units gets both)
-        world = dist.get_world_size(zero.group)
         if not zero.find_unused:
             require_grads(trainable, pgrads)
-        flags = torch.tensor([float(g is not None) for g in pgrads]).to(grad_y.device)  # (P,)
-        fulls = [g if g is not None else torch.zeros(zero.shapes[id(p)], device=grad_y.device,
-                                                      dtype=zero.shard_for[id(p)].dtype)
-                 for p, g in zip(trainable, pgrads)]
-        extra = [flags.repeat(world)] if zero.find_unused else []
-        chunks = reduce_scatter_mean_many(                            # (c_i,) each, one message
-            fulls + extra, zero.group, where="ZeRO-3 grads", algorithm=zero.reduce_scatter)
-        used = chunks.pop().tolist() if zero.find_unused else [1.0] * len(chunks)
-        by_id = {id(p): (c if u > 0 else None) for p, c, u in zip(trainable, chunks, used)}
+        # autograd accumulates what comes back into the masters' fp32 .grad (a tied weight
+        # used by two units gets both)
+        by_id = zero._reduce_grads(trainable, pgrads, grad_y.device)
         return (None, None, grad_x, *(by_id.get(id(p)) for p in params))
 
 
@@ -119,17 +117,23 @@ class ZeRO3:
     reduce-scatter and no optimizer state. param_groups: torch-style dicts over the model's own
     parameters (e.g. labkit.zero.params.weight_decay_groups(model, 0.1)); max_grad_norm: clip by
     the global norm of the sharded gradients; find_unused_parameters: has-grad flags in each
-    unit's reduce-scatter (a parameter of a unit that ran but did not use it). A unit no rank runs on a step leaves its shards'
-    gradients None; which units run must be the same on every rank (their backward communicates).
-    `no_sync()`: micro-batches inside hold full gradients (Ψ elements, unsharded) and send
-    nothing; the backward after it reduce-scatters once."""
+    unit's reduce-scatter (a parameter of a unit that ran but did not use it). A unit no rank
+    runs on a step leaves its shards' gradients None; which units run must be the same on every
+    rank (their backward communicates). `no_sync()`: micro-batches inside hold full gradients
+    (Ψ elements, unsharded) and send nothing; the backward after it reduce-scatters once.
+
+    mp_policy: labkit.zero.precision.MixedPrecisionPolicy (or FSDP2's): fp32 masters and
+    optimizer state, gathers and compute in param_dtype, gradients reduced in reduce_dtype.
+    replicate: a function (name, parameter) -> bool; those parameters (e.g. one_dimensional:
+    norm weights, biases) stay whole on every rank, are never gathered, and their gradients are
+    all-reduced (averaged), one message per unit; their optimizer state is replicated too."""
 
     stage = 3
 
     def __init__(self, model: nn.Module, optimizer_class, group=None, units=None,
                  reduce_scatter: str | None = None, param_groups=None,
                  max_grad_norm: float | None = None, find_unused_parameters: bool = False,
-                 **optimizer_kwargs):
+                 mp_policy=None, replicate=None, **optimizer_kwargs):
         self.model, self.group = model, group
         self.find_unused = find_unused_parameters
         self.reduce_scatter = reduce_scatter   # None: labkit.zero.shard.reduce_scatter_algorithm
@@ -138,9 +142,16 @@ class ZeRO3:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         groups, _ = _param_groups(model if param_groups is None else param_groups)
         self.params = unique_params(model)
+        self.mp_policy = mp_policy
+        master = next((p.dtype for p in self.params if p.is_floating_point()), torch.float32)
+        (self.param_dtype, self.reduce_dtype, self.output_dtype,
+         self.cast_forward_inputs) = resolve(mp_policy, master)
+        self.replicated = replicated_ids(model, replicate)
         self.shapes = {id(p): p.shape for p in self.params}
-        self.shards = [nn.Parameter(shard_of(p, rank, world), requires_grad=p.requires_grad)
-                       for p in self.params]                          # (c,) each
+        self.shards = [nn.Parameter(p.detach().clone() if id(p) in self.replicated  # p.shape
+                                    else shard_of(p, rank, world),                   # (c,)
+                                    requires_grad=p.requires_grad)
+                       for p in self.params]
         self.shard_for = {id(p): s for p, s in zip(self.params, self.shards)}
         self.units = default_units(model) if units is None else list(units)
         self.unit_params, self.orig_forward = {}, {}
@@ -174,25 +185,88 @@ class ZeRO3:
     def _wrap(self, unit):
         def forward(x):
             shards = [self.shard_for[id(p)] for p in self.unit_params[id(unit)]]
-            return _Unit.apply(self, unit, x, *shards)
+            if self.cast_forward_inputs:
+                x = cast_floating(x, self.param_dtype)       # FSDP2's cast at the unit boundary
+            return cast_floating(_Unit.apply(self, unit, x, *shards), self.output_dtype)
         return forward
 
+    def compute_dtype_of(self, p) -> torch.dtype:
+        """The dtype p is gathered and computed in: param_dtype, or the master's own."""
+        master = self.shard_for[id(p)]
+        return self.param_dtype if self.param_dtype and master.is_floating_point() \
+            else master.dtype
+
+    def reduce_dtype_of(self, p) -> torch.dtype:
+        """The dtype p's gradient is reduced in: reduce_dtype, or the compute dtype."""
+        floating = self.shard_for[id(p)].is_floating_point()
+        return self.reduce_dtype if self.reduce_dtype and floating else self.compute_dtype_of(p)
+
     def _materialize(self, params) -> None:
-        """All-gather a unit's parameters (one message for the whole unit, like FSDP)."""
-        fulls = all_gather_many([self.shard_for[id(p)] for p in params],
-                                [self.shapes[id(p)] for p in params], self.group,
-                                where="ZeRO-3 gather")
-        for p, full in zip(params, fulls):
-            p.data = full          # a fresh tensor (the gather copied it out of the buffer)
+        """All-gather a unit's sharded parameters in param_dtype (one message for the whole
+        unit, like FSDP); replicated ones are cast from the local master, nothing is sent."""
+        gathered = [p for p in params if id(p) not in self.replicated]
+        if gathered:
+            # cast BEFORE the gather: the wire carries param_dtype (half the bytes in bf16)
+            fulls = all_gather_many(
+                [self.shard_for[id(p)].detach().to(self.compute_dtype_of(p)) for p in gathered],
+                [self.shapes[id(p)] for p in gathered], self.group, where="ZeRO-3 gather")
+            for p, full in zip(gathered, fulls):
+                p.data = full      # a fresh tensor (the gather copied it out of the buffer)
+        for p in params:
+            if id(p) in self.replicated:
+                p.data = self.shard_for[id(p)].detach().to(self.compute_dtype_of(p))
 
     def _free(self, params) -> None:
         for p in params:
             p.data = p.data.new_empty(0)
 
+    def _payload(self, params, grads, world: int, device) -> tuple:
+        """The gradients in reduce_dtype (zeros where missing), and [has-grad flags repeated
+        world times] if find_unused_parameters, else []."""
+        fulls = [(torch.zeros(self.shapes[id(p)], device=device) if g is None else g)
+                 .to(self.reduce_dtype_of(p)) for p, g in zip(params, grads)]
+        if not self.find_unused:
+            return fulls, []
+        flags = torch.tensor([float(g is not None) for g in grads], device=device)   # (P,)
+        return fulls, [flags.to(fulls[0].dtype).repeat(world)]                      # (N*P,)
+
+    def _reduce_grads(self, params, grads, device) -> dict:
+        """id(p) -> the mean gradient for p's master, in the master's dtype: this rank's chunk
+        (reduce-scatter) or the whole tensor if replicated (all-reduce); None: no rank had one."""
+        out = {}
+        sharded = [(p, g) for p, g in zip(params, grads) if id(p) not in self.replicated]
+        whole = [(p, g) for p, g in zip(params, grads) if id(p) in self.replicated]
+        if sharded:
+            out.update(self._reduce_scatter(*zip(*sharded), device))
+        if whole:
+            out.update(self._all_reduce(*zip(*whole), device))
+        return out
+
+    def _reduce_scatter(self, params, grads, device) -> dict:
+        fulls, flags = self._payload(params, grads, dist.get_world_size(self.group), device)
+        chunks = reduce_scatter_mean_many(                            # (c_i,) each, one message
+            fulls + flags, self.group, where="ZeRO-3 grads", algorithm=self.reduce_scatter)
+        used = chunks.pop().tolist() if flags else [1.0] * len(chunks)
+        return {id(p): c.to(self.shard_for[id(p)].dtype) if u > 0 else None   # up to fp32
+                for p, c, u in zip(params, chunks, used)}
+
+    def _all_reduce(self, params, grads, device) -> dict:
+        fulls, flags = self._payload(params, grads, 1, device)
+        parts = fulls + flags
+        flat = torch.cat([t.reshape(-1) for t in parts])              # (sum numel,) one message
+        commlog.all_reduce(flat, group=self.group, where="ZeRO-3 replicated grads")
+        reduced = flat.div_(dist.get_world_size(self.group)).split([t.numel() for t in parts])
+        used = reduced[-1].tolist() if flags else [1.0] * len(params)
+        return {id(p): r.view(self.shapes[id(p)]).to(self.shard_for[id(p)].dtype)
+                if u > 0 else None for p, r, u in zip(params, reduced, used)}
+
     def step(self) -> None:
         if self.max_grad_norm is not None:
-            self.last_grad_norm = clip_([s.grad for s in self.shards], self.max_grad_norm,
-                                        self.group, sharded=True)
+            self.last_grad_norm = clip_(
+                [s.grad for p, s in zip(self.params, self.shards) if id(p) not in self.replicated],
+                self.max_grad_norm, self.group, sharded=True,
+                replicated=[s.grad for p, s in zip(self.params, self.shards)
+                            if id(p) in self.replicated])
         self.optimizer.step()        # local shards only: no all-gather before it
 
     def zero_grad(self) -> None:
@@ -200,9 +274,11 @@ class ZeRO3:
             s.grad = None
 
     def full_parameters(self) -> dict:
-        """name -> full tensor, all-gathered (for checking against a reference; collective)."""
+        """name -> full tensor in the master dtype, all-gathered (for checking against a
+        reference; collective). Replicated ones are this rank's own copy."""
         names = {id(p): n for n, p in self.model.named_parameters()}
-        return {names[id(p)]: all_gather_full(s.detach(), self.shapes[id(p)], self.group)
+        return {names[id(p)]: s.detach().clone() if id(p) in self.replicated
+                else all_gather_full(s.detach(), self.shapes[id(p)], self.group)
                 for p, s in zip(self.params, self.shards)}
 
     def held_bytes(self) -> dict:
