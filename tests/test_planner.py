@@ -237,3 +237,93 @@ def test_stability_reports_each_top_plan_at_each_setting():
     from labkit.widgets import planner as pw
     fig = pw.stability_figure(res)
     assert len(fig.data) == 2 * 4
+
+
+# ----------------------------------------------------------------------------- CP and EP
+H100_64 = planner.Cluster(64, 8, "H100 80GB", intra_bw=450e9, inter_bw=50e9)
+LONG = planner.Job("llama3-8b", global_batch=32, seq_len=131072, sequence_parallel=True)
+MIXTRAL = planner.Job("mixtral-8x7b", global_batch=1024, seq_len=4096)
+
+
+def test_cp1_ep1_are_the_defaults_and_change_nothing():
+    c = planner.Config(8, 4, 8, zero=1)
+    assert (c.cp, c.ep) == (1, 1) and str(c) == "TP8 x PP4 x DP8, ZeRO-1, b=1"
+    est = planner.evaluate(c, GPT3, A100_256)
+    assert est.cp_comm_s == est.cp_exposed_s == est.ep_comm_s == 0.0
+    # a job shorter than CP_FROM_SEQ tries no CP; a dense model no EP
+    configs, _ = planner.candidates(GPT3, A100_256)
+    assert {(c.cp, c.ep) for c in configs} == {(1, 1)}
+    assert planner.cp_degrees(LONG, H100_64)[:3] == (1, 2, 4)
+
+
+def test_cp_divides_activations_and_compute_and_adds_the_ring():
+    from labkit.costs import context
+
+    one = planner.evaluate(planner.Config(8, 1, 8, zero=1), LONG, H100_64)
+    four = planner.evaluate(planner.Config(8, 1, 2, zero=1, cp=4), LONG, H100_64)
+    # every activation term is linear in the tokens a GPU holds (fused attention): exactly / cp
+    assert four.memory.activations == pytest.approx(one.memory.activations / 4)
+    assert four.compute_s == pytest.approx(one.compute_s / 4)
+    # the ring's bytes are costs.context's, K/V of 8 kv heads split over TP 8: one head wide
+    spec = LONG.spec
+    by = context.cp_ring_layer_bytes(1, 131072, spec.kv_dim // 8, 4)
+    a, bw = H100_64.inter_alpha, H100_64.inter_bw             # TP 8 x CP 4 spans 4 nodes
+    per_layer = 3 * a + by["forward"] / bw + 7 * a + by["backward"] / bw
+    assert four.cp_comm_s == pytest.approx(four.K * spec.n_layers * per_layer)
+    assert 0 < four.cp_exposed_s <= four.cp_comm_s
+    hidden_none = planner.evaluate(four.config, LONG, dataclasses.replace(H100_64, overlap=0.0))
+    assert hidden_none.cp_exposed_s == pytest.approx(hidden_none.cp_comm_s)
+    # the step still splits into its parts
+    parts = (four.K * four.compute_s + four.tp_comm_s + four.cp_exposed_s + four.ep_comm_s
+             + four.bubble_s + four.pp_comm_s + four.dp_exposed_s + four.offload_s)
+    assert parts == pytest.approx(four.step_s, rel=1e-3)
+
+
+def test_a_128k_sequence_fits_only_with_cp():
+    assert planner.plan(LONG, H100_64, cps=(1,)) == []                 # not even TP 8 + SP
+    ranked = planner.plan(LONG, H100_64)
+    assert ranked and ranked[0].config.cp > 1 and all(e.config.cp > 1 for e in ranked)
+    why = "\n".join(planner.reasons(ranked[0], LONG, H100_64))
+    assert f"CP={ranked[0].config.cp}" in why and "does not fit" in why
+
+
+def test_moe_memory_shards_experts_over_ep_and_flops_count_active_params():
+    spec = MIXTRAL.spec
+    assert models.num_params(spec) == 46_702_792_704                  # Mixtral's 46.7B
+    assert models.active_params(spec) / 1e9 == pytest.approx(12.9, abs=0.05)
+    c1, c8 = planner.Config(1, 1, 64, zero=1), planner.Config(1, 1, 64, zero=1, ep=8)
+    e1, e8 = (planner.evaluate(c, MIXTRAL, H100_64) for c in (c1, c8))
+    n, n_exp = models.num_params(spec), models.expert_params(spec)
+    want = (memory.model_states(n - n_exp, recipe="mixed", zero_stage=1, dp=64).total
+            + memory.model_states(n_exp / 8, recipe="mixed", zero_stage=1, dp=8).total)
+    assert e8.memory.params + e8.memory.grads + e8.memory.optimizer == pytest.approx(want)
+    assert e1.memory.params == pytest.approx(2 * n)                  # EP 1: every expert here
+    # compute from the active parameters: 6 N_active + 12 L h s per token
+    n_mm = models.active_matmul_params(spec)
+    f = flops.hardware_flops_per_token(n_mm, spec.n_layers, spec.hidden, 4096, "none", "flash")
+    assert e8.compute_s == pytest.approx(f * 4096 / (989e12 * 0.5))
+    model = flops.model_flops_per_token(n_mm, spec.n_layers, spec.hidden, 4096) * 1024 * 4096
+    assert e8.mfu == pytest.approx(model / (e8.step_s * 64 * 989e12))
+    # the all-to-alls: costs.moe's bytes, 4 per layer and micro-batch, on the node's links
+    from labkit.costs import moe
+
+    one = moe.alltoall_bytes_per_layer(4096, 2, 4096, 8, 2, "forward") / 2
+    t = moe.alltoall_seconds(one, 450e9, 8, H100_64.intra_alpha)
+    assert e8.ep_comm_s == pytest.approx(e8.K * spec.n_layers * 4 * t) and e1.ep_comm_s == 0
+    assert any(e.config.ep > 1 for e in planner.plan(MIXTRAL, H100_64)[:5])
+    assert "experts" in "\n".join(planner.reasons(e8, MIXTRAL, H100_64))
+
+
+def test_bad_cp_and_ep_name_the_factors():
+    with pytest.raises(ValueError, match=r"cp=3.*2 x cp = 6.*cp must divide seq_len/2 = 65536"):
+        planner.evaluate(planner.Config(1, 1, 16, cp=3), LONG, planner.Cluster(48))
+    with pytest.raises(ValueError, match=r"8 x 1 x 8 x 4 = 256.*64 GPUs"):
+        planner.evaluate(planner.Config(8, 1, 8, cp=4), LONG, H100_64)
+    with pytest.raises(ValueError, match=r"n_expert=8.*ep=16.*divides 8"):
+        planner.evaluate(planner.Config(1, 1, 64, ep=16), MIXTRAL, H100_64)
+    with pytest.raises(ValueError, match=r"ep=8 must divide dp=4"):
+        planner.evaluate(planner.Config(8, 2, 4, ep=8), MIXTRAL, H100_64)
+    with pytest.raises(ValueError, match=r"ep=2 but Llama-3-8B has no experts"):
+        planner.evaluate(planner.Config(8, 1, 8, ep=2), LONG, H100_64)
+    with pytest.raises(ValueError, match="top_k=3 must be between 1 and n_experts=2"):
+        models.preset("mixtral-8x7b").with_(n_experts=2, top_k=3)
