@@ -12,21 +12,21 @@ Every measurement runs real processes (labkit.launch.run, Gloo), one thread each
            on the whole sequence, measured in the same run. On a CPU with fewer cores than
            ranks the ranks share the cores: a ratio says what splitting costs here (the
            communication, the merges, the sharing), not the speed-up a GPU cluster would see.
-  hidden   per rank, the fraction of the ring's communication that its compute hides:
+  hidden   per rank, the fraction of the ring's waiting for messages that overlap removes:
                hidden = 1 - exposed / standalone
-           exposed: seconds the rank was blocked in wait() on the ring's K/V and dK/dV sends
-           and receives during one forward + backward (labkit.commlog's `blocked`);
-           standalone: wall time of the very same hops (same tensors' sizes, peers, tags and
-           grouping into steps) posted and waited at once with no compute between
-           (transfer_only). ring_attention posts the next hop before computing the current
-           block, so the transfer can run while it computes. 1 means the waits cost nothing;
-           0 means every wait was as long as the bare transfer; below 0 means a rank waited
-           longer than the transfer takes: for a neighbour still computing (ranks sharing
-           cores run unevenly), which is exposed time too. Posting itself (the calls that hand
-           the buffers to Gloo) is in standalone and not in exposed, so this is the fraction of
-           the waiting that overlap removed. Per pass (forward, backward) from medians over
-           repeats; the total from the sums of those medians. The backward cannot hide all of
-           it: the last dK/dV hop home starts only after the neighbour's last block.
+           exposed: seconds the rank was blocked in wait() on ring attention's K/V and dK/dV
+           sends and receives during one forward + backward (labkit.commlog's `blocked`);
+           standalone: the same, for the very same hops (same sizes, peers, tags, grouping into
+           steps) posted and waited for at once with no compute between (transfer_only, timed
+           after an untimed pass that leaves the ranks in step). ring_attention posts the next
+           hop before it computes the current block, so the transfer can run meanwhile.
+           1: the waits cost nothing; 0: as long as with no overlap; below 0: the rank waited
+           longer than the bare transfer takes, for a neighbour still computing (ranks sharing
+           cores run unevenly; backward's last dK/dV hop home starts only after the
+           neighbour's last block), which is exposed time too. Posting (the calls that hand
+           the buffers to Gloo, on the rank's own thread, so never hidden) is in neither and is
+           reported on its own: the standalone pass's wall time minus its waits. Per pass
+           (forward, backward) from medians over repeats; the total from their sums.
   bytes    payload the rank's TCP sockets sent during one forward + backward (labkit.netcount:
            Gloo's data plus its small per-message headers), over labkit.costs.context's
            cp_ring_layer_bytes: (cp - 1) K/V chunks forward, (cp - 1) K/V + cp dK/dV backward.
@@ -41,6 +41,7 @@ import torch
 LAYOUT = "zigzag"
 FORWARD_WHERE = "ring attention k/v"                       # labkit.context.ring_attention's labels
 BACKWARD_WHERE = ("ring attention backward k/v", "ring attention dk/dv")
+ALONE_FORWARD, ALONE_BACKWARD = "alone: forward k/v", "alone: backward k/v + dk/dv"
 TAG_K, TAG_V, TAG_DK, TAG_DV = 1, 2, 3, 4
 
 
@@ -103,11 +104,10 @@ def transfer_only(k, v, group=None) -> tuple:
     """The ring's hops with no compute between: forward cp-1 K/V hops; backward cp-1 K/V hops,
     each posted with a dK/dV hop, then the last dK/dV hop home. Each step's messages are posted
     as one batch (labkit.collectives.exchange) and waited for at once. k, v: (B, Hk, T/cp, d).
-    Returns (forward seconds, backward seconds), this rank's clock."""
+    The messages are labelled ALONE_FORWARD and ALONE_BACKWARD in labkit.commlog."""
     import torch.distributed as dist
 
     from labkit.collectives import exchange
-    from labkit.timing import now
 
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     right, left = (rank + 1) % cp, (rank - 1) % cp
@@ -120,19 +120,16 @@ def transfer_only(k, v, group=None) -> tuple:
             w.wait()
         return recv
 
-    t0 = now(k.device)
     cur = [k, v]
     for _ in range(cp - 1):
-        cur = step(cur, (TAG_K, TAG_V), "alone k/v")
-    t1 = now(k.device)
+        cur = step(cur, (TAG_K, TAG_V), ALONE_FORWARD)
     cur, acc = [k, v], [torch.zeros_like(k), torch.zeros_like(v)]  # (B, Hk, T/cp, d)
     for s in range(cp):
         if s < cp - 1:
-            got = step(cur + acc, (TAG_K, TAG_V, TAG_DK, TAG_DV), "alone k/v + dk/dv")
+            got = step(cur + acc, (TAG_K, TAG_V, TAG_DK, TAG_DV), ALONE_BACKWARD)
             cur, acc = got[:2], got[2:]
         else:
-            acc = step(acc, (TAG_DK, TAG_DV), "alone dk/dv home")
-    return t1 - t0, now(k.device) - t1
+            acc = step(acc, (TAG_DK, TAG_DV), ALONE_BACKWARD)
 
 
 def _ring_call(q, k, v, dout, group=None):
@@ -153,15 +150,14 @@ def _reference(q, k, v, dout, rank: int, cp: int):
 
 
 def ring_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
-    """On each rank of a cp group (the world): bytes sent in one ring forward + backward (kernel
-    count), per-repeat wall time and blocked-in-wait seconds, per-repeat standalone transfer
-    time, and whether the result matches SDPA on the whole sequence."""
+    """On each rank of a cp group (the world): how far the result is from SDPA on the whole
+    sequence, the bytes sent in one ring forward + backward (kernel count), and the timed
+    repeats (_timed_repeats)."""
     import torch.distributed as dist
 
-    from labkit import commlog, netcount
+    from labkit import netcount
     from labkit.context import split_sequence
     from labkit.launch import device
-    from labkit.timing import now
 
     torch.set_num_threads(1)
     dev, rank, cp = device(), dist.get_rank(), dist.get_world_size()
@@ -173,8 +169,20 @@ def ring_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
     dist.barrier()
     with netcount.socket_bytes() as wire:
         _ring_call(q, k, v, dout)
-    res = {"rank": rank, "sent": wire.sent, "why_not": wire.reason, "max_err": err,
-           "seconds": [], "exposed": [], "standalone": []}
+    res = {"rank": rank, "sent": wire.sent, "why_not": wire.reason, "max_err": err}
+    res.update(_timed_repeats(q, k, v, dout, repeats, dev))
+    return res
+
+
+def _timed_repeats(q, k, v, dout, repeats: int, dev) -> dict:
+    """Per repeat (after a warm-up): wall seconds of one ring forward + backward, its waits
+    (forward, backward), the standalone hops' waits (forward, backward), and their posting."""
+    import torch.distributed as dist
+
+    from labkit import commlog
+    from labkit.timing import now
+
+    res = {"seconds": [], "exposed": [], "standalone": [], "posting": []}
     for i in range(repeats + 1):                             # i = 0: warm-up
         dist.barrier()
         with commlog.record() as log:
@@ -182,12 +190,18 @@ def ring_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
             _ring_call(q, k, v, dout)
             t1 = now(dev)
         dist.barrier()
-        alone = transfer_only(k, v)                          # (forward s, backward s)
+        transfer_only(k, v)                                  # untimed: leaves the ranks in step
+        with commlog.record() as alone:
+            t2 = now(dev)
+            transfer_only(k, v)
+            t3 = now(dev)
         if i:
             res["seconds"].append(t1 - t0)
             res["exposed"].append((log.seconds(where=FORWARD_WHERE),
                                    sum(log.seconds(where=w) for w in BACKWARD_WHERE)))
-            res["standalone"].append(alone)
+            res["standalone"].append((alone.seconds(where=ALONE_FORWARD),
+                                      alone.seconds(where=ALONE_BACKWARD)))
+            res["posting"].append(t3 - t2 - alone.seconds())
     return res
 
 
@@ -230,7 +244,7 @@ def _rank_row(cp: int, r: dict, predicted: float) -> dict:
     row["exposed"] = row["exposed_forward"] + row["exposed_backward"]
     row["standalone"] = row["standalone_forward"] + row["standalone_backward"]
     row["hidden"] = 1.0 - row["exposed"] / row["standalone"]
-    row.update(sent=r["sent"], predicted=predicted,
+    row.update(posting=statistics.median(r["posting"]), sent=r["sent"], predicted=predicted,
                bytes_ratio=None if r["sent"] is None else r["sent"] / predicted)
     return row
 
@@ -252,17 +266,26 @@ def _print(res: dict) -> None:
               f"{1e3 * base['tiled']:.1f} ms, SDPA {1e3 * base['sdpa']:.1f} ms. One thread per "
               f"rank: on a CPU with fewer cores than ranks (4 ranks on 2 cores) they share "
               f"cores, so ratios show overheads, not speed-up"))
-    ms = lambda key: (key.replace("_", " ") + " ms", lambda r: 1e3 * r[key], ".2f")  # noqa: E731
-    print(table(res["ranks"], [
-        "cp", "rank", ms("exposed_forward"), ms("standalone_forward"),
-        ("hidden fwd", "hidden_forward", ".2f"), ms("exposed_backward"),
-        ms("standalone_backward"), ("hidden bwd", "hidden_backward", ".2f"),
-        ("hidden", "hidden", ".2f"), ("sent bytes", "sent", lambda v: "-" if v is None else f"{v:,}"),
+    _print_ranks(res["ranks"])
+
+
+def _print_ranks(ranks: list) -> None:
+    from labkit.table import table
+
+    ms = lambda name, key: (name, lambda r: 1e3 * r[key], ".2f")  # noqa: E731
+    count = lambda v: "-" if v is None else f"{v:,}"             # noqa: E731
+    print(table(ranks, [
+        "cp", "rank", ms("exposed fwd ms", "exposed_forward"),
+        ms("standalone fwd ms", "standalone_forward"), ("hidden fwd", "hidden_forward", ".2f"),
+        ms("exposed bwd ms", "exposed_backward"), ms("standalone bwd ms", "standalone_backward"),
+        ("hidden bwd", "hidden_backward", ".2f"), ("hidden", "hidden", ".2f"),
+        ms("posting ms", "posting"), ("sent bytes", "sent", count),
         ("predicted", "predicted", ",.0f"),
         ("ratio", "bytes_ratio", lambda v: "-" if v is None else f"{v:.3f}")],
         title="per rank, medians: hidden = 1 - exposed / standalone, where exposed = seconds "
               "blocked in wait() on ring attention's K/V (and, backward, dK/dV) messages in one "
-              "fwd+bwd, standalone = the same hops posted and waited with no compute between. "
+              "fwd+bwd, standalone = the same for the same hops posted and waited with no "
+              "compute between; posting (never hidden) = standalone wall time minus its waits. "
               "Bytes sent in one fwd+bwd: kernel count (labkit.netcount) vs "
               "labkit.costs.context.cp_ring_layer_bytes"))
 
