@@ -119,7 +119,7 @@ class Estimate:
                 "bubble %": round(100 * self.bubble, 1), "TP comm s": round(self.tp_comm_s, 2),
                 "PP comm s": round(self.pp_comm_s, 2), "DP comm s": round(self.dp_comm_s, 2),
                 "DP exposed s": round(self.dp_exposed_s, 2),
-                "CP exposed s": round(self.cp_exposed_s, 2), "EP comm s": round(self.ep_comm_s, 2),
+                "CP comm s": round(self.cp_comm_s, 2), "CP exposed s": round(self.cp_exposed_s, 2), "EP comm s": round(self.ep_comm_s, 2),
                 "offload s": round(self.offload_s, 2),
                 "step s": round(self.step_s, 2), "MFU %": round(100 * self.mfu, 1),
                 "HFU %": round(100 * self.hfu, 1),
