@@ -34,6 +34,7 @@ Every measurement runs real processes (labkit.launch.run, Gloo), one thread each
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 import torch
@@ -73,7 +74,15 @@ def _fwd_bwd(attn, q, k, v, dout):
     return out.detach(), (q.grad, k.grad, v.grad)
 
 
-def _median_time(fn, repeats: int, dev) -> list:
+def _sdpa(q, k, v):
+    """torch's fused attention, causal. (B, H, T, d) -> (B, H, T, d)"""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _call_times(fn, repeats: int, dev) -> list:
+    """Seconds of each of `repeats` calls of fn, after one warm-up call."""
     from labkit.timing import now
 
     times = []
@@ -87,20 +96,17 @@ def _median_time(fn, repeats: int, dev) -> list:
 
 def one_process_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
     """On one rank: seconds per forward + backward of tiled attention and of torch's SDPA."""
-    import torch.nn.functional as F
-
     from labkit.context import tiled_attention
     from labkit.launch import device
 
     torch.set_num_threads(1)
     dev = device()
-    q, k, v, dout = _inputs(seq, heads, dim, dev)
-    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    return {name: _median_time(lambda a=attn: _fwd_bwd(a, q, k, v, dout), repeats, dev)
-            for name, attn in (("tiled", tiled_attention), ("sdpa", sdpa))}
+    q, k, v, dout = _inputs(seq, heads, dim, dev)            # (1, H, T, d) each
+    return {name: _call_times(lambda a=attn: _fwd_bwd(a, q, k, v, dout), repeats, dev)
+            for name, attn in (("tiled", tiled_attention), ("sdpa", _sdpa))}
 
 
-def transfer_only(k, v, group=None) -> tuple:
+def transfer_only(k, v, group=None) -> None:
     """The ring's hops with no compute between: forward cp-1 K/V hops; backward cp-1 K/V hops,
     each posted with a dK/dV hop, then the last dK/dV hop home. Each step's messages are posted
     as one batch (labkit.collectives.exchange) and waited for at once. k, v: (B, Hk, T/cp, d).
@@ -140,12 +146,9 @@ def _ring_call(q, k, v, dout, group=None):
 
 def _reference(q, k, v, dout, rank: int, cp: int):
     """SDPA on the whole sequence, then this rank's zig-zag rows of out, dq, dk, dv."""
-    import torch.nn.functional as F
-
     from labkit.context import split_sequence
 
-    out, grads = _fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                          q, k, v, dout)
+    out, grads = _fwd_bwd(_sdpa, q, k, v, dout)              # (1, H, T, d) each
     return [split_sequence(t, rank, cp, LAYOUT) for t in (out, *grads)]  # (1, H, T/cp, d) each
 
 
@@ -230,7 +233,8 @@ def measure(cp_list=(2, 4), seq: int = 1024, heads: int = 4, dim: int = 32,
                      "bytes_ratio": max(p["bytes_ratio"] or 0.0 for p in per_rank) or None,
                      "why_not": res[0]["why_not"]})
     config = {"cp": list(cp_list), "seq": seq, "heads": heads, "dim": dim, "batch": 1,
-              "dtype": "float32", "repeats": repeats, "layout": LAYOUT}
+              "dtype": "float32", "repeats": repeats, "layout": LAYOUT,
+              "cores": os.cpu_count(), "threads_per_rank": 1}
     return {"rows": rows, "ranks": ranks, "one_process_seconds": base, "config": config}
 
 
@@ -263,10 +267,16 @@ def _print(res: dict) -> None:
          lambda v: "-" if v is None else f"{v:.3f}")],
         title=f"ring attention fwd+bwd, zig-zag, T={c['seq']} H={c['heads']} d={c['dim']} fp32, "
               f"median of {c['repeats']} (slowest rank); 1 process: tiled "
-              f"{1e3 * base['tiled']:.1f} ms, SDPA {1e3 * base['sdpa']:.1f} ms. One thread per "
-              f"rank: on a CPU with fewer cores than ranks (4 ranks on 2 cores) they share "
-              f"cores, so ratios show overheads, not speed-up"))
+              f"{1e3 * base['tiled']:.1f} ms, SDPA {1e3 * base['sdpa']:.1f} ms. "
+              + _sharing_note(max(c["cp"]), c["cores"])))
     _print_ranks(res["ranks"])
+
+
+def _sharing_note(ranks: int, cores: int | None) -> str:
+    if cores is not None and ranks > cores:
+        return (f"One thread per rank, {ranks} ranks sharing {cores} CPU cores: ratios show "
+                "overheads (communication, merges, sharing), not speed-up")
+    return f"One thread per rank, a core each ({cores} cores): ratios show overheads and speed-up"
 
 
 def _print_ranks(ranks: list) -> None:
