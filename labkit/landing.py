@@ -5,8 +5,9 @@
 The table of contents is generated, never typed: every chapters/NN_*.ipynb becomes a row with
 its title (the chapter's first heading) and links to its exercise and solution notebooks where
 they exist, so a chapter added later appears the next time the book is opened. The file is only
-rewritten when its content changes (a launch leaves git clean when nothing was added). The same
-notebook is the landing page of the website (labkit.site).
+rewritten when its content changes (a launch leaves git clean when nothing was added). Under the
+table, a line links GLOSSARY.md when the book has one. The same notebook is the landing page of
+the website (labkit.site).
 """
 from __future__ import annotations
 
@@ -102,12 +103,24 @@ def table_markdown(rows: list, link_ext: str = ".ipynb") -> str:
     return "\n".join(lines)
 
 
+GLOSSARY = "GLOSSARY.md"
+
+
+def glossary_line(root: Path) -> str:
+    """The line under the table of contents that links the glossary ('' if the book has none)."""
+    if not (Path(root) / GLOSSARY).exists():
+        return ""
+    return (f"\n\n**Glossary.** [{GLOSSARY}]({GLOSSARY}): every term the book uses (all-reduce, "
+            "ZeRO-3, 1F1B, capacity factor, e4m3, MFU, …) in a sentence or three, with the chapters "
+            "that teach it.")
+
+
 def landing_notebook(root: Path, link_ext: str = ".ipynb"):
     """The landing notebook (nbformat node) for the book at root. Cell ids are fixed, so an
     unchanged book gives a byte-identical file."""
     rows = chapters(root)
     cells = [nbformat.v4.new_markdown_cell(INTRO), nbformat.v4.new_markdown_cell(
-        table_markdown(rows, link_ext)), nbformat.v4.new_markdown_cell(HOW)]
+        table_markdown(rows, link_ext) + glossary_line(root)), nbformat.v4.new_markdown_cell(HOW)]
     for i, cell in enumerate(cells):
         cell["id"] = f"start-here-{i}"
     nb = nbformat.v4.new_notebook(cells=cells)

@@ -19,9 +19,11 @@ Everything is local, so the site works from file:// with no network:
   * the lab template's CDN scripts (require.js, MathJax, mermaid, the widgets manager) are left
     out; an ipywidgets calculator is replaced by a line saying to open the chapter in JupyterLab.
 
-Pages: index.html (START_HERE, labkit.landing), chapters/NN_x.html, exercises/NN_x.html and
-solutions/NN_x.html; a sidebar lists every chapter (with its exercises/solutions), and a pager
-links the previous and next page. Links between notebooks (x.ipynb) become links to pages.
+Pages: index.html (START_HERE, labkit.landing), chapters/NN_x.html, exercises/NN_x.html,
+solutions/NN_x.html, and glossary.html from GLOSSARY.md (a markdown file, rendered through the
+same template as a one-cell notebook) when the book has one; a sidebar lists every chapter (with
+its exercises/solutions), and a pager links the previous and next page. Links between notebooks
+(x.ipynb) become links to pages, and links to GLOSSARY.md become links to glossary.html.
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ WIDGET = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ('<p class="book-widget-note">An interactive calculator is here in JupyterLab: '
                'open this notebook with <code>./book.sh</code> and run it.</p>')
 LINK = re.compile(r'href="(?![a-z]+:|#)([^"#]*?)\.ipynb(#[^"]*)?"')
+GLOSSARY_LINK = re.compile(r'href="((?:\.\./)*)GLOSSARY\.md(#[^"]*)?"')
+GLOSSARY_PAGE = "glossary.html"
 
 
 def _figure_html(fig: dict, div_id: str) -> str:
@@ -71,9 +75,16 @@ def prepare(nb):
     return nb
 
 
+def markdown_notebook(text: str):
+    """A markdown file as a one-cell notebook, so that it renders with the book's template."""
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
+
+
 def _pages(root: Path) -> list:
     """[(rel html path, notebook path, title, chapter row or None, folder)], in reading order."""
     pages = [("index.html", None, "Start here", None, None)]
+    if (root / landing.GLOSSARY).exists():
+        pages.append((GLOSSARY_PAGE, root / landing.GLOSSARY, "Glossary", None, "glossary"))
     for row in landing.chapters(root):
         for folder in landing.FOLDERS:
             if row[folder]:
@@ -132,11 +143,17 @@ def build(root: Path, out: Path) -> list:
     _copy_assets(out)
     written = []
     for rel, path, title, row, folder in order:
-        nb = landing.landing_notebook(root) if path is None else nbformat.read(path, as_version=4)
+        if path is None:
+            nb = landing.landing_notebook(root)
+        elif path.suffix == ".md":
+            nb = markdown_notebook(path.read_text())
+        else:
+            nb = nbformat.read(path, as_version=4)
         nb.metadata["title"] = title
         resources = {"metadata": {"name": title}, "site": _nav(rel, row, folder, rows, order)}
         body, _ = exporter.from_notebook_node(prepare(nb), resources=resources)
         body = LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
+        body = GLOSSARY_LINK.sub(lambda m: f'href="{m.group(1)}{GLOSSARY_PAGE}{m.group(2) or ""}"', body)
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(body)

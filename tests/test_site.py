@@ -100,3 +100,26 @@ def test_build_writes_pages_with_local_assets_only(tmp_path):
 def test_site_command_refuses_a_folder_without_chapters(tmp_path, capsys):
     assert site.main(["build", "--root", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "chapters/" in capsys.readouterr().err
+
+
+def test_glossary_is_linked_from_the_landing_page_and_built_as_a_page(tmp_path):
+    book = tmp_path / "book"
+    _chapter(book, "chapters", "00_a.ipynb", "First")
+    assert "GLOSSARY" not in landing.write(book).read_text()  # no glossary, no dangling link
+    (book / "GLOSSARY.md").write_text("# Glossary\n\n- **Rank.** A process's index. "
+                                      "Chapters: [00](chapters/00_a.ipynb#rank).\n")
+    assert "[GLOSSARY.md](GLOSSARY.md)" in landing.write(book).read_text()
+    pages = site.build(book, tmp_path / "site")
+    assert tmp_path / "site" / "glossary.html" in pages
+    g = (tmp_path / "site" / "glossary.html").read_text()
+    assert "A process" in g and 'href="chapters/00_a.html#rank"' in g
+    assert 'href="glossary.html"' in (tmp_path / "site" / "index.html").read_text()
+
+
+def test_committed_glossary_links_only_chapters_that_exist():
+    text = (ROOT / landing.GLOSSARY).read_text()
+    links = re.findall(r"\]\((chapters/[^)#]+)", text)
+    assert links, "the glossary links no chapter"
+    missing = sorted({rel for rel in links if not (ROOT / rel).exists()})
+    assert not missing, missing
+    assert "(GLOSSARY.md)" in (ROOT / landing.NAME).read_text()
