@@ -220,22 +220,26 @@ def measure(cp_list=(2, 4), seq: int = 1024, heads: int = 4, dim: int = 32,
     rows, ranks = [], []
     for cp in cp_list:
         res = run(ring_job, cp, args=(seq, heads, dim, repeats), echo=False)
-        slowest = [max(r["seconds"][i] for r in res) for i in range(repeats)]
-        t = statistics.median(slowest)
         predicted = cp_ring_layer_bytes(1, seq, heads * dim, cp, bytes_per_element=4)["total"]
         per_rank = [_rank_row(cp, r, predicted) for r in res]
         ranks += per_rank
-        rows.append({"cp": cp, "seconds": t, "vs_tiled": t / base["tiled"],
-                     "vs_sdpa": t / base["sdpa"], "max_err": max(r["max_err"] for r in res),
-                     "hidden_min": min(p["hidden"] for p in per_rank),
-                     "hidden_max": max(p["hidden"] for p in per_rank),
-                     "sent": [p["sent"] for p in per_rank], "predicted": predicted,
-                     "bytes_ratio": max(p["bytes_ratio"] or 0.0 for p in per_rank) or None,
-                     "why_not": res[0]["why_not"]})
+        rows.append(_cp_row(cp, res, per_rank, base, repeats))
     config = {"cp": list(cp_list), "seq": seq, "heads": heads, "dim": dim, "batch": 1,
               "dtype": "float32", "repeats": repeats, "layout": LAYOUT,
               "cores": os.cpu_count(), "threads_per_rank": 1}
     return {"rows": rows, "ranks": ranks, "one_process_seconds": base, "config": config}
+
+
+def _cp_row(cp: int, res: list, per_rank: list, base: dict, repeats: int) -> dict:
+    """One cp's summary: the slowest rank's median time and its ratios, error, hidden, bytes."""
+    t = statistics.median(max(r["seconds"][i] for r in res) for i in range(repeats))
+    ratios = [p["bytes_ratio"] for p in per_rank if p["bytes_ratio"] is not None]
+    return {"cp": cp, "seconds": t, "vs_tiled": t / base["tiled"], "vs_sdpa": t / base["sdpa"],
+            "max_err": max(r["max_err"] for r in res),
+            "hidden_min": min(p["hidden"] for p in per_rank),
+            "hidden_max": max(p["hidden"] for p in per_rank),
+            "sent": [p["sent"] for p in per_rank], "predicted": per_rank[0]["predicted"],
+            "bytes_ratio": max(ratios) if ratios else None, "why_not": res[0]["why_not"]}
 
 
 def _rank_row(cp: int, r: dict, predicted: float) -> dict:
