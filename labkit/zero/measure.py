@@ -193,3 +193,53 @@ def accumulation_tradeoff(cfg: GPTConfig = LAB_MODEL, micro_batches: int = 4,
             out[(stage, mode)] = {"sent": res["sent"], "peak_grad_bytes": res["peak_grad_bytes"],
                                   "numel": res["numel"]}
     return out
+
+
+# ----------------------------------------------------------------------------- mixed precision
+def precision_traffic(cfg: GPTConfig = LAB_MODEL, param_dtypes=("float32", "bfloat16"),
+                      reduce_dtype: str = "float32", batch_size: int = 8,
+                      repeats: int = 3) -> dict:
+    """Rank side: kernel-counted bytes this rank sends in one ZeRO-3 forward (all-gathers only)
+    and one backward (all-gathers + reduce-scatters), for each param_dtype of the
+    MixedPrecisionPolicy (medians over `repeats`).
+
+    {param_dtype: {"forward", "backward", "forward_predicted"}}: the prediction is the ring
+    all-gather's (N-1)/N of every unit's padded parameters (moved_numel), at the dtype's size.
+    bf16 halves the gathers; with reduce_dtype fp32 the reduce-scatter keeps its 4 bytes."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit import netcount
+    from labkit.launch import device
+    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
+    from labkit.zero.precision import MixedPrecisionPolicy
+    from labkit.zero.zero3 import ZeRO3
+
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
+    x, y = get_batch(tiny_corpus(), batch_size, cfg.block_size, 0)          # (B, T) global
+    x, y = shard_rows(x, rank, world).to(dev), shard_rows(y, rank, world).to(dev)  # (B/N, T)
+    out = {}
+    for name in param_dtypes:
+        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, name),
+                                      reduce_dtype=getattr(torch, reduce_dtype))
+        model = GPT(cfg).to(dev)
+        zero = ZeRO3(model, torch.optim.SGD, mp_policy=policy, lr=0.0)
+        fwd, bwd = [], []
+        for _ in range(repeats):
+            dist.barrier()
+            with netcount.socket_bytes() as f:
+                loss = model(x, y)[1]
+            dist.barrier()
+            with netcount.socket_bytes() as b:
+                loss.backward()
+            zero.zero_grad()
+            fwd.append(f.sent)
+            bwd.append(b.sent)
+        size = torch.empty(0, dtype=policy.param_dtype).element_size()  # cpu: a dtype's size
+        out[name] = {"forward": None if None in fwd else statistics.median(fwd),
+                     "backward": None if None in bwd else statistics.median(bwd),
+                     "forward_predicted": (world - 1) / world * moved_numel(cfg, 3, world) * size}
+    dist.barrier()
+    return out

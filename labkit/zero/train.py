@@ -80,7 +80,8 @@ def make_stage(stage: int, model, optimizer: str, group=None, naive: bool = Fals
 
     groups: two parameter groups, no weight decay on 1-D tensors (norms, biases). stage_kw go to
     the stage's class (max_grad_norm for all; bucket_bytes for ZeRO2; reduce_scatter="backend"
-    for ZeRO2 and ZeRO3: the backend's own reduce-scatter instead of labkit's choice)."""
+    for ZeRO2 and ZeRO3: the backend's own reduce-scatter instead of labkit's choice;
+    mp_policy and replicate for ZeRO3)."""
     from labkit.zero import DataParallel, ZeRO1, ZeRO2, ZeRO3
 
     opt_class, kw = optimizer_spec(optimizer)
@@ -128,9 +129,13 @@ def gathered_grads(zero, model) -> dict:
         return {names[id(p)]: p.grad.clone() for p in zero.params if p.grad is not None}
     out = {}
     for p, s in zip(zero.params, zero.shards):
-        if s.grad is not None:      # the same on every rank (from the reduced has-grad flags)
-            shape = zero.shapes[id(p)] if zero.stage == 3 else p.shape
-            out[names[id(p)]] = all_gather_full(s.grad.detach(), shape, zero.group).clone()
+        if s.grad is None:          # the same on every rank (from the reduced has-grad flags)
+            continue
+        if id(p) in getattr(zero, "replicated", ()):   # ZeRO-3 replicate=: already whole
+            out[names[id(p)]] = s.grad.detach().clone()
+            continue
+        shape = zero.shapes[id(p)] if zero.stage == 3 else p.shape
+        out[names[id(p)]] = all_gather_full(s.grad.detach(), shape, zero.group).clone()
     return out
 
 
@@ -148,7 +153,9 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     accumulate: split this rank's rows into that many micro-batches, one backward each, before
     the step (gradient accumulation; the losses are scaled so the sum is the mean); no_sync: all
     but the last micro-batch inside zero.no_sync() (ZeRO-2/3: hold full gradients, send once).
-    freeze, unused: labkit.zero.train.real_model; groups: no decay on 1-D tensors. Also returns
+    freeze, unused: labkit.zero.train.real_model; groups: no decay on 1-D tensors. stage_kw for
+    ZeRO-3 also takes mp_policy= (labkit.zero.MixedPrecisionPolicy) and replicate= (e.g.
+    labkit.zero.one_dimensional); both are off by default. Also returns
     "grads": the first step's mean gradient per name (gathered from the shards; None-free),
     "peak_grad_bytes": the most gradient storage held after any micro-batch's backward."""
     import torch.distributed as dist
