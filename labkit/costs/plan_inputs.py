@@ -89,7 +89,7 @@ class Config:
     cp: int = 1                        # context parallelism: each sequence split over cp ranks
                                        # (zig-zag ring attention); weights replicated over cp
     ep: int = 1                        # expert parallelism: the experts sharded over groups of ep
-                                       # data-parallel ranks (ep divides dp, as labkit.parallel.Plan)
+                                       # data-parallel ranks (ep divides dp, as parallel.Plan)
 
     @property
     def gpus(self) -> int:

@@ -20,10 +20,10 @@ ranking and for seeing which term dominates, not for promising seconds):
   compute   hardware FLOPs (model FLOPs 6N + 12Lhs per token, plus what recomputation and a fused
             attention kernel redo) split over tp * pp * cp GPUs at `flop_efficiency` of peak; for
             a mixture of experts N is the ACTIVE parameters (the k experts a token visits)
-  TP        4 all-reduces of b*s*h 16-bit values per layer and micro-batch (2 forward, 2
+  TP        4 all-reduces of b*(s/cp)*h 16-bit values per layer and micro-batch (2 forward, 2
             backward; Megatron f/g), on the node's links when the TP group fits in a node
   PP        the 1F1B step (K + P - 1)(t_f + t_b): the bubble (P-1)/(K+P-1)       (costs.pipeline)
-            plus one b*s*h activation send per stage boundary on the ramp
+            plus one b*(s/cp)*h activation send per stage boundary on the ramp
   CP        zig-zag ring attention over cp ranks (costs.context.cp_ring_layer_bytes): per layer
             and micro-batch cp-1 hops of this rank's K/V chunk 2*b*(s/cp)*kv forward, 2cp-1
             (K/V and dK/dV) backward; a share `overlap` of each hides under the layer's attention
@@ -37,13 +37,13 @@ ranking and for seeing which term dominates, not for promising seconds):
             while tp*cp*ep fits in one
   DP        gradients of the N/(tp*pp) local parameters, reduced over the dp*cp ranks that hold
             the same weights (CP ranks hold the same weights; a mixture's experts over the
-            dp*cp/ep ranks that hold the same experts), and ZeRO shards over those ranks. ZeRO 0/1 accumulate gradients locally
-            and reduce once per step. ZeRO-2 keeps only a gradient shard, so it must
-            reduce-scatter after EVERY micro-batch (K times), then all-gather the updated
-            weights; ZeRO-3 also all-gathers the weights twice per micro-batch. A share
-            `overlap` of the traffic that could hide under backward compute does hide; the rest
-            is exposed (overlap=1 is the ideal no run reaches: communication kernels compete with
-            compute for the GPU's cores and memory bandwidth)
+            dp*cp/ep ranks that hold the same experts), and ZeRO shards over those ranks.
+            ZeRO 0/1 accumulate gradients locally and reduce once per step. ZeRO-2 keeps only a
+            gradient shard, so it must reduce-scatter after EVERY micro-batch (K times), then
+            all-gather the updated weights; ZeRO-3 also all-gathers the weights twice per
+            micro-batch. A share `overlap` of the traffic that could hide under backward compute
+            does hide; the rest is exposed (overlap=1 is the ideal no run reaches: communication
+            kernels compete with compute for the GPU's cores and memory bandwidth)
   offload   ZeRO-Offload: gradient shard to the CPU and weight shard back over PCIe, and the
             CPU's Adam step over the shard (memory-bound: bytes touched / CPU bandwidth)
   failures  a sharded checkpoint every Young interval sqrt(2 * save * MTBF); the share of time
@@ -64,7 +64,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from labkit.costs import activations, checkpoint, comm, context, flops, memory, models, moe, pipeline
+from labkit.costs import (activations, checkpoint, comm, context, flops, memory, models, moe,
+                          pipeline)
 from labkit.costs.flops import ADAM_BYTES_PER_PARAM, cpu_adam_s  # noqa: F401 (planner API)
 from labkit.costs.plan_inputs import (LLAMA3_CKPT_BW, LLAMA3_GPU_MTBF_H, Cluster,  # noqa: F401
                                       Config, Job)
@@ -119,7 +120,8 @@ class Estimate:
                 "bubble %": round(100 * self.bubble, 1), "TP comm s": round(self.tp_comm_s, 2),
                 "PP comm s": round(self.pp_comm_s, 2), "DP comm s": round(self.dp_comm_s, 2),
                 "DP exposed s": round(self.dp_exposed_s, 2),
-                "CP comm s": round(self.cp_comm_s, 2), "CP exposed s": round(self.cp_exposed_s, 2), "EP comm s": round(self.ep_comm_s, 2),
+                "CP comm s": round(self.cp_comm_s, 2),
+                "CP exposed s": round(self.cp_exposed_s, 2), "EP comm s": round(self.ep_comm_s, 2),
                 "offload s": round(self.offload_s, 2),
                 "step s": round(self.step_s, 2), "MFU %": round(100 * self.mfu, 1),
                 "HFU %": round(100 * self.hfu, 1),
