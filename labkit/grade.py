@@ -83,7 +83,10 @@ def grade_notebook(path: Path, cell_timeout: int = CELL_TIMEOUT, name: str | Non
         client = NotebookClient(nb, timeout=cell_timeout, allow_errors=True, kernel_name="python3",
                                 resources={"metadata": {"path": str(path.parent.resolve())}},
                                 on_cell_execute=lambda cell, cell_index: running.update(cell=cell))
-        client.execute()
+        # The kernel's own stderr (ipykernel's warnings, a dying kernel's ZMQ traceback) goes to
+        # a file, not the grader's terminal: the student's output reaches us as messages anyway.
+        with tempfile.TemporaryFile() as kernel_err:
+            client.execute(stdout=kernel_err, stderr=kernel_err)
     except Exception as err:  # noqa: BLE001 - a hung or dead notebook still gets a row
         error = _explain(err, nb, cell_timeout, running.get("cell") if nb is not None else None)
     finally:
@@ -174,9 +177,10 @@ def write_csv(rows, path) -> None:
     ids = sorted({k for r in rows for k in r["scores"]}, key=lambda s: [int(x) for x in s.split(".")])
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["notebook"] + ids + ["total", "possible", "failures", "error"])
+        w.writerow(["notebook"] + ids + ["total", "possible", "seconds", "failures", "error"])
         for r in rows:
             fails = "; ".join(f"{ex}: {m.splitlines()[0]}" for ex, ms in sorted(r["failures"].items())
                               for m in ms)
             w.writerow([r["file"]] + [r["scores"].get(i, 0) for i in ids]
-                       + [sum(r["scores"].values()), sum(r["points"].values()), fails, r["error"]])
+                       + [sum(r["scores"].values()), sum(r["points"].values()), r["seconds"],
+                          fails, r["error"]])

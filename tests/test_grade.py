@@ -67,7 +67,9 @@ def test_csv_and_summary(graded):
         table = list(csv.DictReader(f))
     assert [r["notebook"] for r in table][0] == "alice/00_why_distribute.ipynb"
     assert {r["notebook"]: float(r["total"]) for r in table}["alice/00_why_distribute.ipynb"] == 6
-    assert all(set(r) >= {"0.1", "0.2", "0.3", "total", "possible", "failures", "error"} for r in table)
+    assert all(set(r) >= {"0.1", "0.2", "0.3", "total", "possible", "seconds", "failures", "error"}
+               for r in table)
+    assert float(table[0]["seconds"]) > 0          # each notebook's grading time, in seconds
     assert "[5/5] grading" in printed and "stopped early" in printed
     assert "6/6" in printed
 
