@@ -237,7 +237,7 @@ def precision_traffic(cfg: GPTConfig = LAB_MODEL, param_dtypes=("float32", "bflo
             zero.zero_grad()
             fwd.append(f.sent)
             bwd.append(b.sent)
-        size = torch.empty(0, dtype=policy.param_dtype).element_size()  # cpu: a dtype's size
+        size = policy.param_dtype.itemsize                                 # bytes per value
         out[name] = {"forward": None if None in fwd else statistics.median(fwd),
                      "backward": None if None in bwd else statistics.median(bwd),
                      "forward_predicted": (world - 1) / world * moved_numel(cfg, 3, world) * size}
