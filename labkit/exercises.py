@@ -10,7 +10,9 @@ is replaced, at the marker's indentation, by
 
     raise NotImplementedError("Exercise N.M: <hint or 'write your code here'>")
 
-where N is the chapter (the notebook's NN_ prefix) and M counts regions through the notebook.
+where N.M is the exercise the region belongs to: the last "Exercise N.M" that a markdown cell
+introduced before it (a heading `## Exercise 6.2 ...` or a bold `**Exercise 6.2.**`), so two
+regions of one exercise share its number; with no such markdown, M counts regions.
 Outputs and execution counts are dropped. `labkit exercises` writes the files;
 `labkit exercises --check` (and the tests) fail when exercises/ is out of date.
 """
@@ -37,7 +39,11 @@ def chapter_of(path: Path) -> int:
     return int(m.group(1))
 
 
-def strip_source(source: str, chapter: int, counter: list, where: str = "") -> str:
+EXERCISE_MD = re.compile(r"(?:^#+[^\n]*?|\*\*)Exercise (\d+\.\d+)", re.M)
+
+
+def strip_source(source: str, chapter: int, counter: list, where: str = "",
+                 exercise: str | None = None) -> str:
     out, inside = [], False
     for lineno, line in enumerate(source.splitlines(), 1):
         m = BEGIN.match(line)
@@ -47,7 +53,8 @@ def strip_source(source: str, chapter: int, counter: list, where: str = "") -> s
             inside = True
             counter[0] += 1
             hint = m["hint"].strip() or "write your code here"
-            msg = f"Exercise {chapter}.{counter[0]}: {hint}".replace('"', "'")
+            number = exercise or f"{chapter}.{counter[0]}"
+            msg = f"Exercise {number}: {hint}".replace('"', "'")
             out.append(f'{m["indent"]}raise NotImplementedError("{msg}")')
             continue
         if END.match(line):
@@ -67,11 +74,15 @@ def exercise_notebook(solution_path: Path):
     nb = nbformat.read(str(solution_path), as_version=4)
     chapter = chapter_of(solution_path)
     out = copy.deepcopy(nb)
-    counter = [0]
+    counter, exercise = [0], None
     for i, cell in enumerate(out.cells):
+        if cell.cell_type == "markdown":
+            found = EXERCISE_MD.findall(cell.source)
+            exercise = found[-1] if found else exercise
         if cell.cell_type == "code":
             cell.source = strip_source(cell.source, chapter, counter,
-                                       where=f"{solution_path.name} cell {i + 1}: ")
+                                       where=f"{solution_path.name} cell {i + 1}: ",
+                                       exercise=exercise)
             cell.outputs = []
             cell.execution_count = None
         cell.get("metadata", {}).pop("execution", None)

@@ -42,6 +42,19 @@ def _deadlocking_all_reduce(x):
     return x
 
 
+def test_every_stub_names_the_exercise_its_checker_grades():
+    """A stub says "Exercise 6.2" only in exercise 6.2 (two regions of one exercise share it),
+    and every exercise a chapter's checker grades has a stub."""
+    import re
+
+    for src in sorted((ROOT / "solutions").glob("*.ipynb")):
+        nb = exercises.exercise_notebook(src)
+        stubs = re.findall(r"Exercise (\d+\.\d+):", "\n".join(
+            c.source for c in nb.cells if c.cell_type == "code"))
+        graded = set(exercises_of(exercises.chapter_of(src)))
+        assert set(stubs) == graded, (src.name, stubs, sorted(graded))
+
+
 def test_checker_fails_wrong_code_with_a_hint():
     result = ch01.ring_all_reduce(_ring_without_adding)
     assert result.score == 0 and not result.passed
