@@ -16,13 +16,16 @@ other module that owns parameters: embeddings, final norm, output head). For eve
                step needs a full parameter; the next forward gathers what it needs)
 
 so a rank holds 16Ψ/N bytes of model states (mixed precision) plus one unit's full parameters
-at a time. With mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16) (labkit.zero.precision,
-FSDP2's fields) the shards stay fp32 and each rank casts its shard to bf16 before the all-gather:
-the gathers move 2 bytes per value instead of 4, and the unit computes in bf16; gradients are
-reduce-scattered in reduce_dtype and added into the fp32 shard gradients. replicate= keeps small
-parameters (norm weights, biases) whole on every rank: no gather, one all-reduce of their
-gradients per unit, instead of a tiny padded shard of each. Bytes sent per rank: all-gather in forward + all-gather in backward + reduce-scatter
+at a time. Bytes sent per rank: all-gather in forward + all-gather in backward + reduce-scatter
 = 3(N-1)/N Ψ, 1.5x DDP's 2(N-1)/N Ψ.
+
+mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+(labkit.zero.precision, FSDP2's fields): the shards and the optimizer state stay fp32; each rank
+casts its shard to bf16 BEFORE the all-gather, so the gathers move 2 bytes per value instead of
+4, and the unit computes in bf16; gradients are reduce-scattered in reduce_dtype and added into
+the fp32 shard gradients. replicate= keeps small parameters (norm weights, biases) whole on every
+rank: never gathered, their gradients all-reduced (one message per unit), their optimizer state
+replicated: memory for fewer, smaller collectives.
 
 How this version drops the full parameters between forward and backward: the unit runs as one
 autograd Function that saves only its input and, in backward, gathers the parameters and runs
