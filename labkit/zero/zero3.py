@@ -25,7 +25,9 @@ casts its shard to bf16 BEFORE the all-gather, so the gathers move 2 bytes per v
 4, and the unit computes in bf16; gradients are reduce-scattered in reduce_dtype and added into
 the fp32 shard gradients. replicate= keeps small parameters (norm weights, biases) whole on every
 rank: never gathered, their gradients all-reduced (one message per unit), their optimizer state
-replicated: memory for fewer, smaller collectives.
+replicated. It trades memory (their full states on every rank) for no gathers of tiny tensors
+(a unit of norms only, like the final norm, sends nothing in forward) and no padding of shards
+of a few elements; it adds one all-reduce per unit that mixes both kinds.
 
 How this version drops the full parameters between forward and backward: the unit runs as one
 autograd Function that saves only its input and, in backward, gathers the parameters and runs
