@@ -1,4 +1,4 @@
-"""Benchmark: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2: measured vs simulated vs formula.
+"""Benchmark: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V: measured vs simulated vs formula.
 
     labkit bench pipeline [--stages 2 4] [--K 8] [--v 2] [--pad-ms 5 10] [--repeats 3]
 
@@ -36,7 +36,8 @@ def main(argv=()) -> dict:
                 specs.append(("interleaved", args.K, args.v))
             except ValueError:
                 pass
-            specs += [("zb-h1", args.K, 1), ("zb-h2", args.K, 1)]
+            # ZB-V: 2 chunks per stage in a V (needs n_layer >= 2P: measure's model has 8)
+            specs += [("zb-h1", args.K, 1), ("zb-h2", args.K, 1), ("zb-v", args.K, 2)]
             got = measure.measure(P, specs, pad=pad, repeats=args.repeats)
             gpipe = got[0]["step_s"]
             for r in got:

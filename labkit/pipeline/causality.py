@@ -48,10 +48,10 @@ def depends_on(s: Schedule, stage: int, a: Action) -> list:
     if a.kind == "W":  # the weight gradient resumes from what this stage's B computed
         return [(stage, Action("B", a.mb, a.chunk))]
     if a.kind == "F":
-        return [] if g == 0 else [(s.stage_of(g - 1), Action("F", a.mb, (g - 1) // s.P))]
+        return [] if g == 0 else [(s.stage_of(g - 1), Action("F", a.mb, s.local_chunk(g - 1)))]
     deps = [(stage, Action("F", a.mb, a.chunk))]
     if g < s.n_chunks - 1:
-        deps.append((s.stage_of(g + 1), Action("B", a.mb, (g + 1) // s.P)))
+        deps.append((s.stage_of(g + 1), Action("B", a.mb, s.local_chunk(g + 1))))
     return deps
 
 

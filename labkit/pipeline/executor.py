@@ -7,7 +7,9 @@
     out = run(executor.train_step_job, 2, args=(schedules.one_f_one_b(2, 4), cfg, 8))
     out[-1]["loss"]            # equals the one-process reference's loss
 
-Rank p of the group is stage p and holds v model chunks; local chunk j is global chunk j*P + p.
+Rank p of the group is stage p and holds v model chunks; local chunk j is global chunk j*P + p,
+or where the schedule carries a placement (ZB-V's V), the j-th of the chunks it puts on p. Two
+consecutive chunks on one stage (the bottom of the V) hand over without a message.
 The GPT's blocks are split over the P*v chunks as evenly as possible (earlier chunks get the
 extra block); chunk 0 also holds the embeddings, the last chunk ln_f and the output head.
 The global batch (B rows) is split into K micro-batches of rows (uneven splits allowed).
@@ -57,7 +59,8 @@ from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.pipeline import posting
 from labkit.pipeline.schedules import Schedule
-from labkit.pipeline.validate import ScheduleError, check_message_order, validate
+from labkit.pipeline.validate import (ScheduleError, check_message_order, is_local, needs,
+                                     validate)
 from labkit.timing import now
 
 
@@ -171,6 +174,9 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     n_tokens, h = y.numel(), model.config.n_embd
 
     def post(t, kind, mb, g_from, g_to):  # sent in the next batch: never waited for here
+        if s.stage_of(g_to) == stage:     # the next chunk is here too (V's turn): hand it over
+            local[(kind, mb, g_from)] = t
+            return
         pending.append((dist.isend, t, s.stage_of(g_to), group, _tag(s, kind, mb, g_from)))
 
     def receive_op(j):  # the receive of action j's input: (B_k, T, h) from the next/previous chunk
@@ -190,6 +196,9 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
         pending.clear()
 
     def take(i):  # action i's input, once it has arrived
+        key = needs(s, stage, actions[i])
+        if is_local(s, key):              # produced by this stage's other chunk, earlier
+            return local.pop(key)
         buf, work = inbox.pop(i)
         work.wait()
         return buf
@@ -198,6 +207,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     layout = _layout(s, stage, nccl)  # layout[i]: actions whose input is received in batch i
     meter = _ActivationMeter(params.values())
     saved, sends, pending, inbox, timeline, split_pending = {}, [], [], {}, [], {}
+    local = {}  # message key -> tensor handed from one of this stage's chunks to the other
     held = held_bytes = peak = peak_bytes = 0.0
     loss_total = torch.zeros((), dtype=dtype, device=dev)
     for i, a in enumerate(actions):

@@ -18,19 +18,25 @@ message stage 0 will only receive in its next batch. `plan(s)` replays the defau
 earlier: a prefetch, as Megatron-LM's interleaved schedule receives the next micro-batch while
 sending the last (the buffer's shape is known in advance). Receives keep their order, so each
 pair of stages still exchanges its messages in the same order on both ends
-(validate.check_message_order).
+(validate.check_message_order). A hand-over between two chunks of one stage (ZB-V's turn at
+the bottom of the V) is no message: it appears in no batch.
 """
 from __future__ import annotations
 
 from labkit.pipeline.schedules import Schedule
-from labkit.pipeline.validate import ScheduleError, needs, produces
+from labkit.pipeline.validate import ScheduleError, is_local, needs, produces
+
+
+def _message(s: Schedule, key):
+    """`key` if it travels between two stages; None for no key or a hand-over inside a stage."""
+    return key if key is not None and not is_local(s, key) else None
 
 
 def default_plan(s: Schedule) -> list:
     """plan[p][i]: indices of stage p's actions whose input is received in batch i (posted
     before action i; batch len(actions) is the last, sends only). Default: each its own."""
-    return [[[i] if needs(s, p, a) is not None else [] for i, a in enumerate(actions)] + [[]]
-            for p, actions in enumerate(s.stages)]
+    return [[[i] if _message(s, needs(s, p, a)) is not None else [] for i, a in enumerate(actions)]
+            + [[]] for p, actions in enumerate(s.stages)]
 
 
 def batches(s: Schedule, plan: list, p: int) -> list:
@@ -39,7 +45,7 @@ def batches(s: Schedule, plan: list, p: int) -> list:
     actions = s.stages[p]
     out = []
     for i in range(len(actions) + 1):
-        sent = produces(s, p, actions[i - 1]) if i > 0 else None
+        sent = _message(s, produces(s, p, actions[i - 1])) if i > 0 else None
         sends = [sent] if sent is not None else []
         recvs = [needs(s, p, actions[j]) for j in plan[p][i]]
         if sends or recvs:

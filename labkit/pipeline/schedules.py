@@ -5,9 +5,11 @@
     s.stages[0]        # [F0, F1, F2, F3, B0, F4, B1, F5, B2, F6, B3, F7, B4, B5, B6, B7]
 
 An action is the forward (F) or backward (B) of one micro-batch on one model chunk. A stage
-holds v chunks (v = 1 unless interleaved); local chunk j of stage p is global chunk j*P + p, so
-a micro-batch's forward visits stages 0, 1, ..., P-1, then 0, 1, ... again for the next chunk
-(Megatron's round-robin placement). Three schedules:
+holds v chunks (v = 1 unless interleaved); by default local chunk j of stage p is global chunk
+j*P + p, so a micro-batch's forward visits stages 0, 1, ..., P-1, then 0, 1, ... again for the
+next chunk (Megatron's round-robin placement). A schedule may carry another placement as data
+(`Schedule.placement[g]` = the stage holding global chunk g; local chunks numbered in the order
+of their global index): ZB-V's "V" (`v_placement`, labkit.pipeline.zero_bubble). Three schedules:
 
 - GPipe (Huang et al., 2019, arXiv:1811.06965): all K forwards, then all K backwards. A stage
   holds the activations of all K micro-batches at once.
@@ -59,6 +61,7 @@ class Schedule:
     K: int                      # micro-batches per step
     v: int = 1                  # model chunks per stage
     stages: list = field(default_factory=list)  # stages[p] = [Action, ...] in run order
+    placement: tuple = None     # placement[g] = stage of global chunk g; None: g % P (round robin)
 
     @property
     def split(self) -> bool:
@@ -69,15 +72,38 @@ class Schedule:
     def n_chunks(self) -> int:
         return self.P * self.v
 
+    def chunks_of(self, stage: int) -> list:
+        """The global chunks `stage` holds, in local order (local chunk j = chunks_of(stage)[j])."""
+        if self.placement is None:
+            return [j * self.P + stage for j in range(self.v)]
+        return [g for g, p in enumerate(self.placement) if p == stage]
+
     def global_chunk(self, stage: int, chunk: int) -> int:
-        return chunk * self.P + stage
+        if self.placement is None:
+            return chunk * self.P + stage
+        return self.chunks_of(stage)[chunk]
 
     def stage_of(self, global_chunk: int) -> int:
-        return global_chunk % self.P
+        if self.placement is None:
+            return global_chunk % self.P
+        return self.placement[global_chunk]
+
+    def local_chunk(self, global_chunk: int) -> int:
+        """The local index of `global_chunk` on the stage that holds it."""
+        if self.placement is None:
+            return global_chunk // self.P
+        return self.chunks_of(self.stage_of(global_chunk)).index(global_chunk)
 
     def __repr__(self):
         rows = "\n".join(f"  stage {p}: {' '.join(map(repr, a))}" for p, a in enumerate(self.stages))
-        return f"Schedule({self.name}, P={self.P}, K={self.K}, v={self.v})\n{rows}"
+        where = "" if self.placement is None else f", placement={list(self.placement)}"
+        return f"Schedule({self.name}, P={self.P}, K={self.K}, v={self.v}{where})\n{rows}"
+
+
+def v_placement(P: int) -> tuple:
+    """ZB-V's placement of 2P chunks on P stages: stage r holds chunks r and 2P-1-r, so the
+    forward goes down the stages and comes back up (the loss is on stage 0)."""
+    return tuple(g if g < P else 2 * P - 1 - g for g in range(2 * P))
 
 
 def _check(P, K, v=1):
@@ -145,10 +171,13 @@ def interleaved_1f1b(P: int, K: int, v: int = 2) -> Schedule:
 
 
 def make(name: str, P: int, K: int, v: int = 1) -> Schedule:
-    """A schedule by name: 'gpipe', '1f1b', 'interleaved' (v chunks per stage), 'zb-h1' or
-    'zb-h2' (labkit.pipeline.zero_bubble)."""
-    if name in ("zb-h1", "zb-h2"):
+    """A schedule by name: 'gpipe', '1f1b', 'interleaved' (v chunks per stage), 'zb-h1', 'zb-h2'
+    or 'zb-v' (labkit.pipeline.zero_bubble; ZB-V always has 2 chunks per stage: v = 1, the
+    default, or 2 both mean that)."""
+    if name in ("zb-h1", "zb-h2", "zb-v"):
         from labkit.pipeline import zero_bubble
+        if name == "zb-v":
+            return zero_bubble.make(name, P, K, v)
         return zero_bubble.make(name, P, K)
     if name == "gpipe":
         return gpipe(P, K)
@@ -157,7 +186,7 @@ def make(name: str, P: int, K: int, v: int = 1) -> Schedule:
     if name == "interleaved":
         return interleaved_1f1b(P, K, v)
     raise ValueError(f"schedule {name!r}: choose 'gpipe', '1f1b', 'interleaved', "
-                     f"'zb-h1' or 'zb-h2'")
+                     f"'zb-h1', 'zb-h2' or 'zb-v'")
 
 
 def from_stage_fn(fn, P: int, K: int, name: str = "custom") -> Schedule:

@@ -9,13 +9,15 @@
 PyTorch names an action by (global stage index, type, micro-batch) with types F, I (backward
 for the input: labkit's B in a split schedule), W and B (a full backward). Its global stage s
 lives on rank s % P as local chunk s // P for the looped schedules: labkit's placement, so
-orders convert one to one. PyTorch builds its orders inside the schedule's constructor, which
+orders convert one to one. ScheduleZBVZeroBubble places its 2P stages in a V (rank r holds
+stages r and 2P-1-r, PyTorch's style="v"): labkit's `schedules.v_placement`, the placement its
+"zb-v" schedule carries as data. PyTorch builds its orders inside the schedule's constructor, which
 wants real pipeline stages; `torch_schedule` calls the same (private) order-building methods on
 a bare object instead, so it may break when PyTorch renames them: it raises naming the method.
 """
 from __future__ import annotations
 
-from labkit.pipeline.schedules import Action, Schedule
+from labkit.pipeline.schedules import Action, Schedule, v_placement
 
 
 def _types():
@@ -31,22 +33,24 @@ def to_torch(s: Schedule) -> dict:
             for p, actions in enumerate(s.stages)}
 
 
-def from_torch(order: dict, P: int, K: int, v: int, name: str) -> Schedule:
-    """A labkit Schedule from PyTorch's pipeline_order (idle slots, None, dropped)."""
+def from_torch(order: dict, P: int, K: int, v: int, name: str, placement=None) -> Schedule:
+    """A labkit Schedule from PyTorch's pipeline_order (idle slots, None, dropped). `placement`
+    (labkit's: stage of each global chunk; None: round robin) must be the one PyTorch used."""
     kind = {"F": "F", "I": "B", "B": "B", "W": "W"}
+    shape = Schedule(name, P, K, v, [], placement)  # only for its placement lookups
     stages = []
     for p in range(P):
         acts = []
         for a in order[p]:
             if a is None:
                 continue
-            if a.stage_index % P != p:
+            if shape.stage_of(a.stage_index) != p:
                 raise ValueError(f"PyTorch's order puts stage {a.stage_index} on rank {p}: not the "
-                                 f"looped placement labkit uses")
+                                 f"placement given ({'round robin' if placement is None else placement})")
             acts.append(Action(kind[a.computation_type.value], a.microbatch_index,
-                               a.stage_index // P))
+                               shape.local_chunk(a.stage_index)))
         stages.append(acts)
-    return Schedule(name, P, K, v, stages)
+    return Schedule(name, P, K, v, stages, placement)
 
 
 def torch_validate(s: Schedule) -> None:
@@ -62,6 +66,8 @@ def torch_schedule(cls_name: str, P: int, K: int, v: int = 1) -> Schedule:
     cls = getattr(T, cls_name)
     o = object.__new__(cls)  # no stages, no process group: only the order-building methods
     o.pp_group_size, o.n_local_stages, o._n_microbatches, o.num_stages = P, v, K, P * v
+    if cls_name == "ScheduleZBVZeroBubble":
+        return _zbv_order(o, P, K, v)
     o.number_of_rounds = max(1, K // P)
     o.microbatches_per_round = K // o.number_of_rounds
     if K % o.number_of_rounds:
@@ -77,9 +83,23 @@ def torch_schedule(cls_name: str, P: int, K: int, v: int = 1) -> Schedule:
     return from_torch(o.pipeline_order, P, K, v, f"torch:{cls_name}")
 
 
+def _zbv_order(o, P: int, K: int, v: int) -> Schedule:
+    """ScheduleZBVZeroBubble's order (two stages per rank in a V; no rounds)."""
+    if v != 2:
+        raise ValueError(f"PyTorch's ScheduleZBVZeroBubble needs exactly 2 stages per rank, "
+                         f"got v={v}")
+    try:
+        order = {r: o._calculate_single_rank_operations(r) for r in range(P)}
+    except AttributeError as e:
+        raise RuntimeError(f"PyTorch's ScheduleZBVZeroBubble order-building changed ({e}); "
+                           f"this bridge needs updating") from e
+    return from_torch(order, P, K, v, "torch:ScheduleZBVZeroBubble", v_placement(P))
+
+
 def same_order(a: Schedule, b: Schedule) -> bool:
     """True when both schedules give every stage the same actions in the same order."""
-    return (a.P, a.K, a.v) == (b.P, b.K, b.v) and a.stages == b.stages
+    return ((a.P, a.K, a.v) == (b.P, b.K, b.v) and a.stages == b.stages
+            and a.placement == b.placement)
 
 
 def first_difference(a: Schedule, b: Schedule):

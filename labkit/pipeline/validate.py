@@ -14,6 +14,9 @@ The rules (what the executor needs to run it on real processes):
    message that its sender will only send after an action that is itself waiting.
 
 Rule 4 is checked by replaying the schedule (`replay`), which `simulate` also uses for times.
+Where a schedule's placement puts two consecutive chunks on one stage (ZB-V's turn at the
+bottom of the V), the hand-over is no message (`is_local`): the dependency stays, the transfer
+does not.
 Under NCCL one more rule (`check_message_order`): between two stages, messages are received in
 the order they are sent (NCCL ignores tags).
 """
@@ -46,6 +49,17 @@ def produces(s: Schedule, stage: int, a: Action):
     return ("B", a.mb, g) if g > 0 else None
 
 
+def receiver(s: Schedule, key) -> int:
+    """The stage a message key goes to: the next chunk's (F) or the previous chunk's (B)."""
+    kind, _, g = key
+    return s.stage_of(g + 1 if kind == "F" else g - 1)
+
+
+def is_local(s: Schedule, key) -> bool:
+    """True when the key's producer and consumer chunks are on the same stage: no message."""
+    return s.stage_of(key[2]) == receiver(s, key)
+
+
 def _describe(key, s: Schedule) -> str:
     kind, mb, g = key
     what = "activation" if kind == "F" else "gradient"
@@ -58,6 +72,7 @@ def check_structure(s: Schedule) -> None:
     split = s.split
     if len(s.stages) != s.P:
         raise ScheduleError(f"the schedule has {len(s.stages)} stage lists, expected P={s.P}")
+    check_placement(s)
     for p, actions in enumerate(s.stages):
         seen = {}
         for i, a in enumerate(actions):
@@ -91,6 +106,20 @@ def check_structure(s: Schedule) -> None:
                                             f"all K={s.K} micro-batches")
 
 
+def check_placement(s: Schedule) -> None:
+    """A placement (None: round robin) gives each of the P*v chunks a stage, v chunks each."""
+    if s.placement is None:
+        return
+    if len(s.placement) != s.n_chunks:
+        raise ScheduleError(f"placement has {len(s.placement)} entries, expected P*v = "
+                            f"{s.n_chunks} (one stage per global chunk)")
+    for p in range(s.P):
+        held = [g for g, q in enumerate(s.placement) if q == p]
+        if len(held) != s.v:
+            raise ScheduleError(f"placement {list(s.placement)} puts chunks {held} on stage {p}; "
+                                f"every stage holds v={s.v}")
+
+
 def replay(s: Schedule, duration=lambda stage, a: 1.0, t_p2p: float = 0.0):
     """Run the schedule on paper: each stage in its own order; an action starts when the stage
     is free and its message has arrived (sent at the producer's end, + t_p2p).
@@ -114,8 +143,8 @@ def replay(s: Schedule, duration=lambda stage, a: 1.0, t_p2p: float = 0.0):
                 end = start + duration(p, a)
                 records[p].append((a, start, end))
                 out = produces(s, p, a)
-                if out is not None:
-                    arrived[out] = end + t_p2p
+                if out is not None:  # a hand-over inside the stage travels no link
+                    arrived[out] = end + (0.0 if is_local(s, out) else t_p2p)
                 free[p], pos[p], progress = end, pos[p] + 1, True
     stuck = {p: pos[p] for p in range(s.P) if pos[p] < len(s.stages[p])}
     return records, stuck
@@ -147,15 +176,15 @@ def validate(s: Schedule) -> None:
 
 def message_orders(s: Schedule) -> dict:
     """{(sender, receiver): (keys in the order the sender sends them, keys in the order the
-    receiver waits for them)} for every pair of stages that exchange messages."""
+    receiver waits for them)} for every pair of stages that exchange messages (hand-overs
+    inside a stage are no messages)."""
     orders = {}
     for p, actions in enumerate(s.stages):
         for a in actions:
             out, need = produces(s, p, a), needs(s, p, a)
-            if out is not None:
-                dst = s.stage_of(out[2] + (1 if out[0] == "F" else -1))
-                orders.setdefault((p, dst), ([], []))[0].append(out)
-            if need is not None:
+            if out is not None and not is_local(s, out):
+                orders.setdefault((p, receiver(s, out)), ([], []))[0].append(out)
+            if need is not None and not is_local(s, need):
                 orders.setdefault((s.stage_of(need[2]), p), ([], []))[1].append(need)
     return orders
 

@@ -20,10 +20,17 @@ path), else a forward if its memory cap allows, else its oldest pending W. The o
 ran becomes the schedule: plain data, checked by labkit.pipeline.validate like any other.
 Forwards and B's run in micro-batch order, so messages between two stages keep their order
 (NCCL-safe: validate.check_message_order).
+
+ZB-V (the paper's section 6, "zero bubble with V-shape"; `zb_v`) cuts the model into 2P chunks
+and puts chunks r and 2P-1-r on stage r (schedules.v_placement): the forward goes down the
+stages and comes back up, so the first and the last chunk (and the loss) are both on stage 0,
+and the turn at the bottom is a hand-over inside stage P-1, no message. Each stage holds at
+most 2P chunk-activations, each 1/(2P) of the model: 1F1B's peak (P whole-stage micro-batches);
+with t_F = t_B = t_W its bubble is only the ramp, about half ZB-H1's.
 """
 from __future__ import annotations
 
-from labkit.pipeline.schedules import Action, Schedule, _check, one_f_one_b_stage
+from labkit.pipeline.schedules import Action, Schedule, _check, one_f_one_b_stage, v_placement
 
 CAPS = {  # micro-batches whose W has not run that stage p of P may hold
     "zb-h2": lambda p, P: 2 * P - 1,       # the paper's ZB-H2 peak
@@ -128,9 +135,77 @@ def zb_h2(P: int, K: int) -> Schedule:
     return list_schedule(P, K, CAPS["zb-h2"], name="zb-h2")
 
 
-def make(name: str, P: int, K: int) -> Schedule:
+class _Stage:
+    """One stage's order under construction, with a counter per (kind, local chunk): the next
+    micro-batch of that kind to run there (each kind runs its micro-batches in order)."""
+
+    def __init__(self):
+        self.order, self.next = [], {(k, c): 0 for k in "FBW" for c in (0, 1)}
+
+    def run(self, kind: str, chunk: int) -> None:
+        self.order.append(Action(kind, self.next[kind, chunk], chunk))
+        self.next[kind, chunk] += 1
+
+    def behind(self, kind: str, chunk: int, ahead: str) -> bool:
+        """True while `kind` has run fewer micro-batches of `chunk` than `ahead` has."""
+        return self.next[kind, chunk] < self.next[ahead, chunk]
+
+
+def zb_v_stage(r: int, P: int, n: int) -> list:
+    """ZB-V's order on stage r for n >= 2P-1 micro-batches. Chunk 0 (global r) is on the way
+    down, chunk 1 (global 2P-1-r) on the way up. With unit times micro-batch 0 reaches chunk 1
+    here at time 2P-1-r, so the stage first fills that wait with chunk-0 forwards."""
+    st = _Stage()
+    for _ in range(2 * (P - r) - 1):   # warm-up 1: down-chunk forwards until the V comes back
+        st.run("F", 0)
+    for _ in range(r):                 # warm-up 2: the up-stream arrives every other slot
+        st.run("F", 1)
+        st.run("F", 0)
+    for _ in range(P - r):             # warm-up 3: the first backwards of the up-chunk, W at
+        for kind in "FBW":             # once (nothing else is ready to fill the slot)
+            st.run(kind, 1)
+    # steady state: one forward, B and W per chunk; memory stays at 1F1B's peak because each
+    # W frees its activations right after its B
+    while st.next["F", 0] < n or st.next["F", 1] < st.next["F", 0]:
+        if st.next["F", 0] < n:
+            st.run("F", 0)
+        for kind in "BW":
+            st.run(kind, 0)
+        for kind in "FBW":
+            st.run(kind, 1)
+    for _ in range(r):                 # cool-down 1: only B's (what the stages below wait for)
+        st.run("B", 0)
+        st.run("B", 1)
+    for _ in range(P - r):             # cool-down 2: B's, oldest deferred chunk-0 W between
+        st.run("B", 0)
+        st.run("W", 0)
+    for c in (1, 0):                   # cool-down 3: the deferred W's fill the tail
+        while st.behind("W", c, "B"):
+            st.run("W", c)
+    return st.order
+
+
+def zb_v(P: int, K: int) -> Schedule:
+    """ZB-V (Qi et al., ICLR 2024, section 6): 2P chunks in a V (stage r holds r and 2P-1-r),
+    1F1B's peak memory, bubble only the ramp when t_F = t_B = t_W. The hand-built order needs
+    2P-1 micro-batches to fill the V; for K < 2P-1 it is built for 2P-1 and the extra
+    micro-batches' actions are dropped (removing actions of whole micro-batches removes waits,
+    never adds one, so the order stays valid; PyTorch's ScheduleZBVZeroBubble does the same).
+    Any P >= 1, K >= 1; for K <= P its bubble is ZB-H1's (the ramp is all there is)."""
+    _check(P, K)
+    n = max(K, 2 * P - 1)
+    stages = [[a for a in zb_v_stage(r, P, n) if a.mb < K] for r in range(P)]
+    return Schedule("zb-v", P, K, 2, stages, placement=v_placement(P))
+
+
+def make(name: str, P: int, K: int, v: int = None) -> Schedule:
     if name == "zb-h1":
         return zb_h1(P, K)
     if name == "zb-h2":
         return zb_h2(P, K)
-    raise ValueError(f"zero-bubble schedule {name!r}: choose 'zb-h1' or 'zb-h2'")
+    if name == "zb-v":
+        if v not in (None, 1, 2):
+            raise ValueError(f"zb-v with P={P}, K={K}, v={v}: ZB-V has exactly 2 chunks per "
+                             f"stage (v=2; v=1, the default, also means that)")
+        return zb_v(P, K)
+    raise ValueError(f"zero-bubble schedule {name!r}: choose 'zb-h1', 'zb-h2' or 'zb-v'")
