@@ -79,12 +79,31 @@ def test_v_turn_is_a_hand_over_not_a_message():
 def test_zb_v_nccl_message_order(P):
     """NCCL matches each pair's messages in order. At K <= P ZB-V's order keeps it; for K > P a
     down-going activation is sent before a gradient the receiver needs first (a property of the
-    paper's order, which is PyTorch's): labkit names the pair, and the executor refuses it under
-    NCCL (Gloo matches by tag and runs it)."""
+    paper's order, which is PyTorch's): labkit names the pair. The executor's plan then posts
+    those receives early, in the order sent, and no stage can block under NCCL's rules."""
+    from labkit.pipeline import posting
+
     for K in range(1, P + 1):
         check_message_order(S.make("zb-v", P, K))
+        assert posting.nccl_plan(S.make("zb-v", P, K)) == posting.plan(S.make("zb-v", P, K))
     with pytest.raises(ScheduleError, match=r"sends its messages to stage \d+ in another order"):
         check_message_order(S.make("zb-v", P, P + 1))
+    for K in sorted({P + 1, 2 * P, 8, 16}):
+        s = S.make("zb-v", P, K)
+        plan = posting.nccl_plan(s)
+        posting.check_posted_order(s, plan)            # each pair: posted in the order sent
+        assert posting.stuck(s, plan) == {}
+        for p in range(P):                             # a receive is never posted after its action
+            assert all(j >= i for i, batch in enumerate(plan[p]) for j in batch)
+
+
+def test_posted_order_check_names_the_pair():
+    from labkit.pipeline import posting
+
+    s = S.make("zb-v", 2, 4)
+    with pytest.raises(ScheduleError, match=r"stage 1 posts its receives from stage 0 in another "
+                                            r"order than stage 0 sends"):
+        posting.check_posted_order(s, posting.default_plan(s))
 
 
 def test_zb_v_bad_input_names_the_numbers():
@@ -120,10 +139,31 @@ def test_v_turn_in_the_wrong_order_is_named():
 ZBV_EXEC = {2: (2, 4), 3: (3, 5), 4: (4, 8)}
 
 
+def _tagged_and_untagged(schedule_list, cfg, batch):
+    """Each schedule twice: as the executor runs it (Gloo pairs messages by tag), then with every
+    tag 0, so that Gloo pairs each pair's messages in the order posted, as NCCL does."""
+    import torch
+
+    from labkit.launch import device
+    from labkit.pipeline import executor
+
+    torch.set_num_threads(1)
+    model = executor.GPT(cfg, seed=0).to(device())
+    x, y = executor.make_batch(batch, cfg)
+    tagged = [executor.run_schedule(s, model, x, y) for s in schedule_list]
+    tag, executor._tag = executor._tag, lambda *args: 0
+    try:
+        untagged = [executor.run_schedule(s, model, x, y) for s in schedule_list]
+    finally:
+        executor._tag = tag
+    return tagged, untagged
+
+
 @pytest.mark.parametrize("P", sorted(ZBV_EXEC))
 def test_zb_v_matches_one_process_reference(P):
     """ZB-V on P real processes (Gloo), chunks in a V: loss and every gradient equal the
-    reference's; held micro-batches as simulated; the measured timeline is causal."""
+    reference's, also with messages paired in posting order only (NCCL's rule); held
+    micro-batches as simulated; the measured timeline is causal."""
     from labkit.launch import run
     from labkit.model import GPTConfig
     from labkit.pipeline import executor as E
@@ -132,8 +172,10 @@ def test_zb_v_matches_one_process_reference(P):
     cfg = GPTConfig(n_layer=2 * P, n_embd=16, n_head=2, block_size=16)
     ref = E.reference_step(cfg, 9)
     scheds = [S.make("zb-v", P, K) for K in ZBV_EXEC[P]]
-    per_rank = run(E.schedules_job, P, args=(scheds, cfg, 9), timeout=150, echo=False)
+    out = run(_tagged_and_untagged, P, args=(scheds, cfg, 9), timeout=150, echo=False)
+    per_rank = [tagged for tagged, _ in out]
     for i, s in enumerate(scheds):
+        E.compare_to_reference(E.merge([untagged[i] for _, untagged in out]), ref)
         merged = E.merge([r[i] for r in per_rank])
         E.compare_to_reference(merged, ref)
         assert per_rank[0][i]["loss"] is not None      # the last chunk (and loss) is on stage 0

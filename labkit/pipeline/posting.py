@@ -20,11 +20,22 @@ sending the last (the buffer's shape is known in advance). Receives keep their o
 pair of stages still exchanges its messages in the same order on both ends
 (validate.check_message_order). A hand-over between two chunks of one stage (ZB-V's turn at
 the bottom of the V) is no message: it appears in no batch.
+
+NCCL also ignores tags: it pairs a pair of stages' messages in the order they are posted. A
+schedule whose stage needs a pair's messages in another order than they are sent (ZB-V for
+K > P: an activation going down is sent before a gradient the receiver needs first) still runs
+if the receiver POSTS its receives in the sender's order: `send_order_plan` posts each receive
+no later than every receive from the same sender sent after it (a prefetch into a buffer whose
+shape is known). `nccl_plan` picks: the plan above where the orders already agree (GPipe, 1F1B,
+interleaved, ZB-H1/H2: unchanged), else the send-ordered one, where two stages that would
+both wait in a send-only batch receive each other's message in it (as Megatron-LM's
+send_forward_recv_backward does), checked by `check_posted_order` and `stuck`.
 """
 from __future__ import annotations
 
 from labkit.pipeline.schedules import Schedule
-from labkit.pipeline.validate import ScheduleError, is_local, needs, produces
+from labkit.pipeline.validate import (ScheduleError, _describe, check_message_order, is_local,
+                                     message_orders, needs, produces, receiver)
 
 
 def _message(s: Schedule, key):
@@ -76,6 +87,99 @@ def stuck(s: Schedule, plan: list) -> dict:
             if {("send", k) for k in sends} | {("recv", k) for k in recvs} <= done[p]:
                 head[p], done[p], progress = head[p] + 1, set(), True
     return {p: head[p] for p in range(s.P) if head[p] < len(todo[p])}
+
+
+def send_order_plan(s: Schedule) -> list:
+    """A plan in which every stage posts the receives from each sender in the order that sender
+    sends them: walking the sent messages backwards, each receive is posted in its own action's
+    batch or in the batch of the next one sent, whichever is earlier."""
+    out = [[[] for _ in range(len(actions) + 1)] for actions in s.stages]
+    for (src, dst), (sent, _) in sorted(message_orders(s).items()):
+        index = {needs(s, dst, a): i for i, a in enumerate(s.stages[dst])}  # key -> action
+        at, batch = {}, len(s.stages[dst])
+        for key in reversed(sent):
+            batch = min(batch, index[key])
+            at[key] = batch
+        for key in sent:                  # within a batch, in the order sent
+            out[dst][at[key]].append(index[key])
+    return out
+
+
+def posted_order(s: Schedule, plan: list) -> dict:
+    """{(sender, receiver): message keys in the order the receiver posts their receives}."""
+    out = {}
+    for p in range(s.P):
+        for batch in plan[p]:
+            for j in batch:
+                key = needs(s, p, s.stages[p][j])
+                out.setdefault((s.stage_of(key[2]), p), []).append(key)
+    return out
+
+
+def check_posted_order(s: Schedule, plan: list) -> None:
+    """Raise ScheduleError where a stage posts a pair's receives in another order than the
+    sender sends them (NCCL would pair a message with the wrong receive)."""
+    posted = posted_order(s, plan)
+    for (src, dst), (sent, _) in sorted(message_orders(s).items()):
+        got = posted.get((src, dst), [])
+        if got != sent:
+            i = next((i for i, (a, b) in enumerate(zip(sent, got)) if a != b),
+                     min(len(sent), len(got)))
+            raise ScheduleError(f"stage {dst} posts its receives from stage {src} in another order "
+                                f"than stage {src} sends: message #{i} is "
+                                f"{_describe(sent[i], s) if i < len(sent) else 'none'}")
+
+
+def nccl_plan(s: Schedule) -> list:
+    """The plan the executor posts (on both backends): `plan(s)` where each pair's messages are
+    needed in the order sent; else `send_order_plan(s)`, with the receives that two stages
+    sending to each other at once need moved into their current batches. Raise ScheduleError
+    when it cannot complete under NCCL's rules."""
+    try:
+        check_message_order(s)
+    except ScheduleError:
+        out = send_order_plan(s)
+        while _receive_what_is_sent(s, out):
+            pass
+        if stuck(s, out):
+            raise ScheduleError(f"no order of posting receives lets schedule {s.name!r} (P={s.P}, "
+                                f"K={s.K}, v={s.v}) run under NCCL: stages {sorted(stuck(s, out))} "
+                                f"stay blocked; run it on Gloo")
+        check_posted_order(s, out)
+        return out
+    return plan(s)
+
+
+def _sender_and_position(s: Schedule, stage: int, i: int, sent_at: dict) -> tuple:
+    """(sender, position in the sender's sending order) of the input of `stage`'s action i."""
+    key = needs(s, stage, s.stages[stage][i])
+    return s.stage_of(key[2]), sent_at[key]
+
+
+def _receive_what_is_sent(s: Schedule, out: list) -> bool:
+    """One step of settling a send-ordered plan: where a stuck stage's current batch sends a
+    message whose receive its receiver posts only in a later batch (two stages each sending
+    first: the deadlock Megatron's send_forward_recv_backward avoids), move that receive into
+    the receiver's current batch, kept in the sender's order. False when nothing moved."""
+    blocked = stuck(s, out)
+    heads = {p: batches(s, out, p)[k][0] for p, k in blocked.items()}
+    sent_at = {key: i for sent, _ in message_orders(s).values() for i, key in enumerate(sent)}
+    moved = False
+    for p in sorted(blocked):
+        for key in batches(s, out, p)[blocked[p]][1]:       # what p's current batch sends
+            r = receiver(s, key)
+            if r not in heads:
+                continue
+            j = next(j for j, a in enumerate(s.stages[r]) if needs(s, r, a) == key)
+            b = next(i for i, batch in enumerate(out[r]) if j in batch)
+            if b <= heads[r]:                                # received already, or matched now
+                continue
+            out[r][b].remove(j)
+            out[r][heads[r]].append(j)
+            # NCCL pairs per sender: keep each sender's receives in its sending order
+            out[r][heads[r]].sort(key=lambda i, r=r: _sender_and_position(s, r, i, sent_at))
+            moved = True
+    return moved
 
 
 def plan(s: Schedule) -> list:

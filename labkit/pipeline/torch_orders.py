@@ -45,8 +45,9 @@ def from_torch(order: dict, P: int, K: int, v: int, name: str, placement=None) -
             if a is None:
                 continue
             if shape.stage_of(a.stage_index) != p:
+                where = "round robin" if placement is None else placement
                 raise ValueError(f"PyTorch's order puts stage {a.stage_index} on rank {p}: not the "
-                                 f"placement given ({'round robin' if placement is None else placement})")
+                                 f"placement given ({where})")
             acts.append(Action(kind[a.computation_type.value], a.microbatch_index,
                                shape.local_chunk(a.stage_index)))
         stages.append(acts)

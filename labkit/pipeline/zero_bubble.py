@@ -26,7 +26,10 @@ and puts chunks r and 2P-1-r on stage r (schedules.v_placement): the forward goe
 stages and comes back up, so the first and the last chunk (and the loss) are both on stage 0,
 and the turn at the bottom is a hand-over inside stage P-1, no message. Each stage holds at
 most 2P chunk-activations, each 1/(2P) of the model: 1F1B's peak (P whole-stage micro-batches);
-with t_F = t_B = t_W its bubble is only the ramp, about half ZB-H1's.
+with t_F = t_B = t_W (whole-stage times) and K >= 2P-1 a stage idles (P-1) t_F / 2, half
+ZB-H1's (P-1) t_F: the ramp, walked in half-size chunks. Its order is PyTorch's
+ScheduleZBVZeroBubble's; a stage needs some messages in another order than they are sent, so
+under NCCL the executor posts those receives early (labkit.pipeline.posting.nccl_plan).
 """
 from __future__ import annotations
 
