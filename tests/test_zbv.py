@@ -182,3 +182,21 @@ def test_zb_v_matches_one_process_reference(P):
         assert merged["peak_in_flight"] == simulate(s).peak_in_flight
         assert len(merged["timeline"]) == sum(map(len, s.stages))
         assert check_causality(s, merged["timeline"]) == []
+
+
+def test_cost_formula_equals_the_simulator_where_it_claims_a_closed_form():
+    """labkit.costs.pipeline's zb-v bubble is the simulator's at equal times and K >= 2P-1, and
+    None (no closed form) elsewhere."""
+    from labkit.costs.pipeline import schedule_bubble
+    from labkit.pipeline import schedules
+    from labkit.pipeline.simulate import simulate
+
+    for P in (2, 3, 4):
+        for K in range(1, 17):
+            f = schedule_bubble("zb-v", P, K, 2, 1.0, 2.0, 1.0)
+            if K < 2 * P - 1:
+                assert f is None
+                continue
+            sim = simulate(schedules.make("zb-v", P, K, 2), t_f=1.0, t_b=2.0, t_w=1.0).bubble
+            assert abs(f - sim) < 1e-9, (P, K, f, sim)
+    assert schedule_bubble("zb-v", 4, 8, 2, 1.0, 3.0, 1.0) is None      # unequal times

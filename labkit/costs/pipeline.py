@@ -142,7 +142,8 @@ def schedule_bubble(schedule: str, P: int, K: int, v: int = 1, t_f: float = 1.0,
     2023): the backward t_b is split into B = t_b - t_w and W = t_w; deferred W's fill the
     cool-down, so a stage idles (P-1)(t_f + t_B - t_W) instead of (P-1)(t_f + t_b), for
     K >= P: with t_f = t_B = t_W that is a third. 'zb-h2': None (labkit builds it by list
-    scheduling; the paper's near-zero needs its optimizer post-validation, not built here)."""
+    scheduling; the paper's near-zero needs its optimizer post-validation, not built here).
+    'zb-v': half of ZB-H1's idle time at equal times and K >= 2P-1, else None."""
     _check(P, K, v)
     if schedule in SCHEDULES:
         return bubble_fraction(P, K, _schedule_v(schedule, v))
@@ -153,4 +154,13 @@ def schedule_bubble(schedule: str, P: int, K: int, v: int = 1, t_f: float = 1.0,
         return idle / (K * (t_f + t_b) + idle)
     if schedule == "zb-h2":
         return None
-    raise ValueError(f"schedule={schedule!r}: choose one of {SCHEDULES + ('zb-h1', 'zb-h2')}")
+    if schedule == "zb-v":
+        # 2P half-size chunks in a V; with t_f = t_B = t_W and K >= 2P-1 a stage idles
+        # (P-1) * t_f/2: (P-1)/(6K+P-1) at t_f = 1, t_b = 2, t_w = 1 (labkit's simulator agrees
+        # exactly, tests/test_zbv.py). Other times or fewer micro-batches: no closed form here.
+        if K < 2 * P - 1 or not (t_f == t_b - t_w == t_w):
+            return None
+        idle = (P - 1) * t_f / 2
+        return idle / (K * (t_f + t_b) + idle)
+    raise ValueError(f"schedule={schedule!r}: choose one of "
+                     f"{SCHEDULES + ('zb-h1', 'zb-h2', 'zb-v')}")

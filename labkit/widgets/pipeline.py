@@ -16,7 +16,7 @@ from labkit.pipeline.simulate import simulate
 
 COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B"}
 NAMES = {"F": "forward", "B": "backward", "W": "weight gradient (W)"}
-ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")
+ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
 
 
 def timeline_figure(timeline, P: int, title: str = "", unit: str = "time"):
@@ -109,7 +109,7 @@ def calculator():
     from IPython.display import display
 
     def show(schedule, P, K, v, t_f, t_b):
-        vv = v if schedule == "interleaved" else 1
+        vv = v if schedule == "interleaved" else 2 if schedule == "zb-v" else 1  # ZB-V: a V of 2
         try:
             s = schedules.make(schedule, P, K, vv)
         except ValueError as e:  # e.g. interleaved with K that no round size divides
