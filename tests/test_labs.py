@@ -32,6 +32,7 @@ LABS = {
     "train_ft": (["--steps", "4", "--save-every", "2", "--kill-step", "3"], "ranks agree: True"),
     "hybrid": (["--steps", "1", "--batch", "3"], "worst |difference|"),
     "context": (["--steps", "1", "--seq", "8", "--batch", "2"], "SGD steps vs the one-process reference"),
+    "sequence": (["--steps", "1", "--seq", "8", "--batch", "2"], "SGD steps vs the one-process reference"),
     "moe": (["--steps", "1", "--batch", "4"], "expert parallel vs one-process MoE"),
     "precision": (["--steps", "2"], "resident bytes/param"),
 }

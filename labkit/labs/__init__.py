@@ -22,7 +22,7 @@ CHAPTER_LABS = {
     4: ("Tensor parallelism", ["tp"]),
     5: ("Pipeline parallelism", ["pipeline"]),
     6: ("Checkpointing and fault tolerance", ["checkpoint", "train_ft"]),
-    7: ("Sequence and context parallelism", ["context"]),
+    7: ("Sequence and context parallelism", ["sequence", "context"]),
     8: ("Mixture of experts", ["moe"]),
     9: ("Mixed precision", ["precision"]),
     10: ("Putting it together: every parallelism on one model", ["hybrid"]),

@@ -179,6 +179,11 @@ def check_sizes(seq: int, tp: int, cp: int) -> None:
 
 
 def main(argv=()):
+    return run_lab(argv, "context")
+
+
+def run_lab(argv, name: str):
+    """The lab under its name: "context", or "sequence" (labkit.labs.sequence: --cp 1)."""
     import os
 
     from labkit.model import GPTConfig
@@ -186,7 +191,7 @@ def main(argv=()):
     from labkit.progress import Progress
     from labkit.table import table
 
-    p = argparse.ArgumentParser(prog="labkit run context")
+    p = argparse.ArgumentParser(prog=f"labkit run {name}")
     p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)),
                    help="the default of --tp and --cp")
     p.add_argument("--tp", type=int, default=None)
@@ -198,7 +203,7 @@ def main(argv=()):
     a.tp = a.nproc if a.tp is None else a.tp
     a.cp = a.nproc if a.cp is None else a.cp
     check_sizes(a.seq, a.tp, a.cp)
-    prog = Progress("context", total=2)
+    prog = Progress(name, total=2)
     cfg = dict(n_layer=2, n_embd=32, n_head=4, block_size=a.seq)
     GPTConfig(**cfg)
     rows = []

@@ -94,7 +94,8 @@ def traffic_figure(rows):
 
 
 def calculator():
-    """The memory calculator: model, shape, parallelism, ZeRO, precision, recomputation, GPU."""
+    """The memory calculator: model, shape, parallelism (DP, TP, PP, CP), ZeRO, precision,
+    recomputation, sequence parallelism, GPU."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -120,6 +121,8 @@ def calculator():
                     description="DP degree", style=style, layout=lay())
     tp = w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP degree", style=style, layout=lay())
     pp = w.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="PP degree", style=style,
+                    layout=lay())
+    cp = w.Dropdown(options=[1, 2, 4, 8, 16, 32], value=1, description="CP degree", style=style,
                     layout=lay())
     stage = w.Dropdown(options=[("0 (DDP)", 0), ("1: optimizer", 1), ("2: + gradients", 2),
                                 ("3: + parameters (FSDP)", 3)], value=1,
@@ -153,8 +156,15 @@ def calculator():
         out.clear_output(wait=True)
         with out:
             try:
+                if seq.value % (2 * cp.value):
+                    raise ValueError(f"CP {cp.value} cuts the sequence into 2*cp = "
+                                     f"{2 * cp.value} zig-zag chunks: use a sequence length "
+                                     f"divisible by {2 * cp.value}")
+                # CP (chapter 07): each GPU keeps the activations of s/cp tokens, and the cp
+                # ranks hold the same weights, so ZeRO shards over dp x cp (as torchtitan does)
                 p = memory.plan(spec_now(), recipe=recipe.value, zero_stage=stage.value,
-                                dp=dp.value, tp=tp.value, pp=pp.value, seq_len=seq.value,
+                                dp=dp.value * cp.value, tp=tp.value, pp=pp.value,
+                                seq_len=seq.value // cp.value,
                                 micro_batch=mbs.value, recompute=recompute.value,
                                 sequence_parallel=sp.value and tp.value > 1,
                                 offload_optimizer=offload.value >= 1,
@@ -173,11 +183,11 @@ def calculator():
         update()
 
     model.observe(on_model, "value")
-    for wd in (hidden, layers, heads, kv, ffn, vocab, gated, tied, seq, mbs, dp, tp, pp, stage,
+    for wd in (hidden, layers, heads, kv, ffn, vocab, gated, tied, seq, mbs, dp, tp, pp, cp, stage,
                recipe, recompute, sp, offload, gpu, custom_gib, unit):
         wd.observe(update, "value")
     left = w.VBox([model, custom_box, seq, mbs, recipe, recompute, sp])
-    right = w.VBox([dp, tp, pp, stage, offload, gpu, custom_gib, unit])
+    right = w.VBox([dp, tp, pp, cp, stage, offload, gpu, custom_gib, unit])
     update()
     return w.VBox([w.HBox([left, right]), out])
 
