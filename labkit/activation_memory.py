@@ -1,6 +1,6 @@
 """Bytes autograd saves for backward, counted by PyTorch's saved-tensor hooks, next to the formula.
 
-    from labkit.activation_memory import measure_layer, compare, compare_llama_block
+    from labkit.activation_memory import SavedBytes, measure_layer, compare, compare_llama_block
     from labkit.model import GPTConfig
     measure_layer(GPTConfig(n_layer=2, n_embd=32, n_head=4, n_kv_head=2), batch=2)
     compare(GPTConfig(n_layer=2, n_embd=32, n_head=4, dropout=0.1), batch=2)
@@ -22,25 +22,55 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+class SavedBytes:
+    """Count the bytes autograd saves for backward inside a `with` block:
+
+        with SavedBytes(exclude=model.parameters()) as saved:
+            loss = model(x)
+        saved.bytes, saved.tensors        # int, [(shape, dtype, bytes)]
+
+    The pack hook of torch.autograd.graph.saved_tensors_hooks sees every tensor an operation
+    keeps. Each storage counts once (a view and its base are one allocation; a tensor saved by two
+    operations is held once), and the storages of `exclude` (the parameters: they exist anyway)
+    not at all. The code being measured writes nothing here: the hook is PyTorch's."""
+
+    def __init__(self, exclude=()):
+        self._skip = {t.untyped_storage().data_ptr() for t in exclude}
+        self._storages: dict = {}                          # data_ptr -> (shape, dtype, bytes)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in self._skip and ptr not in self._storages:
+            self._storages[ptr] = (tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes())
+        return t
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._hooks.__exit__(*exc)
+
+    @property
+    def bytes(self) -> int:
+        return sum(v[2] for v in self._storages.values())
+
+    @property
+    def tensors(self) -> list:
+        return list(self._storages.values())
+
+
 def saved_bytes(model, x, y, *, train: bool = True) -> tuple[int, list]:
     """(bytes, [(shape, dtype, bytes)]) of the distinct storages autograd saves in one forward
     of `model(x, y)`, parameters excluded. The graph is freed by a backward afterwards."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr not in params and ptr not in seen:
-            seen[ptr] = (tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes())
-        return t
-
     model.train(train)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(exclude=model.parameters()) as saved:
         _, loss = model(x, y)
     loss.backward()
     model.zero_grad(set_to_none=True)
-    return sum(v[2] for v in seen.values()), list(seen.values())
+    return saved.bytes, saved.tensors
 
 
 def measure_layer(cfg, batch: int = 2, n_layer: int = 3, seed: int = 0) -> dict:
@@ -66,19 +96,10 @@ def measure_layer(cfg, batch: int = 2, n_layer: int = 3, seed: int = 0) -> dict:
 
 def _one_block_tensors(model, batch, cfg) -> list:
     """[(shape, dtype, bytes)] that one block saves, its input a leaf (it is the norm's input)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params and st.data_ptr() not in seen:
-            seen[st.data_ptr()] = (tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes())
-        return t
-
     h = torch.zeros(batch, cfg.block_size, cfg.n_embd, requires_grad=True)   # (B, T, h)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(exclude=model.parameters()) as saved:
         model.blocks[0](h)
-    return list(seen.values())
+    return saved.tensors
 
 
 def predicted_layer(cfg, batch: int = 2) -> dict:
@@ -135,21 +156,12 @@ def compare_llama_block(hidden=32, heads=4, kv_heads=2, ffn=88, seq=16, batch=3)
     from labkit.costs import activations, models
 
     block = LlamaBlock(hidden, heads, kv_heads, ffn)
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
     x = torch.randn(batch, seq, hidden, requires_grad=True)               # (B, T, h)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(exclude=block.parameters()) as saved:
         block(x)
     spec = models.ModelSpec("Llama-style block", vocab_size=1, hidden=hidden, n_layers=1,
                             n_heads=heads, n_kv_heads=kv_heads, ffn_hidden=ffn, gated_mlp=True)
     want = activations.layer_bytes(spec, seq_len=seq, micro_batch=batch, dtype_bytes=4,
                                    attention="flash", fused_norm=False)
-    got = sum(seen.values())
+    got = saved.bytes
     return {"measured": got, "predicted": want, "ratio": got / want}

@@ -226,22 +226,14 @@ def _sp_model_run(sp, ref, T, dev):
 
 def _block_saved_bytes(model, T, dev):
     """Bytes one block keeps for backward on this rank (saved-tensor hooks; parameters left out)."""
+    from labkit.activation_memory import SavedBytes
     from labkit.model import get_batch, tiny_corpus
-
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
 
     x, _ = get_batch(tiny_corpus(), 4, T, 0)
     h = (model.wte(x.to(dev)) + model.wpe(torch.arange(T, device=dev))).detach().requires_grad_()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(exclude=model.parameters()) as saved:
         model.blocks[0](h)                                   # the first block scatters h
-    return sum(seen.values())
+    return saved.bytes
 
 
 def _sp_job(cfg_kwargs, T, bad_T):

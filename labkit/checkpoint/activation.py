@@ -36,20 +36,13 @@ def with_recompute(model) -> None:
 def saved_activation_bytes(model, x, y) -> int:
     """Bytes of the tensors autograd saves for backward during one forward (parameters excluded),
     each storage counted once. Runs backward afterwards so nothing leaks."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
+    from labkit.activation_memory import SavedBytes
 
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(exclude=model.parameters()) as saved:
         _, loss = model(x, y)
     loss.backward()
     model.zero_grad(set_to_none=True)
-    return sum(seen.values())
+    return saved.bytes
 
 
 def step_time(model, x, y, repeats: int = 5) -> float:

@@ -195,16 +195,11 @@ def naive_attention(q, k, v):
 def saved_bytes(fn, *inputs) -> int:
     """Bytes autograd keeps for backward when running fn(*inputs), counted by a saved-tensor hook
     (each storage once: a tensor saved twice, or q saved as well as passed in, counts once)."""
-    seen = {}
+    from labkit.activation_memory import SavedBytes
 
-    def pack(t):
-        st = t.untyped_storage()
-        seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes() as saved:
         fn(*inputs)
-    return sum(seen.values())
+    return saved.bytes
 
 
 def saved_bytes_table(lengths=(128, 256, 512, 1024), batch: int = 1, heads: int = 2,

@@ -50,20 +50,13 @@ def block_saved_bytes(block, h) -> int:
     """Bytes block(h) keeps for backward (saved-tensor hooks; parameters and repeats left out)."""
     import torch
 
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    seen = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
+    from labkit.activation_memory import SavedBytes
 
     torch.manual_seed(0)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(exclude=block.parameters()) as saved:
         y = block(h)
     y.sum().backward()                                       # frees the graph
-    return sum(seen.values())
+    return saved.bytes
 
 
 def activation_job(cfg_kwargs: dict, batch: int) -> dict:
