@@ -200,3 +200,50 @@ def test_cost_formula_equals_the_simulator_where_it_claims_a_closed_form():
             sim = simulate(schedules.make("zb-v", P, K, 2), t_f=1.0, t_b=2.0, t_w=1.0).bubble
             assert abs(f - sim) < 1e-9, (P, K, f, sim)
     assert schedule_bubble("zb-v", 4, 8, 2, 1.0, 3.0, 1.0) is None      # unequal times
+
+
+def test_zb_h2_formula_equals_the_simulator_with_and_without_the_flush():
+    """ZB-H2 (K >= 2P-1) is a parallelogram: under a flush it idles
+    (P-1) max(t_F, t_F + t_B - 2 t_W, t_B - t_F) per stage (no v = 1 schedule beats (P-1) t_F
+    there), back to back (post-validation) (P-1) max(0, t_F + t_B - 2 t_W, t_B - t_F): the
+    paper's zero at equal times. costs.pipeline equals labkit's simulator in both modes."""
+    import random
+
+    from labkit.costs.pipeline import schedule_bubble
+    from labkit.pipeline import schedules
+    from labkit.pipeline.simulate import simulate, steady_state
+
+    rng = random.Random(0)
+    times = [0.25, 0.5, 1.0, 1.5, 2.0, 3.0]
+    for P in (2, 3, 4):
+        for K in (2 * P - 1, 2 * P + 2, 16):
+            s = schedules.make("zb-h2", P, K)
+            for t_f, t_B, t_w in [(1.0, 1.0, 1.0)] + [tuple(rng.choice(times) for _ in "xyz")
+                                                      for _ in range(4)]:
+                t_b = t_B + t_w
+                flushed = simulate(s, t_f, t_b, t_w=t_w).bubble
+                assert schedule_bubble("zb-h2", P, K, 1, t_f, t_b, t_w) == pytest.approx(flushed)
+                free = steady_state(s, t_f, t_b, t_w)["bubble"]
+                f = schedule_bubble("zb-h2", P, K, 1, t_f, t_b, t_w, flush=False)
+                assert f == pytest.approx(free, abs=1e-12), (P, K, t_f, t_B, t_w)
+        assert schedule_bubble("zb-h2", P, 2 * P - 2, 1) is None    # below the paper's 2P-1
+
+
+def test_flush_is_what_separates_zb_h2_from_zb_h1_at_equal_times():
+    """At t_F = t_B = t_W and P=4, K=8: with the flush ZB-H1 and ZB-H2 both idle (P-1) t_F, the
+    floor of any v = 1 schedule; back to back ZB-H2 (and ZB-V) reach zero, ZB-H1 and 1F1B do
+    not (their last stage, resp. first, finishes last)."""
+    from labkit.pipeline import schedules
+    from labkit.pipeline.simulate import simulate, steady_state
+
+    P, K = 4, 8
+    got = {n: (simulate(schedules.make(n, P, K), 1.0, 2.0, t_w=1.0).bubble,
+               steady_state(schedules.make(n, P, K), 1.0, 2.0, 1.0)["bubble"])
+           for n in ("1f1b", "zb-h1", "zb-h2", "zb-v")}
+    assert got["zb-h2"][0] == pytest.approx(got["zb-h1"][0]) == pytest.approx(3 / 27)
+    assert got["zb-h2"][1] == pytest.approx(0.0) and got["zb-v"][1] == pytest.approx(0.0)
+    assert got["zb-h1"][1] == pytest.approx(3 / 27) and got["1f1b"][1] == pytest.approx(9 / 33)
+    for n in ("gpipe", "1f1b"):  # no gain without the flush: equal to the closed form
+        for K in (2, 5, 8):
+            assert steady_state(schedules.make(n, 3, K), 1.0, 2.0)["bubble"] == pytest.approx(
+                2 / (K + 2))

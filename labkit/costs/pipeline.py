@@ -135,32 +135,51 @@ def p2p_bytes_per_step(P: int, K: int, micro_batch: int, seq: int, hidden: int,
 
 
 def schedule_bubble(schedule: str, P: int, K: int, v: int = 1, t_f: float = 1.0,
-                    t_b: float = 2.0, t_w: float = 1.0):
+                    t_b: float = 2.0, t_w: float = 1.0, flush: bool = True):
     """Idle share of the step by schedule name, or None where no closed form is known.
 
-    'gpipe', '1f1b', 'interleaved': (P-1)/(vK + P-1), whatever the times. 'zb-h1' (Qi et al.,
-    2023): the backward t_b is split into B = t_b - t_w and W = t_w; deferred W's fill the
-    cool-down, so a stage idles (P-1)(t_f + t_B - t_W) instead of (P-1)(t_f + t_b), for
-    K >= P: with t_f = t_B = t_W that is a third. 'zb-h2': None (labkit builds it by list
-    scheduling; the paper's near-zero needs its optimizer post-validation, not built here).
-    'zb-v': half of ZB-H1's idle time at equal times and K >= 2P-1, else None."""
+    flush=True (the default): every step ends with all stages done (an optimizer step after a
+    global gradient-norm all-reduce; labkit's executor). flush=False: steps run back to back,
+    each stage starting the next step as soon as it is done with this one (optimizer
+    post-validation, Qi et al. 2023 sec. 4); the share is then of the period between steps
+    (labkit.pipeline.simulate.steady_state).
+
+    'gpipe', '1f1b', 'interleaved': (P-1)/(vK + P-1), whatever the times, flush or not.
+    'zb-h1' (Qi et al., 2023): the backward t_b is split into B = t_b - t_w and W = t_w;
+    deferred W's fill the cool-down, so a stage idles (P-1)(t_f + t_B - t_W) instead of
+    (P-1)(t_f + t_b), for K >= P: with t_f = t_B = t_W that is a third.
+    'zb-h2' (up to 2P-1 micro-batches held; K >= 2P-1): a parallelogram, every stage busy from
+    its first forward to its last W. With a flush a stage idles
+    (P-1) max(t_F, t_F + t_B - 2 t_W, t_B - t_F): no v = 1 schedule beats (P-1) t_F under a
+    flush (the last stage waits that long for its first input and still has all its work to
+    do), which ZB-H1 already reaches at equal times, so there ZB-H2 = ZB-H1. Without the flush
+    the parallelograms tile: (P-1) max(0, t_F + t_B - 2 t_W, t_B - t_F), the paper's
+    (P-1)(t_F + t_B - 2 t_W) = 0 at equal times; the t_B - t_F term is the ramp 2P-1 warm-up
+    forwards cannot cover when a B is slower than an F. Both equal labkit's simulator
+    (tests/test_zbv.py).
+    'zb-v': half of ZB-H1's idle time at equal times and K >= 2P-1 (with a flush), else None."""
     _check(P, K, v)
     if schedule in SCHEDULES:
         return bubble_fraction(P, K, _schedule_v(schedule, v))
-    if schedule == "zb-h1":
-        if K < P:
-            return None
-        idle = (P - 1) * max(0.0, t_f + (t_b - t_w) - t_w)
+    t_B, t_W = t_b - t_w, t_w
+
+    def share(idle):
         return idle / (K * (t_f + t_b) + idle)
+
+    if schedule == "zb-h1":
+        if K < P or not flush:
+            return None
+        return share((P - 1) * max(0.0, t_f + t_B - t_W))
     if schedule == "zb-h2":
-        return None
+        if K < 2 * P - 1:
+            return None
+        return share((P - 1) * max(t_f if flush else 0.0, t_f + t_B - 2 * t_W, t_B - t_f))
     if schedule == "zb-v":
         # 2P half-size chunks in a V; with t_f = t_B = t_W and K >= 2P-1 a stage idles
         # (P-1) * t_f/2: (P-1)/(6K+P-1) at t_f = 1, t_b = 2, t_w = 1 (labkit's simulator agrees
         # exactly, tests/test_zbv.py). Other times or fewer micro-batches: no closed form here.
-        if K < 2 * P - 1 or not (t_f == t_b - t_w == t_w):
+        if K < 2 * P - 1 or not (math.isclose(t_f, t_B) and math.isclose(t_B, t_W)):
             return None
-        idle = (P - 1) * t_f / 2
-        return idle / (K * (t_f + t_b) + idle)
+        return share((P - 1) * t_f / 2 if flush else 0.0)
     raise ValueError(f"schedule={schedule!r}: choose one of "
                      f"{SCHEDULES + ('zb-h1', 'zb-h2', 'zb-v')}")

@@ -56,9 +56,8 @@ def _job(specs, cfg, batch_size, pad, repeats):
 
 
 def _formula_bubble(name: str, P: int, K: int, v: int, pad):
-    """labkit.costs' closed form for the schedule, or None where it has none (zb-h2, zb-v)."""
-    if name == "zb-v":  # built by hand for 2P-1 or more micro-batches: no closed form in costs
-        return None
+    """labkit.costs' closed form for the schedule (with the executor's flush), or None where it
+    has none (zb-h2 for K < 2P-1, zb-v for K < 2P-1 or unequal times)."""
     return costs.pipeline.schedule_bubble(
         name, P, K, v, *((pad[0], pad[1], pad[1] / 2) if pad else (1, 2, 1)))
 

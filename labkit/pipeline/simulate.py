@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.pipeline.schedules import Schedule
+from labkit.pipeline.schedules import Action, Schedule
 from labkit.pipeline.validate import replay, validate
 
 
@@ -85,3 +85,33 @@ def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0, durations=None,
     makespan, busy = timeline_stats(timeline, s.P)
     peaks = [in_flight(actions, s.v) for actions in s.stages]
     return SimResult(s, timeline, makespan, busy, peaks)
+
+
+def repeat(s: Schedule, steps: int) -> Schedule:
+    """`steps` training steps back to back with no flush between them: each stage runs its
+    order for step 0, then at once its order for step 1 (micro-batches K..2K-1), and so on.
+    This is a step boundary under optimizer post-validation (Qi et al., 2023, sec. 4): a stage
+    steps its optimizer as soon as its own W's are done and the global checks (gradient norm,
+    inf/nan) are validated afterwards, so no stage waits for the others between steps."""
+    if int(steps) != steps or steps < 1:
+        raise ValueError(f"steps={steps}: need a whole number >= 1")
+    stages = [[Action(a.kind, a.mb + i * s.K, a.chunk) for i in range(steps) for a in actions]
+              for actions in s.stages]
+    return Schedule(s.name, s.P, s.K * steps, s.v, stages, placement=s.placement)
+
+
+def steady_state(s: Schedule, t_f=1.0, t_b=2.0, t_w: float = None, t_p2p: float = 0.0,
+                 steps: int = 4) -> dict:
+    """Time per step and bubble when steps run back to back without a flush (`repeat`): the
+    period is makespan(steps) - makespan(steps - 1), the bubble 1 - work / (P x period). With a
+    flush (the executor's barrier, an all-reduce of the gradient norm) use `simulate`: no v = 1
+    schedule then idles less than (P-1) t_F per stage, the time the last stage waits for its
+    first input. ZB-H2's parallelogram tiles across steps: its bubble falls to
+    (P-1) max(0, t_F + t_B - 2 t_W, t_B - t_F) per step, 0 at equal times."""
+    if steps < 2:
+        raise ValueError(f"steps={steps}: need at least 2 steps to see the period")
+    a = simulate(repeat(s, steps), t_f, t_b, t_p2p, t_w=t_w)
+    b = simulate(repeat(s, steps - 1), t_f, t_b, t_p2p, t_w=t_w)
+    period = a.makespan - b.makespan
+    work = (sum(a.busy) - sum(b.busy)) / s.P         # one step's work on the average stage
+    return {"period": period, "work": work, "bubble": 1.0 - work / period if period > 0 else 0.0}

@@ -10,8 +10,19 @@ until the optimizer step. Run B at once and W later, in the holes where a stage 
 with t_F = t_B = t_W the idle time of a stage falls from 1F1B's (P-1)(t_F + t_B + t_W) to
 (P-1)(t_F + t_B - t_W) for ZB-H1, a third. ZB-H2 also lets a stage hold more micro-batches
 (up to 2P-1 on every stage instead of P-p), so that extra warm-up forwards fill the start and the
-deferred W's fill the end: the bubble nearly vanishes, paid for in activation memory (W holds
-the activations it needs until it runs).
+deferred W's fill the end: every stage is busy from its first forward to its last W, a
+parallelogram, paid for in activation memory (W holds the activations it needs until it runs).
+
+What the parallelogram buys depends on the step boundary. With a flush (all stages finish, then
+the optimizer steps: labkit's executor, or any global gradient-norm all-reduce) the last stage
+still waits (P-1) t_F for its first input and then has all its work to do, so no v = 1 schedule
+idles less than (P-1) t_F per stage; ZB-H1 already gets there at t_F = t_B = t_W, and ZB-H2
+idles (P-1) max(t_F, t_F + t_B - 2 t_W, t_B - t_F): it gains only where t_B > t_W. Without the
+flush (the paper's optimizer post-validation, sec. 4: step at once, validate the global checks
+afterwards and roll back in the rare step that needs it) the parallelograms tile, stage p
+starting step i+1 while stage P-1 finishes step i: (P-1) max(0, t_F + t_B - 2 t_W, t_B - t_F)
+per step, zero at equal times (labkit.pipeline.simulate.steady_state; the formulas are
+labkit.costs.pipeline.schedule_bubble's, equal to the simulator).
 
 ZB-H1 is the paper's hand-built order (`zb_h1`). ZB-H2 is built by list scheduling, in the
 spirit of the paper's heuristic: simulate the pipeline
@@ -134,7 +145,8 @@ def zb_h1(P: int, K: int) -> Schedule:
 
 
 def zb_h2(P: int, K: int) -> Schedule:
-    """ZB-H2: up to 2(P-p)-1 micro-batches held on stage p; bubble near zero for K >= 2P-1."""
+    """ZB-H2: up to 2P-1 micro-batches held on every stage; for K >= 2P-1 a parallelogram whose
+    bubble is zero at equal times only when steps run back to back (see the module docstring)."""
     return list_schedule(P, K, CAPS["zb-h2"], name="zb-h2")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from labkit import costs
 from labkit.pipeline import schedules
-from labkit.pipeline.simulate import simulate
+from labkit.pipeline.simulate import simulate, steady_state
 
 COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B"}
 NAMES = {"F": "forward", "B": "backward", "W": "weight gradient (W)"}
@@ -123,6 +123,11 @@ def calculator():
               + f"   step: {r.makespan:.3g} (vs {K * (t_f + t_b):.3g} of work)   "
               f"peak micro-batches held per stage: " + ", ".join(f"{x:g}" for x in r.peak_in_flight)
               + ("   (W = t_b / 2)" if s.split else ""))
+        if s.split:  # zero-bubble schedules: what the flush between steps costs
+            ss = steady_state(s, t_f, t_b)
+            f = costs.pipeline.schedule_bubble(schedule, P, K, vv, t_f, t_b, t_b / 2, flush=False)
+            print(f"steps back to back (optimizer post-validation, no flush): {ss['bubble']:.1%} "
+                  f"simulated" + (f", {f:.1%} formula" if f is not None else ""))
 
     return w.interactive(show, schedule=w.Dropdown(options=list(ALL_SCHEDULES), value="1f1b"),
                          P=w.IntSlider(value=4, min=1, max=8), K=w.IntSlider(value=8, min=1, max=32),
