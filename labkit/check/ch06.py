@@ -96,11 +96,11 @@ def exact_resume(capture, restore, worlds=(1, 2)):
     for world in worlds:
         with c.case(f"{world} rank(s): stopped at step 3, resumed in fresh processes, "
                     f"bitwise equal at step 8"):
-            root = tempfile.mkdtemp(prefix="labkit-ch06-")
-            first = c.launch(resume_jobs, world,
-                             args=(cfg, 8, 3, root, ("straight", "first"), capture, restore))
-            later = c.launch(resume_jobs, world,
-                             args=(cfg, 8, 3, root, ("resume",), capture, restore))
+            with tempfile.TemporaryDirectory(prefix="labkit-ch06-") as root:
+                first = c.launch(resume_jobs, world,
+                                 args=(cfg, 8, 3, root, ("straight", "first"), capture, restore))
+                later = c.launch(resume_jobs, world,
+                                 args=(cfg, 8, 3, root, ("resume",), capture, restore))
             assert_resume_matches(first, later, world)
     return c.finish()
 
@@ -286,11 +286,11 @@ def _assert_run(name, got, want, rank, world, saved_world) -> None:
 
 
 def _reshard_case(c, save, load, saved_world, world):
-    folder = tempfile.mkdtemp(prefix="labkit-ch06-shard-")
-    bad = c.launch(_save_job, saved_world, args=(save, folder, 1))
-    if any(bad):
-        fail(f"save_sharded imported {', '.join(sorted(set(sum(bad, []))))} on the ranks")
-    res = c.launch(_load_job, world, args=(load, folder))
+    with tempfile.TemporaryDirectory(prefix="labkit-ch06-shard-") as folder:
+        bad = c.launch(_save_job, saved_world, args=(save, folder, 1))
+        if any(bad):
+            fail(f"save_sharded imported {', '.join(sorted(set(sum(bad, []))))} on the ranks")
+        res = c.launch(_load_job, world, args=(load, folder))
     _assert_loaded(res, 1, world, saved_world)
 
 
@@ -359,15 +359,15 @@ def resharding(save, load):
             if refuse:
                 fail(refuse)
             _reshard_case(c, save, load, n, m)
-    folder = tempfile.mkdtemp(prefix="labkit-ch06-crash-")
-    with c.case("a rank killed mid-save leaves the previous checkpoint loadable"):
-        if refuse:
-            fail(refuse)
-        _crash_case(c, save, load, folder)
-    with c.case("a later complete save (another world size) replaces it"):
-        if refuse:
-            fail(refuse)
-        _resave_case(c, save, load, folder)
+    with tempfile.TemporaryDirectory(prefix="labkit-ch06-crash-") as folder:
+        with c.case("a rank killed mid-save leaves the previous checkpoint loadable"):
+            if refuse:
+                fail(refuse)
+            _crash_case(c, save, load, folder)
+        with c.case("a later complete save (another world size) replaces it"):
+            if refuse:
+                fail(refuse)
+            _resave_case(c, save, load, folder)
     return c.finish()
 
 
@@ -475,9 +475,9 @@ def checkpoint_size(fn):
             if not (isinstance(got, dict) and all(isinstance(got.get(k), (int, float))
                                                   for k in ("total", "largest_file"))):
                 fail('return {"total": bytes, "largest_file": bytes}, numbers')
-            root = tempfile.mkdtemp(prefix="labkit-ch06-size-")
-            c.launch(_size_job, world, args=(recipe, stage, root))
-            measured = measure_on_disk(f"{root}/step_00000001")
+            with tempfile.TemporaryDirectory(prefix="labkit-ch06-size-") as root:
+                c.launch(_size_job, world, args=(recipe, stage, root))
+                measured = measure_on_disk(f"{root}/step_00000001")
             want = costs_prediction(n, recipe, stage, world)
             if not hidden:                # predicted beside measured, in the table
                 c.cases[-1]["name"] += "".join(
