@@ -2,11 +2,15 @@
 
     labkit bench zero [--ranks 4] [--steps 6] [--n-embd 64] [--n-layer 4]
 
-All variants train the same GPT (fp32, AdamW) on the same ranks in the same run, one step of each
-in turn (interleaved, so drifting load hits all alike); the step time is the median over steps of
-the slowest rank, reported with its ratio to torch DDP. Bytes are what each rank keeps after a
-step, next to labkit.costs.memory's prediction. On CPU/Gloo the ratios show the cost of our
-per-parameter collectives and of ZeRO-3's recomputation, not what NCCL would do on GPUs.
+All variants train the same GPT (AdamW) on the same ranks in the same run, one step of each in
+turn (interleaved, so drifting load hits all alike); the step time is the median over steps of
+the slowest rank, reported with its ratio to torch DDP and to FSDP2 (the bf16 rows: to FSDP2
+with the same MixedPrecisionPolicy). ZeRO-3 runs without and with prefetch (labkit.zero.prefetch;
+FSDP2 prefetches in backward by default), with a bf16 policy, and with the optimizer offloaded to
+the CPU. Bytes are what each rank keeps after a step, by storage (views once), on the device and
+(offload) in CPU memory, next to labkit.costs.memory's prediction for the recipe the variant runs
+(RECIPE). On CPU/Gloo the ratios show the cost of our collectives and of ZeRO-3's recomputation,
+not what NCCL would do on GPUs.
 """
 from __future__ import annotations
 
@@ -16,7 +20,20 @@ import statistics
 from labkit.launch import run
 from labkit.table import table as format_table
 
-VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3", "torch FSDP2")
+VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3 prefetch",
+            "ZeRO-3 offload", "torch FSDP2", "ZeRO-3 bf16", "torch FSDP2 bf16")
+# ZeRO-3 keyword arguments of the labkit variants beyond stage 3's defaults
+ZERO3_KW = {"ZeRO-3 prefetch": dict(prefetch=True),
+            "ZeRO-3 offload": dict(prefetch=True, offload=True),
+            "ZeRO-3 bf16": dict(prefetch=True, bf16=True)}
+# (stage, bytes/param of weights, gradients, optimizer state, offload) as the variant keeps them:
+# fp32 shards, gradients and Adam's m and v; bf16 compute keeps fp32 shards too (FSDP2's way);
+# offload keeps a device copy of the shard, and the fp32 master beside m and v on the CPU
+RECIPE = {"torch DDP": (0, 4, 4, 8, False), "torch FSDP2": (3, 4, 4, 8, False),
+          "torch FSDP2 bf16": (3, 4, 4, 8, False), "ZeRO-3 offload": (3, 4, 4, 12, True),
+          **{n: (3, 4, 4, 8, False) for n in ("ZeRO-3 prefetch", "ZeRO-3 bf16")},
+          **{f"ZeRO-{s}": (s, 4, 4, 8, False) for s in range(4)}}
+PEER = {"ZeRO-3 bf16": "torch FSDP2 bf16", "torch FSDP2 bf16": "torch FSDP2 bf16"}
 
 
 def _on_rank(cfg, steps, warmup, batch_size):
@@ -25,11 +42,12 @@ def _on_rank(cfg, steps, warmup, batch_size):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
     from labkit.zero.shard import optimizer_state_bytes
+    from labkit.zero.precision import MixedPrecisionPolicy as Policy
     from labkit.zero.train import make_stage
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -40,15 +58,21 @@ def _on_rank(cfg, steps, warmup, batch_size):
             wrapped = DDP(model)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
             variants[name] = (wrapped, opt.step, lambda o=opt: o.zero_grad(), opt, model)
-        elif name == "torch FSDP2":
+        elif name.startswith("torch FSDP2"):
             mesh = init_device_mesh("cpu", (world,))
+            kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                     reduce_dtype=torch.float32)) \
+                if name.endswith("bf16") else {}
             for block in model.blocks:
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+                fully_shard(block, mesh=mesh, **kw)
+            fully_shard(model, mesh=mesh, **kw)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
             variants[name] = (model, opt.step, lambda o=opt: o.zero_grad(), opt, model)
         else:
-            zero = make_stage(int(name[-1]), model, "adamw")
+            kw = dict(ZERO3_KW.get(name, {}))
+            if kw.pop("bf16", False):
+                kw["mp_policy"] = Policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            zero = make_stage(RECIPE[name][0], model, "adamw", **kw)
             variants[name] = (model, zero.step, zero.zero_grad, zero, model)
     tokens = tiny_corpus()
     times = {n: [] for n in VARIANTS}
@@ -71,25 +95,23 @@ def _on_rank(cfg, steps, warmup, batch_size):
 
 
 def _held(name, holder, model, optimizer_state_bytes):
+    """Bytes kept, by storage (labkit.zero.shard.storage_bytes): the ZeRO stages say which
+    tensors are what; torch's: parameters, .grad and optimizer state (DTensors' local shards)."""
+    from labkit.zero.shard import storage_bytes
+
     if name.startswith("ZeRO"):
         return holder.held_bytes()
+
     def local(t):
         return t.to_local() if hasattr(t, "to_local") else t
-    params = [local(p) for p in model.parameters()]
-    grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
-    state = {k: {kk: local(v) for kk, v in s.items()} for k, s in holder.state.items()}
-    class _O:  # optimizer_state_bytes reads .state
-        pass
-    o = _O()
-    o.state = state
-    return {"params": sum(p.numel() * p.element_size() for p in params),
-            "grads": sum(g.numel() * g.element_size() for g in grads),
-            "optimizer": optimizer_state_bytes(o)}
+    return {"params": storage_bytes(local(p) for p in model.parameters()),
+            "grads": storage_bytes(local(p.grad) for p in model.parameters()),
+            "optimizer": storage_bytes(local(v) for s in holder.state.values()
+                                       for v in s.values() if v.dim() > 0)}
 
 
 def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600) -> list:
     from labkit.costs import memory
-    from labkit.zero.measure import FP32_ADAM
 
     batch_size = batch_size or 2 * nprocs
     per_rank = run(_on_rank, nprocs, args=(cfg, steps, warmup, batch_size), timeout=timeout,
@@ -99,14 +121,24 @@ def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600) -> lis
            for n in VARIANTS}
     rows = []
     for n in VARIANTS:
-        stage = {"torch DDP": 0, "torch FSDP2": 3}.get(n, None)
-        stage = int(n[-1]) if stage is None else stage
-        pred = memory.model_states(numel, recipe=FP32_ADAM, zero_stage=stage, dp=nprocs).total
-        held = max(sum(r["held"][n].values()) for r in per_rank)
+        stage, w, g, o, off = RECIPE[n]
+        ms = memory.model_states(numel, recipe=memory.Precision(n, w, g, o), zero_stage=stage,
+                                 dp=nprocs, offload_optimizer=off)
+        held = max(sum(v for k, v in r["held"][n].items() if not k.startswith("cpu"))
+                   for r in per_rank)
+        cpu = max(sum(v for k, v in r["held"][n].items() if k.startswith("cpu"))
+                  for r in per_rank)
+        peer = PEER.get(n, "torch FSDP2")
         rows.append({"ranks": nprocs, "variant": n, "stage": stage, "step_s": med[n],
                      "ratio_to_torch_ddp": med[n] / med["torch DDP"],
-                     "ratio_to_fsdp2": med[n] / med["torch FSDP2"],  # ZeRO-3 row: labkit / torch
-                     "bytes_per_rank": held, "bytes_predicted": pred, "numel": numel})
+                     "ratio_to_fsdp2": med[n] / med[peer], "fsdp2_peer": peer,
+                     "bytes_per_rank": held, "bytes_predicted": ms.total,
+                     "cpu_bytes_per_rank": cpu, "cpu_bytes_predicted": ms.cpu_total,
+                     "bytes_ratio": (held + cpu) / (ms.total + ms.cpu_total), "numel": numel})
+    base = {r["variant"]: r["step_s"] for r in rows}
+    for r in rows:      # the prefetch's gain, same run
+        if r["variant"] == "ZeRO-3 prefetch":
+            r["prefetch_speedup"] = base["ZeRO-3"] / r["step_s"]
     return rows
 
 
@@ -123,8 +155,11 @@ def table(rows) -> str:
         ("step ms", lambda r: r["step_s"] * 1e3, ".1f"),
         ("vs DDP", "ratio_to_torch_ddp", lambda v: f"{v:.2f}x", ">"),
         ("vs FSDP2", "ratio_to_fsdp2", lambda v: f"{v:.2f}x", ">"),
-        ("bytes/rank KB", lambda r: r["bytes_per_rank"] / 1e3, ".1f"),
-        ("predicted KB", lambda r: r["bytes_predicted"] / 1e3, ".1f")])
+        ("device KB", lambda r: r["bytes_per_rank"] / 1e3, ".1f"),
+        ("predicted", lambda r: r["bytes_predicted"] / 1e3, ".1f"),
+        ("CPU KB", lambda r: r["cpu_bytes_per_rank"] / 1e3, ".1f"),
+        ("predicted", lambda r: r["cpu_bytes_predicted"] / 1e3, ".1f"),
+        ("held/pred", "bytes_ratio", ".4f")])
 
 
 def main(argv=()) -> dict:
@@ -142,7 +177,12 @@ def main(argv=()) -> dict:
     rows = []
     for n in args.ranks:
         rows += measure(n, cfg, steps=args.steps, warmup=args.warmup)
-    print(f"GPT n_layer={args.n_layer} n_embd={args.n_embd} (Ψ = {_numel(cfg):,}), fp32 AdamW; "
-          f"bytes = params + grads + optimizer state kept by the largest rank after a step")
+    print(f"GPT n_layer={args.n_layer} n_embd={args.n_embd} (Ψ = {_numel(cfg):,}), AdamW; "
+          f"bytes = params + grads + optimizer state kept by the largest rank after a step, by "
+          f"storage; vs FSDP2: the bf16 rows against FSDP2 with the same policy")
     print(table(rows), flush=True)
+    for r in rows:
+        if "prefetch_speedup" in r:
+            print(f"{r['ranks']} ranks: ZeRO-3 step without prefetch / with prefetch = "
+                  f"{r['prefetch_speedup']:.2f}", flush=True)
     return {"rows": rows, "units": {"step_s": "s", "bytes_per_rank": "bytes"}}

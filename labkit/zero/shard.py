@@ -138,6 +138,20 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+def storage_bytes(tensors) -> int:
+    """Bytes of the storages behind `tensors`, each storage once (views, a shard that is a view
+    of its parameter's flat buffer, are not counted twice): what memory really holds."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen and st.nbytes():
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
 def optimizer_state_bytes(optimizer) -> int:
     """Bytes of every tensor the optimizer keeps in its state (momentum, variance, ...)."""
     return tensor_bytes(v for s in optimizer.state.values() for v in s.values()

@@ -22,9 +22,8 @@ import torch
 import torch.distributed as dist
 
 from labkit import commlog
-from labkit.zero.shard import (all_gather_full, all_gather_many, optimizer_state_bytes,
-                               reduce_scatter_mean, reduce_scatter_mean_many, shard_optimizer,
-                               tensor_bytes)
+from labkit.zero.shard import (all_gather_full, all_gather_many, reduce_scatter_mean,
+                               reduce_scatter_mean_many, shard_optimizer, storage_bytes)
 from labkit.zero.params import clip_, flat_params, param_groups, require_grads, with_flags
 
 
@@ -120,10 +119,17 @@ class DataParallel:
             p.grad = None
 
     def held_bytes(self) -> dict:
-        """What this rank keeps between steps: parameters, gradients, optimizer state."""
-        return {"params": tensor_bytes(self.params + self.frozen),
-                "grads": tensor_bytes(p.grad for p in self.params),
-                "optimizer": optimizer_state_bytes(self.optimizer)}
+        """What this rank keeps between steps: parameters, gradients, optimizer state, by
+        storage (labkit.zero.shard.storage_bytes: a view, e.g. a shard of its parameter's
+        buffer or a gradient in the all-reduced flat buffer, is not counted twice)."""
+        state = [v for st in self.optimizer.state.values() for v in st.values()
+                 if isinstance(v, torch.Tensor) and v.dim() > 0]
+        return {"params": storage_bytes(self.params + self.frozen),
+                "grads": storage_bytes(self._grads_held()),
+                "optimizer": storage_bytes(state)}
+
+    def _grads_held(self) -> list:
+        return [p.grad for p in self.params]
 
 
 class ZeRO1(DataParallel):

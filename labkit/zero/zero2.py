@@ -101,8 +101,5 @@ class ZeRO2(DataParallel):
         for p, s in zip(self.params, self.shards):
             p.grad, s.grad = None, None
 
-    def held_bytes(self) -> dict:
-        out = super().held_bytes()
-        out["grads"] += sum(s.grad.numel() * s.grad.element_size()
-                            for s in self.shards if s.grad is not None)
-        return out
+    def _grads_held(self) -> list:      # full gradients (freed once reduced) and shards' chunks
+        return [p.grad for p in self.params] + [s.grad for s in self.shards]

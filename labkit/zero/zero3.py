@@ -29,12 +29,21 @@ replicated. It trades memory (their full states on every rank) for no gathers of
 (a unit of norms only, like the final norm, sends nothing in forward) and no padding of shards
 of a few elements; it adds one all-reduce per unit that mixes both kinds.
 
+prefetch=True (labkit.zero.prefetch): each unit posts the all-gather of the next unit (in the
+order of the first step, forward and backward apart) before it computes, so the gather travels
+while this unit computes; about two units are whole at a time. reshard_after_forward=False
+(FSDP2's flag, ZeRO++'s trade): keep the gathered parameters from forward to backward: no
+gather in backward (2(N-1)/N Ψ sent instead of 3), every unit whole at the end of forward.
+offload=True (ZeRO-Offload, Ren et al. 2021): the fp32 master shards, their gradients and the
+optimizer state live in CPU memory and the optimizer steps there; the device keeps a copy of
+its shard in the compute dtype, refreshed after each step, to gather from.
+
 How this version drops the full parameters between forward and backward: the unit runs as one
-autograd Function that saves only its input and, in backward, gathers the parameters and runs
-the unit's forward again to differentiate it (activation recomputation, as in FSDP with
-activation checkpointing). FSDP2 keeps the activations and re-gathers only the parameters, with
-hooks on autograd; the parameters held and the bytes sent are the same, the compute is not
-(one extra forward of each block here).
+autograd Function (labkit.zero.unit) that saves only its input and, in backward, gathers the
+parameters and runs the unit's forward again to differentiate it (activation recomputation, as
+in FSDP with activation checkpointing). FSDP2 keeps the activations and re-gathers only the
+parameters, with hooks on autograd; the parameters held and the bytes sent are the same, the
+compute is not (one extra forward of each block here).
 """
 from __future__ import annotations
 
@@ -45,74 +54,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from labkit import commlog
-from labkit.zero.params import clip_, require_grads
+from labkit.zero.params import clip_
 from labkit.zero.params import param_groups as _param_groups
 from labkit.zero.precision import cast_floating, replicated_ids, resolve
-from labkit.zero.shard import (all_gather_full, all_gather_many, optimizer_state_bytes,
-                               reduce_scatter_mean_many, shard_of, unique_params)
-
-
-def default_units(model: nn.Module) -> list:
-    """Each block of model.blocks, plus every other module that owns parameters directly."""
-    blocks = list(getattr(model, "blocks", []))
-    inside = {id(m) for b in blocks for m in b.modules()}
-    others = [m for m in model.modules()
-              if id(m) not in inside and any(True for _ in m.parameters(recurse=False))]
-    return others + blocks
-
-
-class _Unit(torch.autograd.Function):
-    """forward: gather, run, free.  backward: gather, re-run, differentiate, reduce-scatter."""
-
-    @staticmethod
-    def forward(ctx, zero, unit, x, *shards):
-        params = zero.unit_params[id(unit)]
-        zero._materialize(params)                                    # all-gather
-        try:
-            y = zero.orig_forward[id(unit)](x)
-        finally:
-            zero._free(params)                                       # only shards remain
-        ctx.zero, ctx.unit = zero, unit
-        ctx.save_for_backward(x)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        zero, unit = ctx.zero, ctx.unit
-        (x,) = ctx.saved_tensors
-        params = zero.unit_params[id(unit)]
-        trainable = [p for p in params if p.requires_grad]           # frozen: no gradient at all
-        zero._materialize(params)                                    # all-gather again
-        try:
-            with torch.enable_grad():
-                xd = x.detach().requires_grad_(x.is_floating_point())
-                y = zero.orig_forward[id(unit)](xd)
-                inputs = ([xd] if xd.requires_grad else []) + trainable
-                grads = torch.autograd.grad(y, inputs, grad_y, allow_unused=True)
-        finally:
-            zero._free(params)
-        grad_x = grads[0] if xd.requires_grad else None
-        pgrads = list(grads[1:] if xd.requires_grad else grads)
-        none = (None,) * len(params)
-        if not zero._sync:      # no_sync: hold the full gradients (reduce_dtype), send nothing
-            for p, g in zip(trainable, pgrads):
-                if g is not None:
-                    g = g.to(zero.reduce_dtype_of(p))
-                    held = zero._held.get(id(p))
-                    zero._held[id(p)] = g if held is None else held + g
-            return (None, None, grad_x, *none)
-        for i, p in enumerate(trainable):   # add what earlier micro-batches held
-            held = zero._held.pop(id(p), None)
-            if held is not None:
-                pgrads[i] = held if pgrads[i] is None else pgrads[i] + held
-        if not trainable:
-            return (None, None, grad_x, *none)
-        if not zero.find_unused:
-            require_grads(trainable, pgrads)
-        # autograd accumulates what comes back into the masters' fp32 .grad (a tied weight
-        # used by two units gets both)
-        by_id = zero._reduce_grads(trainable, pgrads, grad_y.device)
-        return (None, None, grad_x, *(by_id.get(id(p)) for p in params))
+from labkit.zero.prefetch import ExecutionOrder, GatherInFlight
+from labkit.zero.unit import Unit, default_units  # noqa: F401 (default_units: labkit.zero.zero3's API)
+from labkit.zero.shard import (all_gather_full, all_gather_many,
+                               reduce_scatter_mean_many, shard_of,
+                               storage_bytes, unique_params)
 
 
 class ZeRO3:
@@ -131,15 +80,22 @@ class ZeRO3:
     optimizer state, gathers and compute in param_dtype, gradients reduced in reduce_dtype.
     replicate: a function (name, parameter) -> bool; those parameters (e.g. one_dimensional:
     norm weights, biases) stay whole on every rank, are never gathered, and their gradients are
-    all-reduced (averaged), one message per unit; their optimizer state is replicated too."""
+    all-reduced (averaged), one message per unit; their optimizer state is replicated too.
+    prefetch, reshard_after_forward, offload: see the module docstring. timeline: a
+    labkit.ddp.common.Timeline that gets one compute span per unit and phase."""
 
     stage = 3
 
     def __init__(self, model: nn.Module, optimizer_class, group=None, units=None,
                  reduce_scatter: str | None = None, param_groups=None,
                  max_grad_norm: float | None = None, find_unused_parameters: bool = False,
-                 mp_policy=None, replicate=None, **optimizer_kwargs):
+                 mp_policy=None, replicate=None, prefetch: bool = False,
+                 reshard_after_forward: bool = True, offload: bool = False, timeline=None,
+                 **optimizer_kwargs):
         self.model, self.group = model, group
+        self.prefetch, self.reshard_after_forward = bool(prefetch), bool(reshard_after_forward)
+        self.offload, self.timeline = bool(offload), timeline
+        self._order, self._pending = ExecutionOrder(), {}
         self.find_unused = find_unused_parameters
         self.reduce_scatter = reduce_scatter   # None: labkit.zero.shard.reduce_scatter_algorithm
         self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
@@ -153,11 +109,16 @@ class ZeRO3:
          self.cast_forward_inputs) = resolve(mp_policy, master)
         self.replicated = replicated_ids(model, replicate)
         self.shapes = {id(p): p.shape for p in self.params}
-        self.shards = [nn.Parameter(p.detach().clone() if id(p) in self.replicated  # p.shape
-                                    else shard_of(p, rank, world),                   # (c,)
+        # offload: the fp32 masters (and so the optimizer and its step) live in CPU memory
+        home = torch.device("cpu") if self.offload else None
+        self.shards = [nn.Parameter((p.detach().clone() if id(p) in self.replicated  # p.shape
+                                     else shard_of(p, rank, world)).to(home or p.device),  # (c,)
                                     requires_grad=p.requires_grad)
                        for p in self.params]
         self.shard_for = {id(p): s for p, s in zip(self.params, self.shards)}
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.device_shards = {}    # offload: id(p) -> the shard in compute dtype on the device
+        self._copy_to_device()
         self.units = default_units(model) if units is None else list(units)
         self.unit_params, self.orig_forward = {}, {}
         covered = set()
@@ -167,6 +128,9 @@ class ZeRO3:
             covered |= {id(p) for p in ps}
             self.orig_forward[id(unit)] = unit.forward
             unit.forward = self._wrap(unit)
+        self._unit_by_id = {id(u): u for u in self.units}
+        names = {id(m): n or "root" for n, m in model.named_modules()}
+        self._unit_name = {id(u): names.get(id(u), type(u).__name__) for u in self.units}
         missing = [n for n, p in model.named_parameters() if id(p) not in covered]
         if missing:
             raise ValueError(f"parameters outside every ZeRO-3 unit: {missing}; pass units= "
@@ -192,7 +156,7 @@ class ZeRO3:
             shards = [self.shard_for[id(p)] for p in self.unit_params[id(unit)]]
             if self.cast_forward_inputs:
                 x = cast_floating(x, self.param_dtype)       # FSDP2's cast at the unit boundary
-            return cast_floating(_Unit.apply(self, unit, x, *shards), self.output_dtype)
+            return cast_floating(Unit.apply(self, unit, x, *shards), self.output_dtype)
         return forward
 
     def compute_dtype_of(self, p) -> torch.dtype:
@@ -206,20 +170,72 @@ class ZeRO3:
         floating = self.shard_for[id(p)].is_floating_point()
         return self.reduce_dtype if self.reduce_dtype and floating else self.compute_dtype_of(p)
 
-    def _materialize(self, params) -> None:
-        """All-gather a unit's sharded parameters in param_dtype (one message for the whole
-        unit, like FSDP); replicated ones are cast from the local master, nothing is sent."""
-        gathered = [p for p in params if id(p) not in self.replicated]
-        if gathered:
+    def _source(self, p) -> torch.Tensor:
+        """What p's gather starts from on this rank: its shard in the compute dtype, on the
+        device (offload: the copy made after the last step; else cast from the master now)."""
+        if self.offload:
+            return self.device_shards[id(p)]
+        return self.shard_for[id(p)].detach().to(self.compute_dtype_of(p))
+
+    def _copy_to_device(self) -> None:
+        """offload: the masters, just updated on the CPU, copied (cast) to the device."""
+        if self.offload:
+            self.device_shards = {id(p): s.detach().to(self.device, self.compute_dtype_of(p))
+                                  for p, s in zip(self.params, self.shards)}
+
+    def _to_gather(self, unit) -> list:
+        """The unit's sharded parameters that are not whole on this rank now."""
+        return [p for p in self.unit_params[id(unit)]
+                if id(p) not in self.replicated and p.data.numel() != self.shapes[id(p)].numel()]
+
+    def _enter(self, unit, phase: str) -> None:
+        """Make the unit's parameters whole: wait for its prefetched gather, or gather now
+        (one message for the whole unit, like FSDP); then post the next unit's gather."""
+        self._order.saw(id(unit), phase)
+        pending = self._pending.pop(id(unit), None)
+        if pending is not None:
+            self._install(*pending)
+        need = self._to_gather(unit)
+        if need:
             # cast BEFORE the gather: the wire carries param_dtype (half the bytes in bf16)
-            fulls = all_gather_many(
-                [self.shard_for[id(p)].detach().to(self.compute_dtype_of(p)) for p in gathered],
-                [self.shapes[id(p)] for p in gathered], self.group, where="ZeRO-3 gather")
-            for p, full in zip(gathered, fulls):
-                p.data = full      # a fresh tensor (the gather copied it out of the buffer)
-        for p in params:
+            fulls = all_gather_many([self._source(p) for p in need],
+                                    [self.shapes[id(p)] for p in need], self.group,
+                                    where="ZeRO-3 gather")
+            self._install(need, fulls)
+        for p in self.unit_params[id(unit)]:
             if id(p) in self.replicated:
-                p.data = self.shard_for[id(p)].detach().to(self.compute_dtype_of(p))
+                p.data = self._source(p) if self.offload else \
+                    self.shard_for[id(p)].detach().to(self.compute_dtype_of(p))
+        nxt = self._order.after(id(unit), phase) if self.prefetch else None
+        if nxt is not None and nxt not in self._pending:
+            ahead = self._to_gather(self._unit_by_id[nxt])
+            if ahead:
+                self._pending[nxt] = (ahead, GatherInFlight(
+                    [self._source(p) for p in ahead], [self.shapes[id(p)] for p in ahead],
+                    self.group, where="ZeRO-3 prefetch"))
+
+    def _install(self, params, fulls) -> None:
+        if isinstance(fulls, GatherInFlight):
+            fulls = fulls.wait()
+        for p, full in zip(params, fulls):
+            p.data = full      # a fresh tensor (the gather copied it out of the buffer)
+
+    def _settle(self) -> None:
+        """Before the optimizer changes the shards: no gather in flight, no full parameter
+        kept (reshard_after_forward=False, or a unit whose backward never ran)."""
+        for params, work in self._pending.values():
+            work.wait()                     # every rank posted it: complete it, then drop it
+        self._pending = {}
+        self._free(self.params)
+        self._order.close()
+
+    @contextlib.contextmanager
+    def _span(self, unit, phase: str):
+        if self.timeline is None:
+            yield
+            return
+        with self.timeline.span(phase, "compute", unit=self._unit_name[id(unit)]):
+            yield
 
     def _free(self, params) -> None:
         for p in params:
@@ -252,8 +268,12 @@ class ZeRO3:
         chunks = reduce_scatter_mean_many(                            # (c_i,) each, one message
             fulls + flags, self.group, where="ZeRO-3 grads", algorithm=self.reduce_scatter)
         used = chunks.pop().tolist() if flags else [1.0] * len(chunks)
-        return {id(p): c.to(self.shard_for[id(p)].dtype) if u > 0 else None   # up to fp32
+        return {id(p): self._to_master(p, c) if u > 0 else None   # up to fp32 (offload: CPU)
                 for p, c, u in zip(params, chunks, used)}
+
+    def _to_master(self, p, g) -> torch.Tensor:
+        master = self.shard_for[id(p)]
+        return g.to(master.device, master.dtype)
 
     def _all_reduce(self, params, grads, device) -> dict:
         fulls, flags = self._payload(params, grads, 1, device)
@@ -262,10 +282,11 @@ class ZeRO3:
         commlog.all_reduce(flat, group=self.group, where="ZeRO-3 replicated grads")
         reduced = flat.div_(dist.get_world_size(self.group)).split([t.numel() for t in parts])
         used = reduced[-1].tolist() if flags else [1.0] * len(params)
-        return {id(p): r.view(self.shapes[id(p)]).to(self.shard_for[id(p)].dtype)
+        return {id(p): self._to_master(p, r.view(self.shapes[id(p)]))
                 if u > 0 else None for p, r, u in zip(params, reduced, used)}
 
     def step(self) -> None:
+        self._settle()
         if self.max_grad_norm is not None:
             self.last_grad_norm = clip_(
                 [s.grad for p, s in zip(self.params, self.shards) if id(p) not in self.replicated],
@@ -273,6 +294,7 @@ class ZeRO3:
                 replicated=[s.grad for p, s in zip(self.params, self.shards)
                             if id(p) in self.replicated])
         self.optimizer.step()        # local shards only: no all-gather before it
+        self._copy_to_device()       # offload: the updated shards go back to the device
 
     def zero_grad(self) -> None:
         for s in self.shards:
@@ -287,8 +309,18 @@ class ZeRO3:
                 for p, s in zip(self.params, self.shards)}
 
     def held_bytes(self) -> dict:
-        def nbytes(ts):
-            return sum(t.numel() * t.element_size() for t in ts if t is not None)
-        return {"params": nbytes(self.shards) + nbytes(p.data for p in self.params),
-                "grads": nbytes(s.grad for s in self.shards),
-                "optimizer": optimizer_state_bytes(self.optimizer)}
+        """Bytes this rank keeps, by storage (a view is not counted twice): on the device
+        "params", "grads", "optimizer"; with offload also "cpu_grads" and "cpu_optimizer" (the
+        fp32 masters and the optimizer's state: the memory calculator's offload_optimizer).
+        Full parameters held at this moment (e.g. reshard_after_forward=False between forward
+        and backward) count as params."""
+        full = [p.data for p in self.params]
+        state = [v for st in self.optimizer.state.values() for v in st.values()
+                 if isinstance(v, torch.Tensor) and v.dim() > 0]
+        grads = [s.grad for s in self.shards]
+        if not self.offload:
+            return {"params": storage_bytes(list(self.shards) + full), "grads": storage_bytes(grads),
+                    "optimizer": storage_bytes(state)}
+        return {"params": storage_bytes(list(self.device_shards.values()) + full), "grads": 0,
+                "optimizer": 0, "cpu_grads": storage_bytes(grads),
+                "cpu_optimizer": storage_bytes(list(self.shards) + state)}
