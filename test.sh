@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
-# Run every test: labkit's unit tests, the notebooks under nbval, grading of exercises.
+# Run every test: labkit's unit tests, the chapters (nbval, or the browser test), grading of exercises.
+#
+# Each notebook runs once. The solutions run under `labkit grade` (tests/test_exercises.py: every
+# one must score full marks), so nbval does not run them again. The chapters run in the browser
+# test (tests/e2e) when Chromium and Playwright are there: it checks the `# NBVAL_CHECK_OUTPUT`
+# cells as nbval does. Without a browser (or with LABKIT_E2E_CHAPTERS naming a subset), nbval
+# runs the chapters instead.
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/env.sh
-exec python -m pytest tests chapters solutions --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider --durations=25 "$@"
+chapters=(chapters)
+if [[ -z "${LABKIT_E2E_CHAPTERS:-}" && -x "${LABKIT_CHROMIUM:-/usr/bin/chromium}" ]] \
+   && python -c "import playwright" 2>/dev/null; then
+  chapters=()
+  echo "test.sh: the chapters run in the browser test (tests/e2e), which checks their outputs as nbval would"
+fi
+exec python -m pytest tests "${chapters[@]}" --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider --durations=25 "$@"

@@ -12,7 +12,9 @@ labkit, and reads the result of the multi-process lab cells. Screenshots go to b
 It needs Debian's `chromium` and PyPI's `playwright` (`scripts/e2e-setup.sh` installs both;
 `.ci/run` calls it). Without them it skips and says so, unless LABKIT_E2E_REQUIRED=1 (set by CI
 when the install worked): then a missing browser is a failure. LABKIT_E2E_CHAPTERS=00,03 limits
-which chapters run.
+which chapters run. The outputs of cells marked `# NBVAL_CHECK_OUTPUT` are compared with the
+committed chapter the way `pytest --nbval-lax` would, so test.sh runs each chapter once: here
+when the browser test can run, under nbval otherwise.
 """
 from __future__ import annotations
 
@@ -202,6 +204,52 @@ def check_ran_top_to_bottom(nb: dict) -> None:
     assert counts == list(range(1, len(counts) + 1)), f"execution counts {counts}"
 
 
+NBVAL_SKIP_KEYS = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+                   "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
+
+
+def _nbval_view(outputs) -> dict:
+    """A cell's outputs as `pytest --nbval-lax` compares them (nbval's own stream coalescing,
+    then every output key and MIME type but the ones nbval skips, in order per key)."""
+    from nbval.plugin import coalesce_streams, transform_streams_for_comparison
+
+    view = {}
+    for out in transform_streams_for_comparison(coalesce_streams(outputs)):
+        for key, value in out.items():
+            if key == "data":
+                for mime, data in value.items():
+                    if mime not in NBVAL_SKIP_KEYS:
+                        view.setdefault(mime, []).append(data)
+            elif key not in NBVAL_SKIP_KEYS:
+                view.setdefault(key, []).append(value)
+    return view
+
+
+def check_outputs_like_nbval(saved: dict, name: str) -> int:
+    """The cells marked `# NBVAL_CHECK_OUTPUT` printed, in the browser, what the committed chapter
+    shows: the check `pytest chapters --nbval-lax` makes, done here so that the chapters run once
+    (test.sh leaves them out of nbval when this test runs). Returns how many cells it compared."""
+    import nbformat
+
+    ran = nbformat.reads(json.dumps(saved), as_version=4)
+    committed = nbformat.read(str(ROOT / "chapters" / name), as_version=4)
+    pairs = [(i, a, b) for i, (a, b) in enumerate(zip(
+        (c for c in committed.cells if c.cell_type == "code"),
+        (c for c in ran.cells if c.cell_type == "code")))
+        if "# NBVAL_CHECK_OUTPUT" in a.source]
+    bad = []
+    for i, want, got in pairs:
+        w, g = _nbval_view(want.outputs), _nbval_view(got.outputs)
+        if w != g:
+            key = next(k for k in sorted(set(w) | set(g)) if w.get(k) != g.get(k))
+            first = next((ln for ln in want.source.splitlines() if not ln.startswith('#')), '')
+            bad.append(f"code cell {i} ({first[:60]!r}), {key}:\n"
+                       f"  committed: {str(w.get(key))[:400]}\n  browser:   {str(g.get(key))[:400]}")
+    assert not bad, (f"{name}: outputs differ from the committed notebook (re-run it with "
+                     "`labkit book run`, or find out why they changed):\n" + "\n".join(bad))
+    return len(pairs)
+
+
 def check_plots_rendered(chapter: Chapter) -> None:
     want = sum(PLOTLY in o.get("data", {}) for c in chapter.saved["cells"] if c["cell_type"] == "code"
                for o in c["outputs"])
@@ -247,6 +295,7 @@ def first_chapter(browser, server):
 
 def test_chapter00_runs_top_to_bottom_in_a_real_browser(first_chapter):
     check_ran_top_to_bottom(first_chapter.saved)
+    assert check_outputs_like_nbval(first_chapter.saved, FIRST) >= 1
     check_plots_rendered(first_chapter)
 
 
@@ -297,6 +346,7 @@ def test_every_chapter_runs_with_live_plots_and_widgets(browser, server, name):
         ch.run_all_and_save()
         ch.shot("after-run-all")
         check_ran_top_to_bottom(ch.saved)
+        assert check_outputs_like_nbval(ch.saved, name) >= 1, f"{name} checks no output"
         check_plots_rendered(ch)
         assert check_widgets_respond(ch) >= 1, f"{name} has no calculator"
         assert not ch.page_errors, ch.page_errors[:5]
