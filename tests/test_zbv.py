@@ -247,3 +247,15 @@ def test_flush_is_what_separates_zb_h2_from_zb_h1_at_equal_times():
         for K in (2, 5, 8):
             assert steady_state(schedules.make(n, 3, K), 1.0, 2.0)["bubble"] == pytest.approx(
                 2 / (K + 2))
+
+
+def test_zero_bubble_peak_in_flight_formula_equals_the_simulator():
+    from labkit.costs.pipeline import peak_in_flight
+    from labkit.pipeline import schedules
+    from labkit.pipeline.simulate import simulate
+
+    for P in range(1, 7):
+        for K in range(1, 20):
+            for name in ("zb-h1", "zb-h2"):
+                got = simulate(schedules.make(name, P, K)).peak_in_flight
+                assert got == [peak_in_flight(name, P, K, p) for p in range(P)], (name, P, K)

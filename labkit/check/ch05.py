@@ -1,13 +1,24 @@
-"""Checkers for chapter 05: the 1F1B order of actions for one pipeline stage.
+"""Checkers for chapter 05: pipeline schedules as data, a pipeline stage on real processes, and
+a prediction of the bubble and the memory measured against a real run.
 
-The reader writes `one_f_one_b(p, P, K) -> [F(0), F(1), ..., B(0), ...]`: the actions stage p
-runs, in order, with F and B from labkit.pipeline.schedules. The checker
-1. validates the whole schedule (every action once, backward after forward, no deadlock),
-2. simulates it: the peak number of micro-batches held on stage p must be at most P - p and the
-   bubble must equal GPipe's, (P-1)/(K+P-1),
-3. runs it on real processes, GPT split into P stages, against the one-process reference
-   (loss and every gradient), and checks the measured timeline is causal
-   (labkit.pipeline.causality).
+5.1 `one_f_one_b(p, P, K)`: the 1F1B order of stage p. Validated (every action once, backward
+    after forward, no deadlock), simulated (peak held <= P - p, bubble = GPipe's), and run on
+    real processes against the one-process GPT.
+5.2 `zb_h1(p, P, K)`: ZB-H1 (split backward, deferred W's). Both validators (labkit's and
+    PyTorch's), peak <= P, bubble (P-1)/(3K+P-1) at t_F = t_B = t_W; run with B and W apart.
+5.3 `run_stage(actions, stage_module, micro_batches, targets, group)`: the executor of one
+    stage. Hidden cases at P = 2 and 3 with GPipe, 1F1B, ZB-H1 and ZB-H2 orders and micro-batch
+    counts that do not divide the batch. Graded: loss and every gradient against the
+    one-process reference; the order in which the stage's forwards, input gradients (B) and
+    weight gradients (W) actually happened, observed by hooks the checker puts on the stage's
+    input and weights; the bytes saved for backward that are alive at once (saved-tensor hooks
+    whose packed objects are freed with autograd's graph) within 5% of what the schedule holds;
+    point-to-point messages only (a TorchDispatchMode refuses collectives); no pipeline
+    implementation (labkit.pipeline, PyTorch's pipelining stages and schedules).
+5.4 `predict(schedule, P, K, t_f, t_b, t_w, act_bytes)`: the bubble and the peak bytes held per
+    stage. The bubble is graded against labkit's simulator (= labkit.costs.pipeline's closed
+    form where it has one) within half a percentage point; the peak bytes against the bytes the
+    executor's saved-tensor hooks measure on real processes, within 5%.
 """
 from __future__ import annotations
 
@@ -15,8 +26,10 @@ from labkit import costs
 from labkit.check import Checker, fail
 
 EXERCISES = {
-    "5.1": ("the 1F1B order of actions", 6),
-    "5.2": ("from 1F1B to ZB-H1: defer the weight gradients", 6),
+    "5.1": ("the 1F1B order of actions", 4),
+    "5.2": ("from 1F1B to ZB-H1: defer the weight gradients", 4),
+    "5.3": ("a pipeline stage on real processes: forward, B, W, sends and receives", 10),
+    "5.4": ("predict the bubble and the bytes held, then measure them", 6),
 }
 ZB_PAPER_CASES = [(2, 2), (2, 5), (3, 3), (3, 7), (4, 4), (4, 8)]  # K >= P (the formula's range)
 
@@ -143,3 +156,523 @@ def zb_h1(fn):
             if bad:
                 fail(f"the measured timeline is impossible ({len(bad)} problems), first: {bad[0]}")
     return c.finish()
+
+
+# ----------------------------------------------------------------------------- 5.3 a pipeline stage
+STAGE_CASES = {  # P: [(schedule, K)]; one launch per P, a batch of STAGE_BATCH rows (K need not divide it)
+    2: [("1f1b", 3), ("zb-h2", 4)],
+    3: [("zb-h1", 5), ("gpipe", 2)],
+}
+STAGE_BATCH = 7
+MEMORY_SLACK = 0.05     # the peak may exceed what the schedule holds by 5% of one micro-batch's bytes
+FORBIDDEN_MODULES = ("labkit.pipeline", "torch.distributed.pipelining.schedules",
+                     "torch.distributed.pipelining.stage")
+FORBIDDEN_NAMES = {"run_schedule", "PipelineStage", "ScheduleGPipe", "Schedule1F1B",
+                   "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
+                   "ScheduleZBVZeroBubble", "schedules_job", "train_step_job"}
+
+
+def stage_config():
+    """The GPT the stages are cut from: untied embeddings, so every weight lives on one stage."""
+    from labkit.model import GPTConfig
+
+    return GPTConfig(n_layer=3, n_embd=16, n_head=2, block_size=8, tie_weights=False)
+
+
+class _Held:
+    """What the pack hook hands autograd instead of the tensor: freed when autograd frees it."""
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t):
+        self.t = t
+
+
+class StageObserver:
+    """The checker's eyes inside the reader's stage: what happened, in order ("F" forward, "B"
+    input gradient, "W" weight gradient), and the bytes saved for backward that are alive.
+
+    Bytes: torch.autograd.graph.saved_tensors_hooks. Each saved storage counts once while any
+    packed reference to it is alive (the packed object dies when autograd frees the node or the
+    graph), parameters, buffers and the caller's token ids not at all. Order: a forward is the
+    module's call; B is a hook on the stage's input tensor (it fires when the input's gradient
+    is computed); W is a hook on one weight (it fires when that weight's gradient is)."""
+
+    def __init__(self, exclude_ptrs):
+        self.exclude = set(exclude_ptrs)
+        self.events, self.per_mb = [], []
+        self.live, self.live_bytes, self.peak = {}, 0, 0
+
+    def pack(self, t):
+        import weakref
+
+        st = t.untyped_storage()
+        ptr, n = st.data_ptr(), st.nbytes()
+        if n == 0 or ptr in self.exclude:
+            return t
+        if ptr in self.live:
+            self.live[ptr][1] += 1
+        else:
+            self.live[ptr] = [n, 1]
+            self.live_bytes += n
+            self.per_mb[-1] += n
+            self.peak = max(self.peak, self.live_bytes)
+        held = _Held(t)
+        weakref.finalize(held, self._release, ptr)
+        return held
+
+    @staticmethod
+    def unpack(held):
+        return held.t if isinstance(held, _Held) else held
+
+    def _release(self, ptr):
+        entry = self.live[ptr]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.live[ptr]
+            self.live_bytes -= entry[0]
+
+
+class ObservedStage:
+    """The stage module the reader's run_stage gets: one contiguous slice of the GPT
+    (labkit.pipeline.executor.PipelineChunk), watched by a StageObserver.
+
+    first: takes token ids (B_k, T); else activations (B_k, T, h), h = hidden. last: called as
+    stage(x, y) it returns the micro-batch's loss, its token-sum over all the batch's tokens (the
+    K losses add up to the batch mean); else stage(x) returns activations (B_k, T, h)."""
+
+    def __init__(self, model, s, stage, n_tokens, exclude=()):
+        import torch.nn as nn
+
+        from labkit.pipeline.executor import build_chunks
+
+        self.chunk = build_chunks(model, s, stage)[0]
+        self.first, self.last = self.chunk.first, self.chunk.last
+        self.hidden, self.n_tokens = model.config.n_embd, n_tokens
+        ptrs = [t.untyped_storage().data_ptr() for t in
+                list(self.chunk.parameters()) + list(self.chunk.buffers()) + list(exclude)]
+        self.observer = StageObserver(ptrs)
+        weights = [p for p in self.chunk.parameters() if p.requires_grad]
+        self._hook = weights[-1].register_hook(self._weight_grad)
+        assert isinstance(self.chunk, nn.Module)
+
+    def _weight_grad(self, g):
+        self.observer.events.append("W")
+        return g
+
+    def _input_grad(self, g):
+        self.observer.events.append("B")
+        return g
+
+    def parameters(self):
+        return self.chunk.parameters()
+
+    def named_parameters(self):
+        return self.chunk.named_parameters()
+
+    def __call__(self, x, y=None):
+        import torch
+        import torch.nn.functional as F
+
+        obs = self.observer
+        obs.events.append("F")
+        obs.per_mb.append(0)
+        if x.requires_grad:
+            x.register_hook(self._input_grad)
+        with torch.autograd.graph.saved_tensors_hooks(obs.pack, obs.unpack):
+            out = self.chunk(x)                                        # (B_k, T, h) or logits
+            if self.last:
+                if y is None:
+                    raise ValueError("the last stage returns the loss: call it as "
+                                     "stage_module(x, targets[k])")
+                out = F.cross_entropy(out.flatten(0, 1), y.flatten(),
+                                      reduction="sum") / self.n_tokens  # () scalar
+        return out
+
+    def close(self):
+        self._hook.remove()
+
+
+def expected_order(actions, first: bool) -> list:
+    """The F/B/W events a stage running `actions` shows: a split schedule's own kinds (the first
+    stage has no input gradient: its B shows nothing), or for a fused backward B and W together."""
+    split = any(a.kind == "W" for a in actions)
+    out = []
+    for a in actions:
+        if a.kind == "F" or a.kind == "W":
+            out.append(a.kind)
+        elif split:
+            out += [] if first else ["B"]
+        else:
+            out += ["W"] if first else ["B", "W"]
+    return out
+
+
+def _fused_pairs(events) -> list:
+    """A fused backward makes its input and weight gradients in one autograd call, in the
+    graph's order (the weight hook may fire first): count each such W-then-B pair as B, W."""
+    out, i = [], 0
+    while i < len(events):
+        if events[i:i + 2] == ["W", "B"]:
+            out += ["B", "W"]
+            i += 2
+        else:
+            out.append(events[i])
+            i += 1
+    return out
+
+
+def expected_peak(actions, per_mb) -> int:
+    """The most bytes a stage running `actions` holds: a micro-batch's bytes from its F to its W
+    (split backward) or its B (fused). per_mb: bytes each forward saved, in forward order."""
+    split = any(a.kind == "W" for a in actions)
+    size, held, peak, i = {}, 0, 0, 0
+    for a in actions:
+        if a.kind == "F":
+            size[a.mb] = per_mb[i] if i < len(per_mb) else 0
+            i += 1
+            held += size[a.mb]
+            peak = max(peak, held)
+        elif a.kind == ("W" if split else "B"):
+            held -= size.get(a.mb, 0)
+    return peak
+
+
+def _stage_job(fn, specs, batch_size):
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit.check.ch07 import _RefuseCollectives
+    from labkit.launch import note
+    from labkit.model import GPT, shard_rows
+    from labkit.pipeline import schedules
+    from labkit.pipeline.executor import make_batch, owned_parameters
+
+    torch.set_num_threads(1)
+    cfg = stage_config()
+    rank, P = dist.get_rank(), dist.get_world_size()
+    model = GPT(cfg, seed=0)
+    x, y = make_batch(batch_size, cfg)
+    out = []
+    for name, K in specs:
+        s = schedules.make(name, P, K)
+        stage = ObservedStage(model, s, rank, y.numel(), exclude=(x, y))
+        params = owned_parameters(model, {0: stage.chunk})
+        for p in model.parameters():
+            p.grad = None
+        xs = [shard_rows(x, k, K) for k in range(K)]       # K x (B_k, T) token ids
+        ys = [shard_rows(y, k, K) for k in range(K)]
+        before = set(sys.modules)
+        dist.barrier()
+        note(f"your run_stage: {name}, K={K}, stage {rank} of {P}")
+        used = []
+        try:
+            with _RefuseCollectives(used):
+                loss = fn(list(s.stages[rank]), stage, xs, ys, dist.group.WORLD)
+        except RuntimeError:
+            if used:
+                return {"collectives": used}
+            raise
+        stage.close()
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach().reshape(()).double().item()
+        out.append({"stage": rank, "loss": loss, "events": list(stage.observer.events),
+                    "per_mb": list(stage.observer.per_mb), "peak": stage.observer.peak,
+                    "grads": {n: p.grad.detach().clone() for n, p in params.items()
+                              if p.grad is not None},
+                    "new_modules": sorted(m for m in set(sys.modules) - before
+                                          if m.startswith(FORBIDDEN_MODULES))})
+        dist.barrier()   # nobody starts the next schedule while a neighbour still sends
+    return {"runs": out}
+
+
+def _reference(batch_size):
+    """The one-process GPT: loss and every gradient of the whole batch."""
+    from labkit.model import GPT
+    from labkit.pipeline.executor import make_batch
+
+    cfg = stage_config()
+    model = GPT(cfg, seed=0)
+    x, y = make_batch(batch_size, cfg)
+    _, loss = model(x, y)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _assert_stage_numerics(runs, s, ref) -> None:
+    from labkit.testing import tensors_close
+
+    P = s.P
+    last = runs[P - 1]["loss"]
+    if not isinstance(last, (int, float)):
+        fail(f"the last stage returned {last!r}: return the sum of the K micro-batch losses "
+             f"(a float) there")
+    if abs(last - ref[0]) > 1e-4 * max(1.0, abs(ref[0])):
+        fail(f"the last stage's loss is {last:.6f}, the one-process model's {ref[0]:.6f}: does "
+             f"every micro-batch's loss enter once, and does the last stage see the right "
+             f"activations for each micro-batch?")
+    for p, r in enumerate(runs):
+        for n, g in sorted(r["grads"].items()):
+            try:
+                tensors_close(g, ref[1][n], rtol=1e-4, atol=1e-6, what=f"stage {p}'s gradient of {n}")
+            except AssertionError as err:
+                where = ("the last stage" if p == P - 1 else
+                         f"stage {p} (the stages after it are right)" if all(
+                             _grads_ok(q, ref) for q in runs[p + 1:]) else f"stage {p}")
+                fail(f"{err}\nfirst wrong gradient on {where}: is the gradient you receive "
+                     f"for each micro-batch the one sent for it (waited for before it is "
+                     f"used), and does each W use that micro-batch's output and gradient?")
+    missing = sorted(set(ref[1]) - {n for r in runs for n in r["grads"]})
+    if missing:
+        fail(f"no stage left a gradient in .grad for {missing[0]} ({len(missing)} missing): "
+             f"every stage must run its weights' backward for every micro-batch")
+
+
+def _grads_ok(run, ref) -> bool:
+    import torch
+
+    return all(torch.allclose(g, ref[1][n], rtol=1e-4, atol=1e-6) for n, g in run["grads"].items())
+
+
+def _assert_stage_order_and_memory(runs, s) -> None:
+    for p, r in enumerate(runs):
+        actions = s.stages[p]
+        want = expected_order(actions, first=p == 0)
+        got = list(r["events"]) if s.split else _fused_pairs(r["events"])
+        if got != want:
+            i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            names = {"F": "a forward", "B": "an input gradient (B)", "W": "a weight gradient (W)"}
+            fail(f"stage {p} of {s.P}: event #{i} was {names.get(got[i], 'nothing') if i < len(got) else 'nothing'}"
+                 f", the schedule's order wants {names[want[i]] if i < len(want) else 'nothing more'} "
+                 f"there (observed {''.join(got[:i + 1])}..., scheduled {''.join(want[:i + 1])}...)"
+                 + (". In a split schedule B computes only the input's gradient and W only the "
+                    "weights': which tensors does each of your backward calls differentiate?"
+                    if s.split else ""))
+        limit = expected_peak(actions, r["per_mb"])
+        slack = MEMORY_SLACK * max(r["per_mb"] or [0])
+        if r["peak"] > limit + slack:
+            fail(f"stage {p} of {s.P}: {r['peak'] / 1024:.1f} KiB saved for backward were alive "
+                 f"at once; running this order holds at most {limit / 1024:.1f} KiB (a "
+                 f"micro-batch's activations from its F to its "
+                 f"{'W' if s.split else 'B'}). What still refers to a micro-batch's output or "
+                 f"graph after its last backward action?")
+
+
+def forbidden_used(*fns, modules=FORBIDDEN_MODULES, names=FORBIDDEN_NAMES) -> list:
+    """What of `modules` (default: labkit.pipeline, PyTorch's pipelining stages and schedules) and
+    `names` the functions (and the helpers they call from the same namespace) import, name or
+    reach through their globals. Read, not run: nothing is patched."""
+    import ast
+    import inspect
+    import textwrap
+    import types
+
+    from labkit.check.ch06 import _names_in
+
+    found, seen, todo = set(), set(), list(fns)
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen or not isinstance(fn, types.FunctionType):
+            continue
+        seen.add(id(fn))
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (OSError, TypeError, SyntaxError):
+            tree = None
+        for node in ast.walk(tree) if tree else ():
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [f"{node.module}.{a.name}" for a in node.names]
+                    if isinstance(node, ast.ImportFrom) else
+                    [ast.unparse(node)] if isinstance(node, ast.Attribute) else [])
+            found |= {m for m in mods if any(f in m for f in modules)}
+            name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+            if name in names:
+                found.add(name)
+        for name in _names_in(fn.__code__):
+            val = fn.__globals__.get(name)
+            home = (val.__name__ if isinstance(val, types.ModuleType) else
+                    getattr(val, "__module__", None) or "")
+            if home.startswith(tuple(modules)):
+                found.add(f"{home} ({name})")
+            elif isinstance(val, types.FunctionType) and val.__module__ == fn.__module__:
+                todo.append(val)                      # the reader's own helper: read it too
+    return sorted(found)
+
+
+def pipeline_stage(fn, Ps=None):
+    """Exercise 5.3: the reader's run_stage on real processes. Ps: the world sizes to run
+    (default all of STAGE_CASES; the tests pick one to stay quick)."""
+    from labkit.check.ch01 import collectives_called
+    from labkit.pipeline import schedules
+
+    c = Checker("5.3", EXERCISES["5.3"][0], EXERCISES["5.3"][1])
+    banned = forbidden_used(fn)
+    called = collectives_called(fn)
+    with c.case("point-to-point messages only; no pipeline implementation (labkit.pipeline, "
+                "PyTorch's pipelining stages and schedules)"):
+        if banned:
+            fail(f"run_stage uses {', '.join(banned)}: the exercise is to write the stage "
+                 f"yourself (torch.autograd and torch.distributed's point-to-point calls)")
+        if called:
+            fail(f"run_stage calls dist.{', dist.'.join(called)}: a pipeline's stages talk to "
+                 f"their neighbours only, with send/recv (or isend/irecv)")
+    ref = _reference(STAGE_BATCH)
+    for P, specs in sorted(STAGE_CASES.items()):
+        if Ps is not None and P not in Ps:
+            continue
+        got = {}
+        for i, (name, K) in enumerate(specs):
+            s = schedules.make(name, P, K)
+            label = f"P={P}, {name}, K={K} ({STAGE_BATCH} rows: micro-batches of {STAGE_BATCH // K}-{-(-STAGE_BATCH // K)})"
+            with c.case(label + ": loss and every gradient = one-process reference"):
+                if banned:
+                    fail("no credit while run_stage uses a pipeline implementation (first case)")
+                if "runs" not in got:
+                    try:
+                        got["runs"] = c.launch(_stage_job, P, args=(fn, specs, STAGE_BATCH))
+                    except Exception as err:
+                        got["error"] = err
+                        raise
+                if "error" in got:
+                    fail(f"see the first case of P={P}")
+                used = sorted({u for r in got["runs"] for u in r.get("collectives", [])})
+                if used:
+                    fail(f"dist.{', dist.'.join(used)} called while run_stage ran: send "
+                         f"activations and gradients point to point")
+                runs = [r["runs"][i] for r in got["runs"]]
+                _assert_stage_numerics(runs, s, ref)
+            with c.case(label + ": forwards, B's and W's in the schedule's order; bytes held "
+                        f"<= the schedule's (+{MEMORY_SLACK:.0%} of a micro-batch)"):
+                if banned:
+                    fail("no credit while run_stage uses a pipeline implementation (first case)")
+                if "runs" not in got or any("collectives" in r for r in got["runs"]):
+                    fail(f"the run of P={P} failed (see above)")
+                _assert_stage_order_and_memory([r["runs"][i] for r in got["runs"]], s)
+    return c.finish()
+
+
+# ----------------------------------------------------------------------------- 5.4 predict, measure
+PREDICT_PAPER_CASES = [  # (schedule, P, K, t_f, t_b, t_w, act_bytes per stage): no run
+    ("gpipe", 4, 8, 1.0, 2.0, 1.0, [1000, 1000, 1000, 1500]),
+    ("1f1b", 3, 5, 1.0, 2.0, 1.0, [2000, 2000, 3000]),
+    ("zb-h1", 4, 8, 1.0, 2.0, 1.0, [1000, 1000, 1000, 1500]),
+    ("zb-h1", 3, 7, 1.0, 3.0, 1.0, [1000, 1000, 1000]),
+    ("zb-h2", 4, 8, 1.0, 2.0, 1.0, [1000, 1000, 1000, 1500]),
+    ("zb-h2", 2, 5, 2.0, 2.0, 1.0, [1000, 1000]),
+]
+PREDICT_RUN_P, PREDICT_RUN_K = 3, 8           # the measured cases: one launch, three schedules
+PREDICT_RUN_SCHEDULES = ("1f1b", "zb-h1", "zb-h2")
+PREDICT_PAD = (0.006, 0.012)                  # seconds per forward, per whole backward (W = half)
+BUBBLE_TOLERANCE = 0.005                      # absolute, against the simulator
+BYTES_TOLERANCE = 0.05                        # relative, against the measured bytes
+PREDICT_FORBIDDEN = ("labkit.costs", "labkit.pipeline")
+
+
+def _measured_act_bytes(P: int, K: int, batch_size: int) -> list:
+    """Bytes one micro-batch's forward saves on each stage, as the executor's own meter counts
+    them (labkit.pipeline.executor: saved-tensor hooks, parameters excluded): from a GPipe run
+    of K micro-batches there, peak / K (every micro-batch the same size: K divides the batch)."""
+    from labkit.pipeline.measure import DEFAULT_CFG
+    from labkit.pipeline.executor import GPT, build_chunks, make_batch, _ActivationMeter
+    from labkit.pipeline import schedules
+    import torch
+    import torch.nn.functional as F
+
+    s = schedules.gpipe(P, K)
+    model = GPT(DEFAULT_CFG, seed=0)
+    x, y = make_batch(batch_size, DEFAULT_CFG)
+    rows = batch_size // K
+    h = torch.zeros(rows, DEFAULT_CFG.block_size, DEFAULT_CFG.n_embd)
+    out = []
+    for p in range(P):
+        chunk = build_chunks(model, s, p)[0]
+        meter = _ActivationMeter(chunk.parameters())
+        inp = x[:rows] if chunk.first else h.clone().requires_grad_(True)
+        meter.current = 0
+        with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+            o = chunk(inp)
+            if chunk.last:
+                o = F.cross_entropy(o.flatten(0, 1), y[:rows].flatten(), reduction="sum")
+        out.append(meter.bytes_of(0))
+    return out
+
+
+def _check_prediction(fn, case, measured=None) -> str:
+    """Grade one prediction; returns the line showing predicted beside simulated / measured."""
+    from labkit.pipeline import schedules
+    from labkit.pipeline.simulate import simulate
+
+    name, P, K, t_f, t_b, t_w, act = case
+    got = fn(name, P, K, t_f, t_b, t_w, list(act))
+    if not isinstance(got, dict) or not {"bubble", "peak_bytes"} <= set(got):
+        fail(f"return a dict {{'bubble': fraction, 'peak_bytes': [P numbers]}}, got {got!r}")
+    peaks = list(got["peak_bytes"])
+    if len(peaks) != P:
+        fail(f"peak_bytes has {len(peaks)} numbers; give one per stage (P={P})")
+    s = schedules.make(name, P, K)
+    sim = simulate(s, t_f, t_b, t_w=t_w if s.split else None)
+    bubble = float(got["bubble"])
+    if abs(bubble - sim.bubble) > BUBBLE_TOLERANCE:
+        hint = ""
+        if name == "zb-h2" and bubble < sim.bubble:
+            hint = (" The step ends with a flush here (every stage finishes before the optimizer "
+                    "steps): how long does the last stage wait for its first input, and can any "
+                    "order of its own work make up for that?")
+        elif bubble > 1 or bubble < 0:
+            hint = " The bubble is a fraction of P x the step time, between 0 and 1."
+        fail(f"{name}, P={P}, K={K}, t_f={t_f:g}, t_b={t_b:g}, t_w={t_w:g}: you predict a bubble "
+             f"of {bubble:.2%}, labkit's simulator gives {sim.bubble:.2%} (tolerance "
+             f"{BUBBLE_TOLERANCE:.1%}). Which stage waits, for what, and for how long?" + hint)
+    want = measured if measured is not None else [h * a for h, a in zip(sim.peak_in_flight, act)]
+    what = "measured by the executor's saved-tensor hooks" if measured is not None else "simulated"
+    for p, (mine, ref) in enumerate(zip(peaks, want)):
+        if abs(float(mine) - ref) > BYTES_TOLERANCE * ref:
+            fail(f"{name}, P={P}, K={K}: stage {p} holds {ref:,.0f} bytes at its peak ({what}), "
+                 f"you predict {float(mine):,.0f} (tolerance {BYTES_TOLERANCE:.0%}). How many "
+                 f"micro-batches does stage {p} hold at once, from which action to which?")
+    return (f"{name}: bubble predicted {bubble:.1%}, simulated {sim.bubble:.1%}; peak bytes "
+            f"predicted {[round(float(x)) for x in peaks]}, {what} {[round(x) for x in want]}")
+
+
+def predict_then_measure(fn, run: bool = True):
+    """Exercise 5.4: the reader's predict() against labkit's simulator and a real run."""
+    from labkit.pipeline import measure
+
+    c = Checker("5.4", EXERCISES["5.4"][0], EXERCISES["5.4"][1])
+    banned = forbidden_used(fn, modules=PREDICT_FORBIDDEN, names=())
+    with c.case("your own model: no labkit.costs or labkit.pipeline inside predict"):
+        if banned:
+            fail(f"predict uses {', '.join(banned)}: derive the numbers yourself (the "
+                 f"chapter's sections 2 and 5)")
+    for case in PREDICT_PAPER_CASES:
+        name, P, K, t_f, t_b, t_w, _ = case
+        with c.case(f"{name}, P={P}, K={K}, t_f={t_f:g}, t_b={t_b:g}, t_w={t_w:g}: bubble "
+                    f"within {BUBBLE_TOLERANCE:.1%} of the simulator, peak bytes within "
+                    f"{BYTES_TOLERANCE:.0%}"):
+            if banned:
+                fail("no credit while predict calls labkit's model (first case)")
+            _check_prediction(fn, case)
+    if not run:
+        return c.finish()
+    P, K = PREDICT_RUN_P, PREDICT_RUN_K
+    rows = {}
+    for i, name in enumerate(PREDICT_RUN_SCHEDULES):
+        t_f, t_b = PREDICT_PAD
+        with c.case(f"real processes: {name}, P={P}, K={K}, pads {t_f * 1e3:g}/{t_b * 1e3:g} ms: "
+                    f"peak bytes within {BYTES_TOLERANCE:.0%} of the measured, bubble shown "
+                    f"beside the measured"):
+            if banned:
+                fail("no credit while predict calls labkit's model (first case)")
+            if not rows:
+                got = measure.measure(P, [(n, K, 1) for n in PREDICT_RUN_SCHEDULES],
+                                      pad=PREDICT_PAD, repeats=2, timeout=120)
+                rows.update({r["schedule"]: r for r in got})
+                rows["act"] = _measured_act_bytes(P, K, 16)
+            r = rows[name]
+            line = _check_prediction(fn, (name, P, K, t_f, t_b, t_b / 2, rows["act"]),
+                                     measured=r["peak_bytes"])
+            print(f"   {line}; measured bubble {r['bubble']:.1%} (median of "
+                  f"{len(r['bubbles'])} steps, the executor's overhead on top)")
+    return c.finish()
+

@@ -100,11 +100,16 @@ def peak_in_flight(schedule: str, P: int, K: int, stage: int = 0, v: int = 1) ->
     GPipe: all K (every forward runs before any backward). 1F1B: min(K, P - stage): stage p
     runs P - p - 1 warm-up forwards, then one more before its first backward. Interleaved
     1F1B (Megatron's order): stage p holds min(vK, 2(P - p - 1) + (v - 1)P + 1) chunk
-    activations, each 1/v of a stage's, so a bit more than 1F1B at stage 0."""
+    activations, each 1/v of a stage's, so a bit more than 1F1B at stage 0. With the backward
+    split (a micro-batch is held from its F until its W): ZB-H1 min(K, P) on every stage
+    (1F1B's stage 0), ZB-H2 min(K, 2P - 1) on every stage (labkit's simulator agrees for
+    P <= 6, K < 20: tests/test_zbv.py)."""
     _check(P, K, v)
-    v = _schedule_v(schedule, v)
     if not 0 <= stage < P:
         raise ValueError(f"stage={stage}: stages are numbered 0 .. {P - 1} for P={P}")
+    if schedule in ("zb-h1", "zb-h2") and v == 1:
+        return float(min(K, P if schedule == "zb-h1" else 2 * P - 1))
+    v = _schedule_v(schedule, v)
     if schedule == "gpipe":
         return float(K)
     if schedule == "1f1b":
