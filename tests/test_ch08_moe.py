@@ -119,36 +119,3 @@ def test_routing_checker_scores_right_and_wrong():
     assert ch08.routing_with_capacity(_keep_right).score == ch08.EXERCISES["8.1"][1]
     assert ch08.routing_with_capacity(_keep_token_major).score < ch08.EXERCISES["8.1"][1]
     assert ch08.routing_with_capacity(lambda e, E, c: torch.ones_like(e, dtype=torch.bool)).score == 0
-
-
-def _dispatch_ignoring_drops(x, expert, weight, kept, local_experts, first, group=None):
-    """Wrong: every assignment is computed, dropped ones too (otherwise a correct answer)."""
-    from labkit.moe.expert_parallel import all_to_all
-
-    ep, per = dist.get_world_size(group), len(local_experts)
-    n, k = expert.shape
-    tok = torch.arange(n).repeat_interleave(k)
-    slot = torch.arange(k).repeat(n)
-    e = expert.reshape(-1)
-    order = torch.argsort(e, stable=True)
-    tok, slot, e = tok[order], slot[order], e[order]
-    send = torch.bincount(e // per, minlength=ep)
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    s, r = send.tolist(), recv.tolist()
-    ids = torch.empty(sum(r), dtype=e.dtype)
-    dist.all_to_all_single(ids, e, r, s, group=group)
-    rows = all_to_all(x[tok], r, s, group)
-    out = rows * 0
-    for j, m in enumerate(local_experts):
-        idx = torch.nonzero(ids == first + j, as_tuple=True)[0]
-        if idx.numel():
-            out = out.index_copy(0, idx, m(rows[idx]))
-    back = all_to_all(out, s, r, group)
-    return torch.zeros_like(x).index_add(0, tok, back * weight[tok, slot].unsqueeze(-1))
-
-
-def test_dispatch_checker_catches_a_known_wrong_answer():
-    res = ch08.dispatch_combine(_dispatch_ignoring_drops)
-    assert res.score < ch08.EXERCISES["8.2"][1]
-    assert any("dropped" in c["message"] for c in res.cases if not c["passed"])
