@@ -16,8 +16,10 @@ from labkit.zero.train import optimizer_spec
 
 
 def fsdp2_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12, seed: int = 0,
-                mp_policy=None) -> dict:
-    """mp_policy: labkit's or torch's MixedPrecisionPolicy (None: fp32 throughout)."""
+                mp_policy=None, grad_scaler: bool = False) -> dict:
+    """mp_policy: labkit's or torch's MixedPrecisionPolicy (None: fp32 throughout).
+    grad_scaler: torch's ShardedGradScaler (fp16's dynamic loss scaling); "scales" then holds
+    the scale each step used."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -35,12 +37,22 @@ def fsdp2_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12, seed:
     fully_shard(model, mesh=mesh, **shard_kw)
     opt_class, kw = optimizer_spec(optimizer)
     opt = opt_class(model.parameters(), **kw)
-    tokens, losses = tiny_corpus(), []
+    scaler = None
+    if grad_scaler:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        scaler = ShardedGradScaler(device=str(mesh.device_type))
+    tokens, losses, scales = tiny_corpus(), [], []
     for step in range(steps):
         x, y = get_batch(tokens, batch_size, cfg.block_size, step, seed)
         loss = model(shard_rows(x, rank, world), shard_rows(y, rank, world))[1]
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scales.append(scaler.get_scale())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         opt.zero_grad()
         losses.append(loss.item())
     local = sum(p.to_local().numel() for p in model.parameters())
@@ -49,7 +61,7 @@ def fsdp2_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12, seed:
                 if k == "exp_avg" or k == "momentum_buffer")
     params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     return {"params": params, "losses": losses, "local_numel": local, "state_local_numel": state,
-            "numel": sum(t.numel() for t in params.values())}
+            "numel": sum(t.numel() for t in params.values()), "scales": scales}
 
 
 def zero_redundancy_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12,
