@@ -137,7 +137,7 @@ def zero_bytes_per_param(recipe, zero_stage: int, dp: int) -> float:
 
 def model_states(n_params: float, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1,
                  pp: int = 1, offload_optimizer: bool = False,
-                 offload_params: bool = False) -> ModelStates:
+                 offload_params: bool = False, replicated: float = 0) -> ModelStates:
     """Bytes of model states per GPU for Ψ = n_params under a ZeRO stage over `dp` ranks.
 
     `recipe` is required (a name in RECIPES or a Precision): 12, 16 and 18 bytes/param are
@@ -145,6 +145,9 @@ def model_states(n_params: float, *, recipe, zero_stage: int = 0, dp: int = 1, t
     offload_optimizer (ZeRO-Offload, stage >= 1): optimizer states live in CPU memory, and from
     stage 2 the gradient shards too, since the CPU runs the update. offload_params (ZeRO-Infinity
     style, stage 3 only): the parameter shards live in CPU memory as well.
+    replicated (stage 3): that many of the Ψ parameters (e.g. norm weights and biases,
+    labkit.zero.one_dimensional) stay whole on every rank, with their gradients and optimizer
+    state: they cost (p + g + o) bytes each on every rank instead of (p + g + o)/N.
     """
     r = get_recipe(recipe)
     _check_degrees(dp=dp, tp=tp, pp=pp)
@@ -156,10 +159,16 @@ def model_states(n_params: float, *, recipe, zero_stage: int = 0, dp: int = 1, t
     if offload_params and not (zero_stage == 3 and offload_optimizer):
         raise ValueError("offload_params needs zero_stage=3 and offload_optimizer=True "
                          f"(got zero_stage={zero_stage}, offload_optimizer={offload_optimizer})")
+    if replicated and zero_stage != 3:
+        raise ValueError(f"replicated={replicated} applies to zero_stage=3 (stages 0-2 keep "
+                         f"every parameter whole already); got zero_stage={zero_stage}")
+    if not 0 <= replicated <= n_params:
+        raise ValueError(f"replicated={replicated} must be between 0 and n_params={n_params}")
     psi = n_params / (tp * pp)
-    params = r.weights * psi / (dp if zero_stage >= 3 else 1)
-    grads = r.grads * psi / (dp if zero_stage >= 2 else 1)
-    optim = r.optimizer * psi / (dp if zero_stage >= 1 else 1)
+    rep = replicated / (tp * pp)              # whole on every rank: not divided by dp
+    params = r.weights * ((psi - rep) / (dp if zero_stage >= 3 else 1) + rep)
+    grads = r.grads * ((psi - rep) / (dp if zero_stage >= 2 else 1) + rep)
+    optim = r.optimizer * ((psi - rep) / (dp if zero_stage >= 1 else 1) + rep)
     cpu = dict(cpu_params=0.0, cpu_grads=0.0, cpu_optimizer=0.0)
     if offload_optimizer:
         cpu["cpu_optimizer"], optim = optim, 0.0

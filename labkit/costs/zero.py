@@ -47,6 +47,28 @@ def offload_transfer_bytes(n_params: float, *, recipe, dp: int = 1) -> dict:
     return out
 
 
+def offload_seconds(n_params: float, *, recipe, dp: int = 1, pcie_bw: float = 25e9,
+                    cpu_bw: float = 25e9) -> dict:
+    """Seconds per step ZeRO-Offload adds per GPU: {"pcie_s", "cpu_adam_s", "total"}.
+
+    The PCIe copies (offload_transfer_bytes over pcie_bw) and the CPU's Adam over Ψ/N elements
+    (costs.flops.cpu_adam_s: memory-bound, ADAM_BYTES_PER_PARAM bytes per element over cpu_bw).
+    cpu_bw is what labkit.zero.measure.offload_step measures on this machine's CPU; the
+    planner takes the same number (labkit.costs.plan_inputs.Cluster(cpu_bw=...))."""
+    from labkit.costs.flops import cpu_adam_s
+
+    pcie = offload_transfer_bytes(n_params, recipe=recipe, dp=dp)["total"] / pcie_bw
+    adam = cpu_adam_s(n_params / dp, cpu_bw)
+    return {"pcie_s": pcie, "cpu_adam_s": adam, "total": pcie + adam}
+
+
+def replication_cost(n_replicated: float, *, recipe, dp: int) -> float:
+    """Extra bytes per rank when n_replicated parameters stay whole under ZeRO-3 instead of
+    being sharded: (p + g + o) * n_replicated * (1 - 1/N)."""
+    _check_degrees(dp=dp)
+    return get_recipe(recipe).total * n_replicated * (1 - 1 / dp)
+
+
 # ----------------------------------------------------------------------------- DeepSpeed's estimates
 def deepspeed_zero2_estimate(total_params: float, *, gpus_per_node: int = 1, nodes: int = 1,
                              cpu_offload: bool = False, buffer_factor: float = 1.5) -> dict:

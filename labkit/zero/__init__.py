@@ -14,7 +14,14 @@ Toward Training Trillion Parameter Models"), each checked against one process.
     zero1       DataParallel (stage 0); zero1_step (per parameter, the exercise),
                 zero1_step_flat (one message each way), naive_zero1_step (all-reduce: 3Ψ); ZeRO1
     zero2       ZeRO2: gradients reduce-scattered in buckets during backward, full ones freed
-    zero3       ZeRO3: parameters sharded, gathered just in time per unit (FSDP)
+    zero3       ZeRO3: parameters sharded, gathered just in time per unit (FSDP); prefetch=,
+                reshard_after_forward=, offload= (optimizer state and step on the CPU)
+    unit        one ZeRO-3 unit as an autograd Function (gather, run, free; gather, recompute,
+                differentiate, reduce-scatter)
+    prefetch    the next unit's all-gather posted before this one computes (order of step 1)
+    overlap     measuring it: timeline, hidden share, peak unsharded bytes by storage
+    scaling     ShardedLossScaler: fp16 dynamic loss scaling, every rank skips the same steps
+    tracking    50 steps under bf16 / fp16 policies vs the fp32 reference and FSDP2
     precision   MixedPrecisionPolicy for ZeRO3 (FSDP2's fields: bf16 gathers and compute, fp32
                 masters; reduce_dtype), and replicate= choices (one_dimensional, smaller_than)
     params      real training code: parameter groups, frozen and unused parameters (has-grad
@@ -28,12 +35,13 @@ Process groups are arguments (default: the world).
 """
 from labkit.zero.params import param_groups, weight_decay_groups
 from labkit.zero.precision import MixedPrecisionPolicy, one_dimensional, smaller_than
+from labkit.zero.scaling import ShardedLossScaler
 from labkit.zero.shard import (all_gather_full, chunk_size, padded_flat, reduce_scatter_algorithm,
                                reduce_scatter_mean, shard_of, shard_optimizer)
 from labkit.zero.zero1 import DataParallel, ZeRO1, naive_zero1_step, zero1_step, zero1_step_flat
 from labkit.zero.zero2 import ZeRO2
 from labkit.zero.zero3 import ZeRO3
 
-__all__ = ["DataParallel", "MixedPrecisionPolicy", "ZeRO1", "ZeRO2", "ZeRO3", "all_gather_full",
+__all__ = ["DataParallel", "MixedPrecisionPolicy", "ShardedLossScaler", "ZeRO1", "ZeRO2", "ZeRO3", "all_gather_full",
            "chunk_size", "naive_zero1_step", "one_dimensional", "smaller_than", "padded_flat", "param_groups", "reduce_scatter_algorithm", "reduce_scatter_mean",
            "shard_of", "shard_optimizer", "weight_decay_groups", "zero1_step", "zero1_step_flat"]

@@ -243,3 +243,46 @@ def precision_traffic(cfg: GPTConfig = LAB_MODEL, param_dtypes=("float32", "bflo
                      "forward_predicted": (world - 1) / world * moved_numel(cfg, 3, world) * size}
     dist.barrier()
     return out
+
+
+# ----------------------------------------------------------------------------- offload
+def offload_step(cfg: GPTConfig = LAB_MODEL, steps: int = 4, batch_size: int = 8,
+                 mp_policy=None) -> dict:
+    """Rank side: ZeRO-3 with offload=True; the optimizer's step on the CPU timed by torch's own
+    step hooks (Optimizer.register_step_pre_hook / _post_hook, not by labkit), median over
+    `steps` after one warm-up. {"adam_s", "numel" (elements this rank's Adam updates),
+    "cpu_bw" (the CPU memory bandwidth that time implies at costs.flops.ADAM_BYTES_PER_PARAM
+    bytes per element: the number labkit.costs.planner.Cluster(cpu_bw=...) takes), "held"}."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from labkit.costs.flops import ADAM_BYTES_PER_PARAM
+    from labkit.launch import device
+    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
+    from labkit.zero.zero3 import ZeRO3
+
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
+    model = GPT(cfg).to(dev)
+    zero = ZeRO3(model, torch.optim.AdamW, offload=True, prefetch=True, mp_policy=mp_policy,
+                 lr=1e-3)
+    marks = []
+    zero.optimizer.register_step_pre_hook(lambda *a: marks.append(time.perf_counter()))
+    zero.optimizer.register_step_post_hook(lambda *a: marks.append(time.perf_counter()))
+    times = []
+    for step in range(steps + 1):
+        x, y = get_batch(tiny_corpus(), batch_size, cfg.block_size, step)           # (B, T)
+        x, y = shard_rows(x, rank, world).to(dev), shard_rows(y, rank, world).to(dev)
+        model(x, y)[1].backward()
+        zero.step()
+        held = zero.held_bytes()
+        zero.zero_grad()
+        if step:
+            times.append(marks[-1] - marks[-2])
+    numel = sum(s.numel() for s in zero.shards if s.requires_grad)
+    adam_s = statistics.median(times)
+    dist.barrier()
+    return {"adam_s": adam_s, "numel": numel, "cpu_bw": numel * ADAM_BYTES_PER_PARAM / adam_s,
+            "held": held, "device": str(zero.shards[0].device)}
