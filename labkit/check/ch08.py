@@ -251,27 +251,12 @@ def forbidden_used(*objs) -> list:
 
 
 def forbidden_used_in(forbidden, *objs) -> list:
-    """Which of `forbidden` (module prefixes or names) the reader's functions or classes'
-    methods import, name or reach through their globals (ch06.forbidden_used's reading)."""
-    import types
-
-    from labkit.check import ch06
+    """Which of `forbidden` (dotted module prefixes, or bare names) the reader's functions or
+    classes import, name or reach through their globals (labkit.check.guards)."""
+    from labkit.check.guards import forbidden_used as _used
 
     mods = tuple(f for f in forbidden if "." in f)
-    names = {f for f in forbidden if f not in mods}
-    fns = []
-    for o in objs:
-        if isinstance(o, type):
-            fns += [v for v in vars(o).values() if isinstance(v, types.FunctionType)]
-            fns += [v.__func__ for v in vars(o).values() if isinstance(v, staticmethod)]
-        else:
-            fns.append(o)
-    saved = ch06.FORBIDDEN_MODULES, ch06.FORBIDDEN_NAMES
-    ch06.FORBIDDEN_MODULES, ch06.FORBIDDEN_NAMES = mods, names
-    try:
-        return ch06.forbidden_used(*fns)
-    finally:
-        ch06.FORBIDDEN_MODULES, ch06.FORBIDDEN_NAMES = saved
+    return _used(list(objs), mods, {f for f in forbidden if f not in mods})
 
 
 def _judge_layer(res: list, ep: int) -> None:
