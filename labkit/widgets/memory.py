@@ -5,6 +5,8 @@
     p = labkit.costs.memory.plan("llama2-7b", recipe="mixed", zero_stage=3, dp=8)
     mw.plan_figure(p, "H100 80GB"); print(mw.plan_table(p))
     mw.measured_figure(rows)                          # rows from labkit.zero.measure.rows
+    mw.loss_curves_figure(summary, reference)         # labkit.zero.tracking
+    mw.prefetch_figure({"no prefetch": events, ...})  # labkit.zero.overlap.prefetch_lab
 
 Every number comes from labkit.costs.memory / labkit.costs.models, so the calculator, the worked
 answers and the checkers can never disagree.
@@ -90,6 +92,52 @@ def traffic_figure(rows):
     fig.update_layout(height=380, yaxis_title="bytes sent / (bytes per value x Ψ)",
                       title="Traffic per rank per step: 2(N-1)/N Ψ for stages 0-2, 3(N-1)/N Ψ "
                             "for stage 3", legend_orientation="h")
+    return fig
+
+
+def loss_curves_figure(summary, reference):
+    """The fp32 reference's loss and each policy's (labkit solid, FSDP2 dotted on top), per step;
+    `summary` from labkit.zero.tracking.summary."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    steps = list(range(len(reference)))
+    fig.add_scatter(x=steps, y=reference, name="fp32, one process", line=dict(color="black"))
+    colors = {"bfloat16": "#4C78A8", "float16": "#E45756"}
+    for (who, dtype), row in summary.items():
+        fig.add_scatter(x=steps, y=row["losses"], name=f"{who} {dtype}",
+                        line=dict(color=colors.get(dtype), width=2 if who == "labkit" else 4,
+                                  dash="solid" if who == "labkit" else "dot"))
+    fig.update_layout(height=400, xaxis_title="step", yaxis_title="global loss",
+                      title="ZeRO-3 with mixed-precision policies vs fp32 and vs FSDP2",
+                      legend_orientation="h", legend_y=-0.2)
+    return fig
+
+
+def prefetch_figure(events_by_mode):
+    """One measured ZeRO-3 step per mode: compute spans (forward, backward) and gathers on a
+    comm row under them; events from labkit.zero.overlap.prefetch_lab (ms)."""
+    import plotly.graph_objects as go
+
+    colors = {"forward": "#4C78A8", "backward": "#F58518", "prefetch": "#54A24B",
+              "gather": "#E45756", "reduce_scatter": "#BAB0AC", "all_reduce": "#BAB0AC"}
+    fig, seen, rows = go.Figure(), set(), []
+    for mode, events in events_by_mode.items():
+        for e in events:
+            row = f"{mode}: {'comm' if e['lane'] == 'comm' else 'compute'}"
+            rows.append(row)
+            fig.add_trace(go.Bar(
+                y=[row], x=[max(e["end"] - e["start"], 1e-3)], base=[e["start"]],
+                orientation="h", marker_color=colors.get(e["name"], "#72B7B2"),
+                marker_line_width=0.5, name=e["name"], legendgroup=e["name"],
+                showlegend=e["name"] not in seen, opacity=0.8,
+                hovertext=f"{e['name']} {e.get('unit', '')}: {e['start']:.1f}-{e['end']:.1f} ms"))
+            seen.add(e["name"])
+    rows = list(dict.fromkeys(rows))
+    fig.update_layout(barmode="overlay", height=140 + 40 * len(rows),
+                      xaxis_title="ms since the step began", title="One ZeRO-3 step, rank 0",
+                      yaxis=dict(categoryorder="array", categoryarray=rows[::-1]),
+                      legend_orientation="h", legend_y=-0.3)
     return fig
 
 
