@@ -3,10 +3,13 @@ and assertions, so an exercise passes exactly when the book's own layers would.
 
     labkit.check.ch04.f_operator(f)                      # Exercise 4.1
     labkit.check.ch04.g_operator(g)                      # Exercise 4.2
-    labkit.check.ch04.row_parallel_linear(MyRow, f=f)    # Exercise 4.3
+    labkit.check.ch04.tp_block(MyMLP, MyAttention)       # Exercise 4.3 (labkit.check.ch04_block)
+    labkit.check.ch04.tp_bytes(predict_tp_bytes)         # Exercise 4.4
 
-Every job runs on real processes (Gloo), builds the same full nn.Linear on every rank from a
-fixed seed, and returns (actual, expected) pairs; the assertions run here, in the notebook.
+Every job runs on real processes (Gloo), builds the same full module on every rank from a fixed
+seed, and returns (actual, expected) pairs; the assertions run here, in the notebook. 4.4 grades
+a prediction of the bytes one rank sends in a forward + backward of labkit's TP GPT against
+labkit.costs.tensor_parallel and against the kernel's count (labkit.netcount) on real processes.
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from labkit.check import Checker, fail, tensors_close
 EXERCISES = {
     "4.1": ("Megatron's f operator (identity forward, all-reduce backward)", 1),
     "4.2": ("Megatron's g operator (all-reduce forward, identity backward)", 1),
-    "4.3": ("row-parallel linear with g (and an MLP with your f)", 3),
+    "4.3": ("a tensor-parallel MLP and attention from your f and g", 6),
+    "4.4": ("predict the bytes a TP rank sends per step, then measure them", 3),
 }
 
 
@@ -182,51 +186,6 @@ def g_operator(g):
     return c.finish()
 
 
-def row_parallel_linear(cls, f=None):
-    """Exercise 4.3: cls(linear, group) against nn.Linear at TP=2 and 3, then inside an MLP
-    whose column-parallel side uses `f` (the reader's, or labkit's when f is None)."""
-    c = Checker("4.3", *EXERCISES["4.3"])
-
-    def make(linear, group):
-        return cls(linear, group)
-
-    for tp in (2, 3):
-        in_f, out_f = 17 * tp, 13 * tp
-        with c.case(f"TP={tp}: {in_f} -> {out_f} with bias, outputs and all gradients"):
-            res = c.launch(linear_job, tp, args=(make, "row", in_f, out_f))
-            _hint_bias(res, tp)
-            assert_pairs(res)
-    with c.case("TP=2: no bias"):
-        assert_pairs(c.launch(linear_job, 2, args=(make, "row", 10, 6, False)))
-    with c.case("TP=3: column (with f) -> GELU -> your row (g) equals the one-process MLP"):
-        assert_pairs(c.launch(mlp_job, 3, args=(make, _column_with(f))))
-    return c.finish()
-
-
-def _column_with(f):
-    """A column-parallel maker using the reader's f (or labkit's when f is None)."""
-    if f is None:
-        return None
-
-    def make_col(linear, group):
-        import torch.nn as nn
-        import torch.nn.functional as F
-
-        from labkit.tp.layers import ColumnParallelLinear
-
-        class _Col(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.inner = ColumnParallelLinear.from_linear(linear, group)
-
-            def forward(self, x):
-                return F.linear(f(x, group), self.inner.weight, self.inner.bias)
-
-        return _Col()
-
-    return make_col
-
-
 def _hint_bias(res, tp):
     """A bias added before the all-reduce is summed tp times: the output is then off by the same
     vector at every position. Say so, instead of only 'differs at index ...'."""
@@ -240,3 +199,69 @@ def _hint_bias(res, tp):
         fail(f"the output is off by the same vector at every position (about {tp - 1} extra "
              "copies of the bias): add the bias once, after the all-reduce (g), not on every rank "
              "before it")
+
+
+# ----------------------------------------------------------------------------- 4.3
+def tp_block(mlp_cls, attn_cls):
+    """Exercise 4.3 (labkit.check.ch04_block): the reader's TP MLP and attention at tp = 2, 3, 4."""
+    from labkit.check.ch04_block import tp_block as check
+
+    return check(mlp_cls, attn_cls)
+
+
+# ----------------------------------------------------------------------------- 4.4
+# (tp, b, s, h, n_layer, n_head): activations large enough that Gloo's headers stay under 2%
+WIRE_CASES = [(2, 4, 32, 64, 2, 4), (4, 8, 32, 64, 1, 4), (3, 4, 32, 96, 2, 6)]  # 2-3 hidden
+WIRE_TOLERANCE = 0.05
+
+
+def costs_tp_bytes(b, s, h, n_layer, tp, bytes_per_element=4) -> float:
+    """labkit.costs' answer: n_layer x 4 ring all-reduces of (b, s, h) per forward + backward."""
+    from labkit.costs import tensor_parallel as tpc
+
+    return n_layer * tpc.layer_bytes_sent_per_rank(b, s, h, tp, bytes_per_element)
+
+
+def _wire_hint(ratio, tp) -> str:
+    near = lambda x: abs(ratio - x) <= WIRE_TOLERANCE * x  # noqa: E731
+    if near(0.5):
+        return ("About half: how many all-reduces does one layer run in forward, and how many "
+                "in backward (attention and MLP each have a g and an f)?")
+    if near(tp / (2 * (tp - 1))) or near(tp / (4 * (tp - 1))):
+        return ("That is the all-reduced buffer's size; on a ring of tp ranks, how much of a "
+                "buffer does each rank SEND in one all-reduce (two phases)?")
+    if near(2.0):
+        return "Twice the count: only what this rank sends, not sent + received."
+    return ("How many all-reduces per layer, of how many bytes each (activations or weights?), "
+            "and what share of each does a ring rank send?")
+
+
+def tp_bytes(fn):
+    """Exercise 4.4: fn(b, s, h, n_layer, tp, bytes_per_element) -> bytes one rank sends in one
+    forward + backward of labkit's TP GPT (fp32 on the CPU, so bytes_per_element = 4)."""
+    from labkit.tp.measure import wire_job
+
+    c = Checker("4.4", *EXERCISES["4.4"])
+    for i, (tp, b, s, h, n_layer, n_head) in enumerate(WIRE_CASES):
+        name = (f"tp={tp}, b={b}, s={s}, h={h}, {n_layer} layers" if i == 0 else
+                f"hidden case {i}")
+        with c.case(name):
+            got = fn(b, s, h, n_layer, tp, 4)
+            if not isinstance(got, (int, float)):
+                fail(f"return a number of bytes, got {type(got).__name__}")
+            cfg = dict(n_layer=n_layer, n_embd=h, n_head=n_head, block_size=s, vocab_size=96)
+            res = c.launch(wire_job, tp, args=(cfg, b, 1), timeout=120)
+            if any(r["sent"] is None for r in res):
+                fail(f"the kernel cannot count this backend's bytes ({res[0]['reason']})")
+            measured = max(r["sent"] for r in res)
+            want = costs_tp_bytes(b, s, h, n_layer, tp)
+            c.cases[-1]["name"] += (f"\n      predicted {got / 1e3:.1f} KB, measured "
+                                    f"{measured / 1e3:.1f} KB (kernel), labkit.costs "
+                                    f"{want / 1e3:.1f} KB") if i == 0 else ""
+            if abs(want / measured - 1) > WIRE_TOLERANCE:
+                fail(f"labkit.costs says {want:,.0f} B, the kernel counted {measured:,} B: the "
+                     "checker disagrees with itself (please report it)")
+            if abs(got / measured - 1) > WIRE_TOLERANCE:
+                fail(f"predicted {got:,.0f} B, measured {measured:,} B by the kernel "
+                     f"({got / measured:.2f}x). " + _wire_hint(got / measured, tp))
+    return c.finish()
