@@ -1,46 +1,28 @@
 """Checkers for chapter 07: the log-sum-exp merge, sequence parallelism's operator pair, ring
-attention's forward.
+attention forward and backward, and its bytes on the wire.
 
     merge(out1, lse1, out2, lse2) -> (out, lse)        7.1, one process
     sp_gather(x, group) [, sp_reduce_scatter(x, group)]  7.2, real processes, tp = 2, 3, 4
-    ring_forward(q, k, v, group, T) -> out             7.3, real processes, hidden cp and T
+    ring_attention(q, k, v, group, T) -> out           7.3, real processes, hidden cp, T, GQA
+    predict_ring_bytes(b, s, H, Hk, d, cp, e) -> bytes 7.4, measured by the kernel
 
 7.1 is compared with attention over all keys (labkit.context.tiled.attend, fp64), with one side
 empty (every key in the future: lse = -inf) and with log-sum-exps near 100 (exp overflows fp32).
 7.2 runs the pair on ranks with a different upstream gradient on every rank, so a backward that
-only slices (forgets to sum over ranks) is caught. 7.3 runs on hidden cp sizes and lengths with
-the zig-zag layout; the reader's function may move tensors only with point-to-point messages
-(labkit.collectives.exchange, isend/irecv): its source is read for collectives and for labkit's own
-ring, and on the ranks every torch.distributed collective is replaced, for the duration of the
-call, by one that fails.
+only slices (forgets to sum over ranks) is caught. 7.3 and 7.4 live in labkit.check.ch07_ring
+(its docstring says how they are graded).
 """
 from __future__ import annotations
 
 from labkit.check import Checker, fail
-from labkit.check.ch01 import collectives_called
 
 EXERCISES = {
     "7.1": ("log-sum-exp merge of two partial attention results", 3),
     "7.2": ("sequence parallelism's all-gather / reduce-scatter pair", 3),
-    "7.3": ("ring attention forward from point-to-point messages", 4),
+    "7.3": ("ring attention forward and backward from point-to-point messages", 6),
+    "7.4": ("predict ring attention's bytes per rank, then measure them", 3),
 }
 HANG_TIMEOUT = 30.0
-FORBIDDEN = ("ring_attention", "all_gather_kv_attention", "_RingAttention", "_AllGatherKV",
-             "scaled_dot_product_attention")
-RING_CASES = [(2, 12, 2, 3, 8), (3, 30, 1, 2, 4), (4, 8, 2, 2, 8), (3, 6, 1, 1, 16)]  # hidden
-
-
-def _names_used(fn) -> set:
-    import ast
-    import inspect
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return set()
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
-        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
 
 
 # ----------------------------------------------------------------------------- 7.1
@@ -163,91 +145,16 @@ def sp_pair(gather_fn, scatter_fn=None):
     return c.finish()
 
 
-# ----------------------------------------------------------------------------- 7.3
-_C10D_TO_DIST = {"allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
-                 "allreduce": "all_reduce", "alltoall": "all_to_all",
-                 "alltoall_base": "all_to_all_single", "_reduce_scatter_base":
-                 "reduce_scatter_tensor", "reduce_scatter": "reduce_scatter",
-                 "allgather_into_tensor_coalesced": "all_gather_into_tensor"}
+# ----------------------------------------------------------------------------- 7.3, 7.4
+def ring_attention(fn):
+    """Exercise 7.3 (labkit.check.ch07_ring): ring attention forward and backward."""
+    from labkit.check.ch07_ring import ring_attention as check
+
+    return check(fn)
 
 
-def _refuse_collectives_mode():
-    """A TorchDispatchMode that lets point-to-point ops through and stops any collective (a c10d
-    op other than send/recv) with a hint, whoever calls it: the learner's code, a helper, or
-    labkit. It observes the dispatcher: torch.distributed itself is not patched."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+def ring_bytes(fn):
+    """Exercise 7.4 (labkit.check.ch07_ring): predict ring attention's bytes, then measure."""
+    from labkit.check.ch07_ring import ring_bytes as check
 
-    class Refuse(TorchDispatchMode):
-        def __init__(self, used):
-            super().__init__()
-            self.used = used
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.__name__
-            if func.namespace == "c10d" and not name.startswith(("send", "recv", "barrier",
-                                                                 "monitored_barrier")):
-                base = name.split(".")[0].rstrip("_")
-                public = _C10D_TO_DIST.get(base, base)    # the name the learner wrote
-                self.used.append(public)
-                raise RuntimeError(f"collective dist.{public} called (c10d.{name}): ring "
-                                   "attention passes K/V with point-to-point messages only")
-            return func(*args, **(kwargs or {}))
-    return Refuse
-
-
-def _RefuseCollectives(used):
-    return _refuse_collectives_mode()(used)
-
-
-def _ring_job(fn, T, B, H, d):
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from labkit.context.layout import positions
-    from labkit.launch import device, note
-
-    rank, cp, dev = dist.get_rank(), dist.get_world_size(), device()
-    g = torch.Generator().manual_seed(7 * T + cp)
-    q, k, v = (torch.randn(B, H, T, d, generator=g) for _ in range(3))  # cpu: moved below
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    pos = positions(T, rank, cp, "zigzag")
-    mine = [t[:, :, pos].contiguous().to(dev) for t in (q, k, v)]        # (B, H, T/cp, d)
-    used = []
-    note(f"your ring_forward, cp={cp}")
-    with _RefuseCollectives(used):       # observes c10d ops; nothing in torch is replaced
-        out = fn(*mine, None, T)
-    return {"rank": rank, "out": out.detach().cpu() if isinstance(out, torch.Tensor) else out,
-            "want": want[:, :, pos], "used": used}
-
-
-def ring_forward(fn):
-    """Exercise 7.3: fn(q, k, v, group, T) -> this rank's rows of causal attention, q/k/v being
-    this rank's zig-zag chunks (B, H, T/cp, d), K/V moved round the ring by point-to-point only."""
-    import torch
-
-    c = Checker("7.3", *EXERCISES["7.3"])
-    names = _names_used(fn)
-    bad = sorted(set(collectives_called(fn)) | (names & set(FORBIDDEN)))
-    for i, (cp, T, B, H, d) in enumerate(RING_CASES):
-        with c.case(f"hidden case {i + 1}"):
-            if bad:
-                fail(f"your function uses {', '.join(bad)}: build the ring yourself from "
-                     "point-to-point messages (exchange / isend / irecv) and labkit.context."
-                     "tiled.attend for each block")
-            res = c.launch(_ring_job, cp, args=(fn, T, B, H, d), timeout=HANG_TIMEOUT)
-            for r in res:
-                if r["used"]:
-                    fail(f"rank {r['rank']} called dist.{r['used'][0]}: point-to-point only")
-                got, want = r["out"], r["want"]
-                if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-                    fail(f"rank {r['rank']}: expected a tensor of shape {tuple(want.shape)} (this "
-                         f"rank's rows), got {getattr(got, 'shape', type(got).__name__)}")
-                if torch.isnan(got).any():
-                    fail(f"rank {r['rank']}: NaN in the output. A block whose keys all lie in the "
-                         "future has lse = -inf: does your merge survive it?")
-                if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
-                    fail(f"rank {r['rank']}: wrong values. Are the keys you attend to masked by "
-                         "their GLOBAL positions (whose chunk is this at step s?), and are the "
-                         "blocks merged by log-sum-exp rather than averaged?")
-    return c.finish()
+    return check(fn)
