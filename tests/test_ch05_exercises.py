@@ -28,7 +28,8 @@ def run_stage(actions, stage_module, micro_batches, targets, group, *, defer_w=T
     loss_sum = 0.0
 
     def receive(k, src):
-        buf = torch.empty(*micro_batches[k].shape, stage_module.hidden)   # (B_k, T, h)
+        buf = torch.empty(*micro_batches[k].shape, stage_module.hidden,
+                          device=micro_batches[k].device)                 # (B_k, T, h)
         dist.recv(buf, src=src, group=group)
         return buf
 

@@ -346,7 +346,7 @@ def _stage_job(fn, specs, batch_size):
     import torch.distributed as dist
 
     from labkit.check.guards import CollectiveLog
-    from labkit.launch import note
+    from labkit.launch import device, note
     from labkit.model import GPT, shard_rows
     from labkit.pipeline import schedules
     from labkit.pipeline.executor import make_batch, owned_parameters
@@ -354,8 +354,8 @@ def _stage_job(fn, specs, batch_size):
     torch.set_num_threads(1)
     cfg = stage_config()
     rank, P = dist.get_rank(), dist.get_world_size()
-    model = GPT(cfg, seed=0)
-    x, y = make_batch(batch_size, cfg)
+    model = GPT(cfg, seed=0).to(device())                  # this rank's GPU under NCCL, else CPU
+    x, y = (t.to(device()) for t in make_batch(batch_size, cfg))
     out = []
     for name, K in specs:
         s = schedules.make(name, P, K)
