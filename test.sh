@@ -15,4 +15,12 @@ if [[ -z "${LABKIT_E2E_CHAPTERS:-}" && -x "${LABKIT_CHROMIUM:-/usr/bin/chromium}
   chapters=()
   echo "test.sh: the chapters run in the browser test (tests/e2e), which checks their outputs as nbval would"
 fi
-exec python -m pytest tests "${chapters[@]}" --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider --durations=25 "$@"
+# Two test files at a time (pytest-xdist; a file's tests, and a notebook's cells, stay together on
+# one worker). Most tests wait on processes they started, so two at once use 2 cores better.
+# LABKIT_TEST_WORKERS=0 runs one at a time.
+workers=${LABKIT_TEST_WORKERS:-0}
+parallel=()
+if [[ "$workers" != 0 ]] && python -c "import xdist" 2>/dev/null; then
+  parallel=(-n "$workers" --dist loadfile)
+fi
+exec python -m pytest tests "${chapters[@]}" "${parallel[@]}" --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider --durations=25 "$@"
