@@ -148,7 +148,7 @@ def state_bytes(fn, cases=None):
 # ----------------------------------------------------------------------------- 0.2
 SHIFT_WORLDS = (2, 3, 4)            # 4: hidden
 SHIFT_SHAPES = [(7,), (1, 4), (1_000_000,)]   # 4 MB: a blocking send waits for its receiver
-SHIFT_TIMEOUT = 20.0
+SHIFT_TIMEOUT = 30.0
 
 
 def _shift_job(fn, shapes):
@@ -209,6 +209,7 @@ DP_CASES = [(2, [(6, "momentum", 3)]),
 DP_SHOWN = {(2, 6), (3, 7)}
 BYTES_SLACK = 0.10          # over the ring's 2(N-1)/N per step: Gloo's headers, a float or two
 BYTES_HEADROOM = 8 * 2**10  # absolute: a few hundred bytes of header per message
+DP_TIMEOUT = 60.0          # seconds: 4 ranks on 2 busy cores start slowly; a real hang waits this
 FORBIDDEN = ("labkit.ddp", "torch.nn.parallel", "labkit.parallel", "labkit.zero")
 
 
@@ -219,14 +220,14 @@ def mlp(seed: int) -> torch.nn.Module:
                                 torch.nn.Linear(DP_HIDDEN, DP_OUT)).double()
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3)  # cpu
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.3)  # cpu: seeded
     return model
 
 
 def dp_batch(batch: int):
     g = torch.Generator().manual_seed(batch)
-    x = torch.randn(batch, DP_IN, generator=g, dtype=torch.float64)        # (B, d_in)
-    y = torch.randn(batch, DP_OUT, generator=g, dtype=torch.float64)       # (B, d_out)
+    x = torch.randn(batch, DP_IN, generator=g, dtype=torch.float64)   # cpu: seeded; (B, d_in)
+    y = torch.randn(batch, DP_OUT, generator=g, dtype=torch.float64)  # cpu: seeded; (B, d_out)
     return x, y
 
 
@@ -274,21 +275,21 @@ def _dp_job(fn, configs):
 
     from labkit import netcount
     from labkit.check.guards import CollectiveLog
-    from labkit.launch import note
+    from labkit.launch import device, note
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     out = []
     for batch, optimizer, steps in configs:
-        model = mlp(1000 + rank)                                # ranks start from different weights
+        model = mlp(1000 + rank).to(dev)                        # ranks start from different weights
         rows = []
         model.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
         opt = make_optimizer(optimizer, model.parameters())
-        x, y = dp_batch(batch)
+        x, y = (t.to(dev) for t in dp_batch(batch))
         note(f"your train_data_parallel: batch {batch}, {optimizer}, {steps} steps")
         dist.barrier()
         with netcount.socket_bytes() as net, CollectiveLog() as log:
             losses = fn(model, opt, x.clone(), y.clone(), steps)
-        out.append({"rank": rank, "params": [p.detach().clone() for p in model.parameters()],
+        out.append({"rank": rank, "params": [p.detach().cpu() for p in model.parameters()],
                     "losses": list(losses) if isinstance(losses, (list, tuple)) else losses,
                     "rows": rows, "calls": log.calls, "sent": net.sent})
         dist.barrier()
@@ -378,7 +379,7 @@ def data_parallel(fn, cases=None):
                          f"Write the step with torch.distributed calls yourself.")
                 if not tried:
                     tried = True
-                    res = c.launch(_dp_job, world, args=(fn, configs))
+                    res = c.launch(_dp_job, world, args=(fn, configs), timeout=DP_TIMEOUT)
                 if res is None:
                     fail("did not run (see the first case of this world size)")
                 _assert_trained([r[i] for r in res], batch, optimizer, steps, world)

@@ -76,6 +76,8 @@ def forbidden_used(fns, modules: tuple, names=()) -> list:
     found, seen, todo = set(), set(), list(fns)
     while todo:
         obj = todo.pop()
+        if isinstance(obj, types.FunctionType):
+            obj = inspect.unwrap(obj)               # @torch.no_grad, @contextmanager: the body
         if id(obj) in seen:
             continue
         seen.add(id(obj))
@@ -83,8 +85,11 @@ def forbidden_used(fns, modules: tuple, names=()) -> list:
             home = obj.__module__ or ""
             if home.startswith(modules):
                 found.add(f"{home} ({obj.__name__})")
-            todo += [v for v in vars(obj).values() if isinstance(v, types.FunctionType)]
-            todo += [b for b in obj.__bases__ if b is not object]
+            todo += [v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
+                     for v in vars(obj).values()
+                     if isinstance(v, (types.FunctionType, staticmethod, classmethod))]
+            todo += [b for b in obj.__bases__ if b.__module__ == obj.__module__ or
+                     (b.__module__ or "").startswith(modules)]      # the reader's, or refused
             continue
         if not isinstance(obj, types.FunctionType):
             continue

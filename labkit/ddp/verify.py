@@ -64,6 +64,10 @@ class AllReduceCounter(TorchDispatchMode):
     calls it (labkit's wrappers, a learner's code, torch DDP's C++ reducer): a counter the code
     under test does not write, and nothing in torch.distributed is replaced."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False    # else the first dispatch imports torch._dynamo: seconds on a cold rank
+
     def __init__(self):
         super().__init__()
         self.calls = []
