@@ -90,92 +90,6 @@ def sp_gather_wrong(x, group):
     return _GatherSliceBack.apply(x, group)
 
 
-def ring_forward(q, k, v, group, T):
-    import torch.distributed as dist
-
-    from labkit.collectives import exchange
-    from labkit.context.layout import positions
-    from labkit.context.tiled import attend
-
-    rank, cp = dist.get_rank(group), dist.get_world_size(group)
-    out = lse = None
-    cur_k, cur_v = k, v                                              # (B, H, T/cp, d)
-    for s in range(cp):
-        src = (rank - s) % cp
-        if s < cp - 1:
-            nk, nv = torch.empty_like(k), torch.empty_like(v)
-            works = exchange([(dist.irecv, nk, (rank - 1) % cp, group, 1),
-                              (dist.irecv, nv, (rank - 1) % cp, group, 2),
-                              (dist.isend, cur_k, (rank + 1) % cp, group, 1),
-                              (dist.isend, cur_v, (rank + 1) % cp, group, 2)])
-        o, l = attend(q, cur_k, cur_v, positions(T, rank, cp), positions(T, src, cp))
-        out, lse = (o, l) if out is None else merge(out, lse, o, l)
-        if s < cp - 1:
-            for w in works:
-                w.wait()
-            cur_k, cur_v = nk, nv
-    return out
-
-
-def ring_forward_no_mask(q, k, v, group, T):                         # masks by local positions
-    import torch.distributed as dist
-
-    from labkit.collectives import exchange
-    from labkit.context.tiled import attend
-
-    rank, cp = dist.get_rank(group), dist.get_world_size(group)
-    out = lse = None
-    cur_k, cur_v = k, v
-    local = torch.arange(q.shape[2])
-    for s in range(cp):
-        if s < cp - 1:
-            nk, nv = torch.empty_like(k), torch.empty_like(v)
-            works = exchange([(dist.irecv, nk, (rank - 1) % cp, group, 1),
-                              (dist.irecv, nv, (rank - 1) % cp, group, 2),
-                              (dist.isend, cur_k, (rank + 1) % cp, group, 1),
-                              (dist.isend, cur_v, (rank + 1) % cp, group, 2)])
-        o, l = attend(q, cur_k, cur_v, local, local)
-        out, lse = (o, l) if out is None else merge(out, lse, o, l)
-        if s < cp - 1:
-            for w in works:
-                w.wait()
-            cur_k, cur_v = nk, nv
-    return out
-
-
-def ring_forward_all_gather(q, k, v, group, T):                      # a collective: refused
-    from labkit.context.layout import positions
-    from labkit.context.tiled import attend
-
-    K, V = _all_gather(k.transpose(1, 2), group), _all_gather(v.transpose(1, 2), group)
-    import torch.distributed as dist
-    cp = dist.get_world_size(group)
-    kpos = torch.cat([positions(T, r, cp) for r in range(cp)])
-    return attend(q, K.transpose(1, 2), V.transpose(1, 2), positions(T, dist.get_rank(group), cp),
-                  kpos)[0]
-
-
-def _hidden_all_gather(t, group):                                    # collective out of sight
-    return _all_gather(t, group)
-
-
-def ring_forward_hidden_collective(q, k, v, group, T):
-    from labkit.context.layout import positions
-    from labkit.context.tiled import attend
-    import torch.distributed as dist
-
-    cp = dist.get_world_size(group)
-    K = _hidden_all_gather(k.transpose(1, 2), group).transpose(1, 2)
-    V = _hidden_all_gather(v.transpose(1, 2), group).transpose(1, 2)
-    kpos = torch.cat([positions(T, r, cp) for r in range(cp)])
-    return attend(q, K, V, positions(T, dist.get_rank(group), cp), kpos)[0]
-
-
-def ring_forward_labkit(q, k, v, group, T):
-    from labkit.context import ring_attention
-    return ring_attention(q, k, v, group, "zigzag", seq_len=T)
-
-
 # ----------------------------------------------------------------------------- the checkers
 def test_merge_reference_scores_full_and_wrong_answers_less():
     assert ch07.merge(merge).score == 3
@@ -194,27 +108,10 @@ def test_sp_pair_reference_scores_full_and_slicing_backward_fails():
     assert swapped.score == 0
 
 
-def test_ring_forward_reference_full_wrong_answers_refused():
-    assert ch07.ring_forward(ring_forward).score == 4
-    assert ch07.ring_forward(ring_forward_no_mask).score < 4
-    refused = ch07.ring_forward(ring_forward_labkit)
-    assert refused.score == 0 and "ring_attention" in refused.cases[0]["message"]
-    # a collective the source does not show is caught on the ranks
-    hidden = ch07.ring_forward(ring_forward_hidden_collective)
-    assert hidden.score == 0 and "all_gather" in hidden.cases[0]["message"]
-
-
-def test_ring_forward_source_with_collective_refused():
-    # the all-gather is in a helper; the ranks' guard refuses it
-    res = ch07.ring_forward(ring_forward_all_gather)
-    assert res.score == 0
-
-
 def test_unimplemented_stub_scores_zero():
     def stub(*a):
-        raise NotImplementedError("Exercise 7.3: ring attention forward")
-    assert ch07.ring_forward(stub).score == 0
-    assert ch07.merge(stub).score == 0
+        raise NotImplementedError("Exercise 7.1: merge")
+    assert ch07.merge(stub).score == 0          # 7.3 and 7.4: tests/test_ch07_exercises.py
 
 
 # ----------------------------------------------------------------------------- the lab
