@@ -10,14 +10,13 @@
 experts, combine) runs on ep real processes and is compared, on outputs and on the gradients of
 the tokens, the router and every expert, with the one-process reference: plain loops over every
 rank's tokens written for the checker (never labkit.moe, so the checker cannot agree with a bug
-in it). Hidden cases: ep = 4 with a rank that has no tokens, experts that are not a multiple of
-what a test run shows, k = 3. Enforced on the ranks: the layer moves rows with all-to-alls only
-(a TorchDispatchMode records every c10d op its forward and backward run: no all_gather, no
-all_reduce, no broadcast), a rank runs only the experts it owns, the bytes each rank sent
-(labkit.netcount, the kernel's count) stay within SLACK of the optimum (the kept assignments
-that leave the rank, four times: dispatch, combine and their gradients; plus their expert ids
-and the counts), labkit.moe is neither imported nor named, and E not divisible by ep raises
-a ValueError that names both numbers.
+in it). Hidden case: ep = 4, top-3, heavy dropping and a rank that has no tokens. Enforced on
+the ranks: the layer moves rows with all-to-alls only (a TorchDispatchMode sees every c10d op its
+forward and backward run, and stops any other collective), a rank runs only the experts it owns,
+the bytes each rank sends (labkit.netcount, the kernel's count) stay within SLACK of the optimum
+(its kept rows that leave and the rows that arrive for its experts, once each way in both
+passes; the leaving rows' expert ids; the counts), labkit.moe is neither imported nor named, and
+E not divisible by ep raises a ValueError that names both numbers.
 
 8.3: the reader predicts the bytes each rank sends in one MoE layer's forward and backward
 (the four row all-to-alls) for a given routing; the checker runs the all-to-alls on real
@@ -135,9 +134,10 @@ def _reference_layer(router, experts, x, k, factor):
 
 
 def _optimum_sent(routing: list, rank: int, ep: int, per: int, h: int) -> int:
-    """Bytes rank must send: each kept assignment whose expert lives elsewhere goes out as a row
-    of h fp32 values four times (dispatch, combine's gradient, ... each way once), its expert id
-    once (int64); plus the ep-1 counts."""
+    """Bytes rank must send in one forward and backward: its kept assignments whose expert lives
+    elsewhere (dispatch; combine's gradient) and the rows other ranks sent to its experts
+    (combine; dispatch's gradient), each a row of h fp32 values; the leaving rows' expert ids
+    (int64); and the ep-1 counts."""
     e, kept = routing[rank]
     remote = sum(1 for row, ks in zip(e, kept) for x, k in zip(row, ks) if k and x // per != rank)
     back = sum(1 for r in range(ep) if r != rank
@@ -379,6 +379,9 @@ def _bytes_job(routing: list, E: int, h: int, dtype: str):
     return {"sent": count.sent, "reason": count.reason, "received": count.received}
 
 
+_MEASURED: dict = {}     # 8.3 case name -> the ranks' counts (they do not depend on the reader)
+
+
 def _balanced(n: int, E: int, k: int, ep: int, rank: int) -> list:
     """Routing whose k*n assignments land on the E experts round-robin (every expert, and so
     every rank, equally often): what labkit.costs.moe assumes."""
@@ -488,7 +491,9 @@ def alltoall_bytes(predict):
             if not (isinstance(got, (list, tuple)) and len(got) == ep
                     and all(isinstance(v, (int, float)) for v in got)):
                 fail(f"return a list of {ep} numbers: the bytes each rank sends")
-            res = c.launch(_bytes_job, ep, args=(routing, E, h, dtype))
+            if name not in _MEASURED:      # the checker's own all-to-alls: once per process
+                _MEASURED[name] = c.launch(_bytes_job, ep, args=(routing, E, h, dtype))
+            res = _MEASURED[name]
             if res[0]["sent"] is None:
                 fail(f"the kernel's counter cannot count here: {res[0]['reason']}")
             measured = [r["sent"] for r in res]

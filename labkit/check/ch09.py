@@ -22,6 +22,9 @@ labkit.precision may not be used.
 9.4: the reader predicts the bytes of weights, gradients and optimizer state a recipe holds
 for n parameters; the checker runs one real AdamW step of the book's GPT held that way and reads
 storage sizes (untyped_storage().nbytes()); within STATE_TOLERANCE, shown beside labkit.costs.
+
+Long because: the notebook imports one checker module per chapter; 9.3's reference training,
+its recording scaler and its hints belong together.
 """
 from __future__ import annotations
 
