@@ -51,7 +51,9 @@ class ShardedLossScaler(DynamicLossScaler):
         """Unscale this rank's gradients in place; True if any rank found inf/NaN."""
         grads = [g for g in grads_before_step(zero) if g is not None]
         local = self.unscale_(grads)
-        device = grads[0].device if grads else torch.device("cpu")
+        # the flag travels on the communication device (offload keeps the grads in CPU memory)
+        device = getattr(zero, "device", None) or (grads[0].device if grads else
+                                                   torch.device("cpu"))
         flag = torch.tensor([float(local)], device=device)                   # (1,)
         commlog.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group,
                            where="loss scaler: any inf")

@@ -305,7 +305,7 @@ class ZeRO3:
         reference; collective). Replicated ones are this rank's own copy."""
         names = {id(p): n for n, p in self.model.named_parameters()}
         return {names[id(p)]: s.detach().clone() if id(p) in self.replicated
-                else all_gather_full(s.detach(), self.shapes[id(p)], self.group)
+                else all_gather_full(s.detach().to(self.device), self.shapes[id(p)], self.group)
                 for p, s in zip(self.params, self.shards)}
 
     def held_bytes(self) -> dict:
