@@ -12,7 +12,9 @@ each rank keeps after a step (before zero_grad). The bytes sent are counted by t
 (labkit.netcount: the payload this rank's TCP sockets moved in one step), not by labkit; the
 prediction is labkit.costs.zero.comm_per_rank of the Ψ the stage moves (`moved_numel`).
 `collective_bytes` is chapter 03's myth vs measurement: the backend's own reduce-scatter beside
-labkit's ring, counted the same way.
+labkit's ring, counted the same way. `precision_traffic`: bf16 gathers counted by the kernel;
+`offload_step`: ZeRO-Offload's CPU Adam timed by torch's step hooks, as the CPU bandwidth the
+calculator (costs.zero.offload_seconds) and the planner (Cluster.cpu_bw) take.
 """
 from __future__ import annotations
 
