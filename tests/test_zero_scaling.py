@@ -1,12 +1,23 @@
-"""fp16 under ZeRO: labkit.zero.ShardedLossScaler skips the same steps on every rank (an inf in
-one rank's shard is enough), and ZeRO-3 with an fp16 or bf16 policy equals PyTorch's FSDP2 with
-the same policy (fp16: with its ShardedGradScaler) step for step, skipped steps and scales
-included. The 50-step curves against the fp32 reference are chapter 03's (too slow for here)."""
+"""Mixed precision and fp16 under ZeRO: labkit.zero.ShardedLossScaler skips the same steps on every
+rank (an inf in one rank's shard is enough); ZeRO-3 with an fp16 or bf16 policy equals PyTorch's
+FSDP2 with the same policy (fp16: with its ShardedGradScaler) step for step, skipped steps and
+scales included; ZeRO-1 and ZeRO-2 with the bf16 policy (a bf16 model, fp32 master shards) equal
+ZeRO-3's, and hold the bytes the calculator's recipes say. The 50-step curves against the fp32
+reference are chapter 03's (too slow for here)."""
+import dataclasses
+import math
+
 import pytest
 import torch
 
+from labkit.costs import memory
 from labkit.launch import run
+from labkit.model import GPT
+from labkit.zero.precision import MixedPrecisionPolicy
 from labkit.zero.train import TINY
+
+BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+UNTIED = dataclasses.replace(TINY, tie_weights=False)
 
 STEPS = 6
 
@@ -43,9 +54,12 @@ def _overflow_on_one_rank(stage: int) -> dict:
 
 def _everything():
     from labkit.zero.tracking import CURVE_MODEL, policy_curves
+    from labkit.zero.train import sharded_train
 
     return {"overflow": {st: _overflow_on_one_rank(st) for st in (0, 1, 2, 3)},
-            "curves": policy_curves(CURVE_MODEL, steps=STEPS)}
+            "curves": policy_curves(CURVE_MODEL, steps=STEPS),
+            "bf16": {st: sharded_train(st, UNTIED, "adamw", steps=3, stage_kw=dict(mp_policy=BF16))
+                     for st in (1, 2, 3)}}
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +85,42 @@ def test_policy_equals_fsdp2_step_for_step(runs, dtype):
     if dtype == "float16":      # 4.6 x 2^16 overflows fp16 in backward: step 0 skipped by both
         assert runs[0]["curves"][("labkit", dtype)]["skipped"] == 1
         assert runs[0]["curves"][("fsdp2", dtype)]["scales"][:2] == [2.0**16, 2.0**15]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero12_bf16_equals_zero3_bf16(runs, stage):
+    """The same casts (bf16 compute from fp32 masters, fp32 reduce): bit-identical masters and
+    losses to ZeRO-3's policy, which equals FSDP2's."""
+    for r in runs:
+        ours, z3 = r["bf16"][stage], r["bf16"][3]
+        assert ours["losses"] == z3["losses"]
+        assert all(torch.equal(ours["params"][k], z3["params"][k]) for k in z3["params"])
+        assert all(v.dtype == torch.float32 for v in ours["params"].values())   # the masters
+
+
+@pytest.mark.parametrize("stage, recipe", [(1, (2, 2, 12)), (2, (2, 4, 12))])
+def test_zero12_bf16_holds_the_recipes_bytes(runs, stage, recipe):
+    """ZeRO-1: bf16 params and grads (2 + 2), fp32 master + m + v sharded (12/N): the ZeRO
+    paper's mixed precision, 4Ψ + 12Ψ/N. ZeRO-2 reduces in fp32 into the shards: 2Ψ + 16Ψ/N."""
+    params = list(GPT(UNTIED).parameters())
+    psi = sum(p.numel() for p in params)
+    c = sum(math.ceil(p.numel() / 2) for p in params)                # this rank's padded chunks
+    ms = memory.model_states(psi, recipe=memory.Precision("bf16", *recipe), zero_stage=stage,
+                             dp=2)
+    for r in runs:
+        held = r["bf16"][stage]["held"]
+        grads = 2 * psi if stage == 1 else 4 * c
+        assert held == {"params": 2 * psi, "grads": grads, "optimizer": 12 * c}, held
+        assert ms.total <= sum(held.values()) <= ms.total + 16 * 2 * len(params)
+
+
+def test_zero12_policy_bad_input_is_a_clear_error():
+    from labkit.zero import ZeRO1, ZeRO2
+
+    for cls, kw, says in ((ZeRO1, dict(naive=True), "flat=True"),
+                          (ZeRO2, dict(mp_policy=MixedPrecisionPolicy(
+                              param_dtype=torch.bfloat16, output_dtype=torch.float32)),
+                           "output_dtype")):
+        kw = {"mp_policy": BF16, **kw}
+        with pytest.raises(ValueError, match=says):
+            cls(GPT(TINY).parameters(), torch.optim.SGD, lr=0.1, **kw)

@@ -82,6 +82,20 @@ def resolve(policy, master_dtype: torch.dtype) -> tuple:
     return param, reduce, policy.output_dtype, bool(policy.cast_forward_inputs)
 
 
+def resolve_model_policy(policy, params) -> tuple:
+    """(param_dtype, reduce_dtype) for ZeRO-1/2, which cast the model's parameters themselves
+    (the model computes in param_dtype; fp32 master shards hold the optimizer's copy):
+    output_dtype has no unit boundary to act at there, so it is refused."""
+    if policy is None:
+        return None, None
+    if getattr(policy, "output_dtype", None) is not None:
+        raise ValueError("output_dtype applies to ZeRO-3's units; ZeRO-1/2 cast the whole model "
+                         "to param_dtype: leave output_dtype=None (cast the loss yourself)")
+    master = next((p.dtype for p in params if p.is_floating_point()), torch.float32)
+    param, reduce, _, _ = resolve(policy, master)
+    return param, reduce
+
+
 def cast_floating(x, dtype):
     """x (a tensor, or a tuple/list of them) with its floating tensors cast to dtype (None:
     unchanged). Integers (token ids) and bools are never cast."""

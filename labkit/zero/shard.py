@@ -134,6 +134,28 @@ def shard_optimizer(params, optimizer_class, group=None, **optimizer_kwargs):
     return shards, optimizer_class(shard_groups, **optimizer_kwargs)
 
 
+def master_shards(params, optimizer_class, group=None, param_dtype=None, **optimizer_kwargs):
+    """shard_optimizer for mixed precision (ZeRO-1/2 with a policy): the shards are fp32 COPIES
+    of this rank's chunks (the master weights, not views), and the parameters themselves are
+    cast to param_dtype, so the model computes in it. Returns (masters, optimizer); the optimizer
+    keeps fp32 state for the masters only. After each step the caller all-gathers the masters
+    cast to param_dtype into the parameters. param_dtype None: shard_optimizer (views)."""
+    if param_dtype is None:
+        return shard_optimizer(params, optimizer_class, group, **optimizer_kwargs)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    params = list(params)
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    masters, master_groups = [], []
+    for g in groups:
+        mine = []
+        for p in g["params"]:
+            mine.append(shard_of(p.detach().float(), rank, world).requires_grad_(True))  # (c,)
+            p.data = p.data.to(param_dtype)
+        masters += mine
+        master_groups.append({**g, "params": mine})
+    return masters, optimizer_class(master_groups, **optimizer_kwargs)
+
+
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 

@@ -103,6 +103,14 @@ def full_params(zero, model) -> dict:
     """name -> full parameter tensor on this rank (gathered for ZeRO-3)."""
     if getattr(zero, "stage", None) == 3:
         return zero.full_parameters()
+    if getattr(zero, "param_dtype", None) is not None:   # ZeRO-1/2 mp_policy: the fp32 masters
+        from labkit.zero.shard import all_gather_full
+
+        names = {id(p): n for n, p in model.named_parameters()}
+        out = {n: p.detach().clone() for n, p in model.named_parameters()}   # frozen: as is
+        out.update({names[id(p)]: all_gather_full(s.detach(), p.shape, zero.group).clone()
+                    for p, s in zip(zero.params, zero.shards)})
+        return out
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

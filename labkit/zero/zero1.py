@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 
 from labkit import commlog
-from labkit.zero.shard import (all_gather_full, all_gather_many, reduce_scatter_mean,
-                               reduce_scatter_mean_many, shard_optimizer, storage_bytes)
+from labkit.zero.precision import resolve_model_policy
+from labkit.zero.shard import (all_gather_full, all_gather_many, master_shards, reduce_scatter_mean,
+                               reduce_scatter_mean_many, storage_bytes)
 from labkit.zero.params import clip_, flat_params, param_groups, require_grads, with_flags
 
 
@@ -124,6 +125,8 @@ class DataParallel:
         buffer or a gradient in the all-reduced flat buffer, is not counted twice)."""
         state = [v for st in self.optimizer.state.values() for v in st.values()
                  if isinstance(v, torch.Tensor) and v.dim() > 0]
+        if getattr(self, "param_dtype", None) is not None:   # fp32 masters: the recipe's 12
+            state += list(self.shards)                       # bytes are master + m + v
         return {"params": storage_bytes(self.params + self.frozen),
                 "grads": storage_bytes(self._grads_held()),
                 "optimizer": storage_bytes(state)}
@@ -139,14 +142,18 @@ class ZeRO1(DataParallel):
 
     def __init__(self, params, optimizer_class, group=None, naive=False, flat=True,
                  max_grad_norm: float | None = None, find_unused_parameters: bool = False,
-                 **optimizer_kwargs):
+                 mp_policy=None, **optimizer_kwargs):
         self.find_unused = find_unused_parameters
         self.groups, self.frozen = param_groups(params)
         self.params = flat_params(self.groups)
         self.group, self.naive, self.flat = group, naive, flat
         self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
-        self.shards, self.optimizer = shard_optimizer(self.groups, optimizer_class, group,
-                                                      **optimizer_kwargs)
+        self.param_dtype, self.reduce_dtype = resolve_model_policy(mp_policy, self.params)
+        if self.param_dtype is not None and (naive or not flat):
+            raise ValueError("mp_policy needs ZeRO1(flat=True, naive=False): the exercise's "
+                             "steps update parameter views in place, not fp32 masters")
+        self.shards, self.optimizer = master_shards(self.groups, optimizer_class, group,
+                                                    self.param_dtype, **optimizer_kwargs)
 
     def step(self) -> None:
         if self.naive or not self.flat:   # the exercise's paths: a missing gradient is zeros
@@ -161,7 +168,8 @@ class ZeRO1(DataParallel):
     def _step_flat(self) -> None:
         """zero1_step_flat, plus has-grad flags, clipping and frozen parameters."""
         world = dist.get_world_size(self.group)
-        reduced = reduce_scatter_mean_many(self._parts(world), self.group)   # (c_i,) each
+        parts = [g.to(self.reduce_dtype) if self.reduce_dtype else g for g in self._parts(world)]
+        reduced = reduce_scatter_mean_many(parts, self.group)               # (c_i,) each
         chunks, flags = self._split_flags(reduced)
         for s, g, used in zip(self.shards, chunks, flags):
             s.grad = g if used > 0 else None
@@ -169,7 +177,9 @@ class ZeRO1(DataParallel):
             self.last_grad_norm = clip_([s.grad for s in self.shards], self.max_grad_norm,
                                         self.group, sharded=True)
         self.optimizer.step()
-        with torch.no_grad():
-            fulls = all_gather_many(self.shards, [p.shape for p in self.params], self.group)
+        with torch.no_grad():   # mp_policy: the fp32 masters cast BEFORE the gather
+            fulls = all_gather_many([s.detach().to(p.dtype) for p, s in
+                                     zip(self.params, self.shards)],
+                                    [p.shape for p in self.params], self.group)
             for p, full in zip(self.params, fulls):
                 p.copy_(full)                                        # p.shape

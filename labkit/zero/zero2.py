@@ -22,7 +22,8 @@ import contextlib
 import torch
 
 from labkit.zero.params import clip_, flat_params, param_groups
-from labkit.zero.shard import all_gather_many, reduce_scatter_mean_many, shard_optimizer
+from labkit.zero.precision import resolve_model_policy
+from labkit.zero.shard import all_gather_many, master_shards, reduce_scatter_mean_many
 from labkit.zero.zero1 import DataParallel
 
 
@@ -39,14 +40,15 @@ class ZeRO2(DataParallel):
 
     def __init__(self, params, optimizer_class, group=None, bucket_bytes: int = 64 * 1024,
                  reduce_scatter: str | None = None, max_grad_norm: float | None = None,
-                 find_unused_parameters: bool = False, **optimizer_kwargs):
+                 find_unused_parameters: bool = False, mp_policy=None, **optimizer_kwargs):
         self.groups, self.frozen = param_groups(params)
         self.params = flat_params(self.groups)
         self.group, self.bucket_bytes = group, bucket_bytes
         self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
         self.reduce_scatter = reduce_scatter   # None: labkit.zero.shard.reduce_scatter_algorithm
-        self.shards, self.optimizer = shard_optimizer(self.groups, optimizer_class, group,
-                                                      **optimizer_kwargs)
+        self.param_dtype, self.reduce_dtype = resolve_model_policy(mp_policy, self.params)
+        self.shards, self.optimizer = master_shards(self.groups, optimizer_class, group,
+                                                    self.param_dtype, **optimizer_kwargs)
         self._bucket, self._bucket_size, self._sync = [], 0, True
         for p, s in zip(self.params, self.shards):   # for the life of the parameters
             p.register_post_accumulate_grad_hook(self._make_hook(s))
@@ -78,7 +80,8 @@ class ZeRO2(DataParallel):
         if not self._bucket:
             return
         params, shards = zip(*self._bucket)
-        chunks = reduce_scatter_mean_many([p.grad for p in params], self.group,
+        grads = [p.grad.to(self.reduce_dtype) if self.reduce_dtype else p.grad for p in params]
+        chunks = reduce_scatter_mean_many(grads, self.group,
                                           where="ZeRO-2 bucket", algorithm=self.reduce_scatter)
         for p, s, chunk in zip(params, shards, chunks):              # chunk: (c,)
             s.grad = chunk if s.grad is None else s.grad.add_(chunk)
@@ -92,7 +95,9 @@ class ZeRO2(DataParallel):
                                         self.group, sharded=True)
         self.optimizer.step()
         with torch.no_grad():
-            fulls = all_gather_many(self.shards, [p.shape for p in self.params], self.group,
+            fulls = all_gather_many([s.detach().to(p.dtype) for p, s in    # mp: cast first
+                                     zip(self.params, self.shards)],
+                                    [p.shape for p in self.params], self.group,
                                     where="ZeRO-2 params")
             for p, full in zip(self.params, fulls):
                 p.copy_(full)                                        # p.shape
