@@ -63,10 +63,9 @@ def run_stage(actions, stage_module, micro_batches, targets, group, *, defer_w=T
                     send(gx, prev)
                 grads_out[k] = g
         elif defer_w:
-            out, g = outputs.pop(k), grads_out.pop(k)
             del inputs[k]
-            torch.autograd.backward(out, g, inputs=None if w_recomputes_b else weights,
-                                    retain_graph=keep_all)
+            torch.autograd.backward(outputs.pop(k), grads_out.pop(k), retain_graph=keep_all,
+                                    inputs=None if w_recomputes_b else weights)
     for work in sends:
         work.wait()
     return loss_sum if stage_module.last else None

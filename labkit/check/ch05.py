@@ -458,7 +458,8 @@ def _assert_stage_order_and_memory(runs, s) -> None:
                  f"at once; running this order holds at most {limit / 1024:.1f} KiB (a "
                  f"micro-batch's activations from its F to its "
                  f"{'W' if s.split else 'B'}). What still refers to a micro-batch's output or "
-                 f"graph after its last backward action?")
+                 f"graph after its last backward action: a list, a dict, or a local name that "
+                 f"keeps it until a later action rebinds it?")
 
 
 def forbidden_used(fn, modules=FORBIDDEN_MODULES, names=FORBIDDEN_NAMES) -> list:
@@ -506,16 +507,16 @@ def pipeline_stage(fn, Ps=None):
     from labkit.pipeline import schedules
 
     c = Checker("5.3", EXERCISES["5.3"][0], EXERCISES["5.3"][1])
-    banned = forbidden_used(fn)
-    called = collectives_in_source(fn)
-    with c.case("point-to-point messages only; no pipeline implementation (labkit.pipeline, "
-                "PyTorch's pipelining stages and schedules)"):
+    banned, called = forbidden_used(fn), collectives_in_source(fn)
+
+    def refuse_code():  # every case: an untouched stub or a borrowed executor earns nothing
         if banned:
             fail(f"run_stage uses {', '.join(banned)}: the exercise is to write the stage "
                  f"yourself (torch.autograd and torch.distributed's point-to-point calls)")
         if called:
             fail(f"run_stage calls dist.{', dist.'.join(called)}: a pipeline's stages talk to "
                  f"their neighbours only, with send/recv (or isend/irecv)")
+
     ref = _reference(STAGE_BATCH)
     for P, specs in sorted(STAGE_CASES.items()):
         if Ps is not None and P not in Ps:
@@ -524,9 +525,9 @@ def pipeline_stage(fn, Ps=None):
         for i, (name, K) in enumerate(specs):
             s = schedules.make(name, P, K)
             label = f"P={P}, {name}, K={K} ({STAGE_BATCH} rows: micro-batches of {STAGE_BATCH // K}-{-(-STAGE_BATCH // K)})"
-            with c.case(label + ": loss and every gradient = one-process reference"):
-                if banned:
-                    fail("no credit while run_stage uses a pipeline implementation (first case)")
+            with c.case(label + ": loss and every gradient = one-process reference (P2P only, "
+                        "no pipeline implementation)"):
+                refuse_code()
                 if "runs" not in got:
                     try:
                         got["runs"] = c.launch(_stage_job, P, args=(fn, specs, STAGE_BATCH), timeout=RUN_TIMEOUT)
@@ -543,8 +544,7 @@ def pipeline_stage(fn, Ps=None):
                 _assert_stage_numerics(runs, s, ref)
             with c.case(label + ": forwards, B's and W's in the schedule's order; bytes held "
                         f"<= the schedule's (+{MEMORY_SLACK:.0%} of a micro-batch)"):
-                if banned:
-                    fail("no credit while run_stage uses a pipeline implementation (first case)")
+                refuse_code()
                 if "runs" not in got or any("collectives" in r for r in got["runs"]):
                     fail(f"the run of P={P} failed (see above)")
                 _assert_stage_order_and_memory([r["runs"][i] for r in got["runs"]], s)
@@ -640,17 +640,18 @@ def predict_then_measure(fn, run: bool = True):
 
     c = Checker("5.4", EXERCISES["5.4"][0], EXERCISES["5.4"][1])
     banned = forbidden_used(fn, modules=PREDICT_FORBIDDEN, names=())
-    with c.case("your own model: no labkit.costs or labkit.pipeline inside predict"):
+
+    def refuse_code():  # every case: labkit's own model earns nothing
         if banned:
             fail(f"predict uses {', '.join(banned)}: derive the numbers yourself (the "
                  f"chapter's sections 2 and 5)")
+
     for case in PREDICT_PAPER_CASES:
         name, P, K, t_f, t_b, t_w, _ = case
         with c.case(f"{name}, P={P}, K={K}, t_f={t_f:g}, t_b={t_b:g}, t_w={t_w:g}: bubble "
                     f"within {BUBBLE_TOLERANCE:.1%} of the simulator, peak bytes within "
                     f"{BYTES_TOLERANCE:.0%}"):
-            if banned:
-                fail("no credit while predict calls labkit's model (first case)")
+            refuse_code()
             _check_prediction(fn, case)
     if not run:
         return c.finish()
@@ -661,8 +662,7 @@ def predict_then_measure(fn, run: bool = True):
         with c.case(f"real processes: {name}, P={P}, K={K}, pads {t_f * 1e3:g}/{t_b * 1e3:g} ms: "
                     f"peak bytes within {BYTES_TOLERANCE:.0%} of the measured, bubble shown "
                     f"beside the measured"):
-            if banned:
-                fail("no credit while predict calls labkit's model (first case)")
+            refuse_code()
             if not rows:
                 got = measure.measure(P, [(n, K, 1) for n in PREDICT_RUN_SCHEDULES],
                                       pad=PREDICT_PAD, repeats=2, timeout=120)
