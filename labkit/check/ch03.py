@@ -1,11 +1,16 @@
 """Checkers for chapter 03 (ZeRO and FSDP), and the assertions tests/test_zero.py shares.
 
     labkit.check.ch03.model_state_bytes(my_fn)   # 3.1  bytes per GPU under a ZeRO stage
-    labkit.check.ch03.zero1_step(my_step)        # 3.2  the ZeRO-1 optimizer step
+    labkit.check.ch03.zero2_optimizer(MyZeRO2)   # 3.2  a ZeRO-2 optimizer (labkit.check.ch03_zero2)
+    labkit.check.ch03.held_and_sent(my_fn)       # 3.3  predict bytes held and sent, then measure
 
-3.2 also checks the bytes the step sent, counted by the kernel (labkit.netcount), against the
-optimum 2(N-1)/N Ψ plus Gloo's message headers (HEADER_BYTES per message step): a step that
-all-reduces, or uses Gloo's own reduce-scatter (all-reduce bytes), sends about 1.5x and fails.
+3.2 checks values against one process, optimizer-state and gradient bytes by storage size, and the
+bytes each step sent, counted by the kernel (labkit.netcount), against the optimum 2(N-1)/N Ψ plus
+Gloo's message headers (HEADER_BYTES per message step): a step that all-reduces, or uses Gloo's
+own reduce-scatter (all-reduce bytes), sends about 1.5x and fails. 3.3 grades a prediction of the
+bytes one rank holds (params, grads, optimizer states, fp32 AdamW) and sends per step against
+labkit.costs and against labkit.zero's stages run on real processes (tensor sizes of what each
+rank keeps; bytes sent counted by the kernel), within 5%.
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from labkit.check import Checker, fail, tensors_close
 
 EXERCISES = {
     "3.1": ("model-state bytes per GPU under ZeRO", 2),
-    "3.2": ("the ZeRO-1 optimizer step", 4),
+    "3.2": ("a ZeRO-2 optimizer: sharded AdamW states and gradients", 6),
+    "3.3": ("predict what a ZeRO rank holds and sends, then measure it", 3),
 }
 
 # fp32 on CPU: the sharded runs differ from one process only in the order of additions in the
@@ -105,13 +111,6 @@ def model_state_bytes(fn):
     return c.finish()
 
 
-# ----------------------------------------------------------------------------- 3.2
-def _zero1_job(step_fn, optimizer):
-    from labkit.zero.train import TINY, sharded_train
-
-    return sharded_train(1, TINY, optimizer, steps=3, step_fn=step_fn)
-
-
 def assert_optimal_traffic(results, world: int, numels) -> None:
     """Each rank sent at most 2(N-1)/N of the padded Ψ (fp32) per step, plus headers for one
     reduce-scatter and one all-gather per parameter tensor (numels: their sizes). Where the
@@ -133,30 +132,90 @@ def assert_optimal_traffic(results, world: int, numels) -> None:
                  f"(labkit.collectives.ring_reduce_scatter, chapter 01)")
 
 
-def zero1_step(fn):
-    """fn(params, shards, optimizer, group) performs one ZeRO-1 step on every rank."""
-    from labkit.model import GPT
-    from labkit.zero.train import TINY, reference_train
+# ----------------------------------------------------------------------------- 3.2
+def zero2_optimizer(cls):
+    """Exercise 3.2 (labkit.check.ch03_zero2): the reader's ZeRO-2 optimizer at 2, 3, 4 ranks."""
+    from labkit.check.ch03_zero2 import zero2_optimizer as check
 
-    c = Checker("3.2", EXERCISES["3.2"][0], EXERCISES["3.2"][1])
-    last = None
-    for world, opt in [(2, "sgd"), (3, "adamw")]:
-        with c.case(f"{world} ranks, {opt}: 3 steps equal one process"):
-            ref = reference_train(TINY, opt, steps=3)
-            results = c.launch(_zero1_job, world, args=(fn, opt))
-            assert_matches_reference(results, ref, what=f"ZeRO-1 with {opt} on {world} ranks")
-            assert_ranks_agree(results)
-            last = (world, results)
-    with c.case("each rank's optimizer state covers only its shard"):
-        if last is None:
-            fail("the runs above failed, so there is no state to inspect")
-        world, results = last
-        for res in results:
-            assert_state_sharded(res, world)
-    with c.case("bytes sent per step: a reduce-scatter and an all-gather, not more "
-                "(counted by the kernel)"):
-        if last is None:
-            fail("the runs above failed, so there is no traffic to inspect")
-        world, results = last
-        assert_optimal_traffic(results, world, [p.numel() for p in GPT(TINY).parameters()])
+    return check(cls)
+
+
+# ----------------------------------------------------------------------------- 3.3
+# (stage, world): the first shown, the rest hidden
+HELD_CASES = [(2, 3), (3, 2), (1, 4)]
+HELD_TOLERANCE = 0.05
+_MEASURED: dict = {}   # (stage, world) -> per-rank results: labkit's run does not depend on fn
+PARTS = ("params", "grads", "optimizer", "sent")
+
+
+def _held_job(stage):
+    from labkit.zero.measure import LAB_MODEL
+    from labkit.zero.train import sharded_train
+
+    res = sharded_train(stage, LAB_MODEL, "adamw", steps=1, batch_size=12)
+    return {**res["held"], "sent": res["sent"], "numel": res["numel"],
+            "reason": res["wire_reason"]}
+
+
+def costs_held(n_params, stage, world) -> dict:
+    """labkit.costs' answer for fp32 AdamW (4 + 4 + 8 bytes per parameter), fp32 on the wire."""
+    from labkit.costs import zero as costs_zero
+
+    out = predicted_held(n_params, stage, world)
+    out["sent"] = costs_zero.comm_per_rank(n_params, stage, world, bytes_per_value=4)["total"]
+    return out
+
+
+def _held_hint(key, ratio, stage, world) -> str:
+    near = lambda x: abs(ratio - x) <= HELD_TOLERANCE * x  # noqa: E731
+    if key == "sent":
+        if stage == 3 and near(2 / 3):
+            return ("ZeRO-3 frees the full parameters after forward: what must happen before "
+                    "backward can use them again?")
+        if near(2.0):
+            return "Only what this rank SENDS, not sent + received."
+        if near(0.5) or (stage == 3 and near(1 / 3)):
+            return "A reduce-scatter of the gradients AND an all-gather of the parameters."
+        return "On a ring of N ranks, what share of a buffer does each rank send per collective?"
+    if near(world):
+        return f"Stage {stage} shards the {key}: each rank keeps 1/{world} of them."
+    if near(1 / world):
+        return f"Does stage {stage} shard the {key}, or does every rank keep all of them?"
+    return f"How many bytes per parameter are {key} in fp32 AdamW, and which stage splits them?"
+
+
+def held_and_sent(fn):
+    """Exercise 3.3: fn(n_params, stage, world) -> {"params", "grads", "optimizer", "sent"}:
+    bytes one rank holds after a step (fp32 AdamW) and sends per step."""
+    from labkit.model import GPT
+    from labkit.zero.measure import LAB_MODEL
+
+    c = Checker("3.3", *EXERCISES["3.3"])
+    n = sum(p.numel() for p in GPT(LAB_MODEL).parameters())
+    for i, (stage, world) in enumerate(HELD_CASES):
+        with c.case(f"ZeRO-{stage}, {world} ranks" if i == 0 else f"hidden case {i}"):
+            got = fn(n, stage, world)
+            if not (isinstance(got, dict) and all(isinstance(got.get(k), (int, float))
+                                                  for k in PARTS)):
+                fail('return {"params": B, "grads": B, "optimizer": B, "sent": B}, numbers')
+            res = _MEASURED.get((stage, world)) or c.launch(_held_job, world, args=(stage,),
+                                                             timeout=90)
+            _MEASURED[(stage, world)] = res
+            if any(r["sent"] is None for r in res):
+                fail(f"the kernel cannot count this backend's bytes ({res[0]['reason']})")
+            measured = {k: max(r[k] for r in res) for k in PARTS}
+            want = costs_held(n, stage, world)
+            if i == 0:                      # predicted beside measured, in the table
+                c.cases[-1]["name"] += "".join(
+                    f"\n      {k}: predicted {got[k] / 1e3:.1f} KB, measured "
+                    f"{measured[k] / 1e3:.1f} KB, labkit.costs {want[k] / 1e3:.1f} KB"
+                    for k in PARTS)
+            for k in PARTS:
+                if abs(want[k] / measured[k] - 1) > HELD_TOLERANCE:
+                    fail(f"labkit.costs says {want[k]:,.0f} B of {k}, measured {measured[k]:,} "
+                         "B: the checker disagrees with itself (please report it)")
+                ratio = got[k] / measured[k]
+                if abs(ratio - 1) > HELD_TOLERANCE:
+                    fail(f"{k}: predicted {got[k]:,.0f} B, measured {measured[k]:,.0f} B "
+                         f"({ratio:.2f}x). " + _held_hint(k, ratio, stage, world))
     return c.finish()

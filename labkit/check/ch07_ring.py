@@ -205,6 +205,7 @@ def ring_attention(fn):
 # (cp, b, s, H, Hk, d): chunks of 8-32 KB, so Gloo's headers stay near 1%
 BYTES_CASES = [(2, 1, 256, 2, 2, 16), (3, 1, 192, 4, 2, 16), (4, 2, 128, 2, 2, 16)]
 BYTES_TOLERANCE = 0.05
+_MEASURED: dict = {}   # case -> per-rank results: labkit's run does not depend on fn
 
 
 def _bytes_job(s, b, H, Hk, d):
@@ -255,7 +256,10 @@ def ring_bytes(fn):
             got = fn(b, s, H, Hk, d, cp, 4)
             if not isinstance(got, (int, float)):
                 fail(f"return a number of bytes, got {type(got).__name__}")
-            res = c.launch(_bytes_job, cp, args=(s, b, H, Hk, d), timeout=LAUNCH_TIMEOUT)
+            key = (cp, b, s, H, Hk, d)
+            res = _MEASURED.get(key) or c.launch(_bytes_job, cp, args=(s, b, H, Hk, d),
+                                                 timeout=LAUNCH_TIMEOUT)
+            _MEASURED[key] = res
             if any(r["sent"] is None for r in res):
                 fail(f"the kernel cannot count this backend's bytes ({res[0]['reason']})")
             measured = max(r["sent"] for r in res)

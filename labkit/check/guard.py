@@ -51,8 +51,10 @@ def forbidden_used(objs, modules: tuple, names: frozenset | set = frozenset()) -
         if not isinstance(obj, types.FunctionType):
             continue
         found |= _in_source(obj, modules, names)
-        for name in _names_in(obj.__code__):
-            val = obj.__globals__.get(name)
+        free = {n: c.cell_contents for n, c in zip(obj.__code__.co_freevars, obj.__closure__ or ())
+                if _filled(c)}
+        for name in _names_in(obj.__code__) | set(free):
+            val = free[name] if name in free else obj.__globals__.get(name)
             home = val.__name__ if isinstance(val, types.ModuleType) else \
                 getattr(val, "__module__", None) or ""
             if home.startswith(modules):
@@ -63,6 +65,14 @@ def forbidden_used(objs, modules: tuple, names: frozenset | set = frozenset()) -
                     getattr(val, "__module__", None) == obj.__module__:
                 todo.append(val)                      # the reader's own helper: read it too
     return sorted(found)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:                                # an empty cell (not assigned yet)
+        return False
+    return True
 
 
 def _names_in(code) -> set:
