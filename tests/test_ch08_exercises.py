@@ -150,6 +150,30 @@ class AllExpertsLocally(Layer):             # no communication: every rank runs 
         return y
 
 
+class RowsToEveryRank(Layer):              # every kept row to every rank: right values, 2x bytes
+    def forward(self, x):
+        w, expert = self.gates(x)
+        kept = self.keep(expert, x.shape[0])
+        tok, slot = torch.nonzero(kept, as_tuple=True)
+        e = expert[tok, slot]
+        A = tok.numel()
+        send = torch.full((self.ep,), A, dtype=torch.long)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        s, r = send.tolist(), recv.tolist()
+        ids = e.new_empty(sum(r))
+        dist.all_to_all_single(ids, e.repeat(self.ep), r, s, group=self.group)
+        rows = self.exchange(x[tok].repeat(self.ep, 1), r, s)
+        out = rows * 0
+        for j, m in enumerate(self.local_experts):
+            idx = torch.nonzero(ids == self.first + j, as_tuple=True)[0]
+            if idx.numel():
+                out = out.index_copy(0, idx, m(rows[idx]))
+        back = self.exchange(out, s, r)                           # (ep * A, h): zeros but mine
+        gate = w[tok, slot].unsqueeze(-1).repeat(self.ep, 1)
+        return torch.zeros_like(x).index_add(0, tok.repeat(self.ep), back * gate)
+
+
 class NoDivisibilityCheck(Layer):
     def __init__(self, router, experts, k, capacity_factor=None, group=None):
         ep = dist.get_world_size(group)
@@ -194,6 +218,7 @@ def test_layer_stub_scores_zero():
     (GatherEverything, "all-to-alls only"),
     (AllExpertsLocally, "which other ranks own"),
     (UsesLabkitRouter, "without labkit.moe"),
+    (RowsToEveryRank, "the kernel's count"),
 ])
 def test_layer_wrong_answers_fail_with_their_hint(first_case_only, cls, needle):
     res = ch08.expert_parallel_layer(cls)
