@@ -99,6 +99,13 @@ def _all_reduce_loss(actions, stage_module, micro_batches, targets, group):
     return loss
 
 
+def _hidden_all_reduce(actions, stage_module, micro_batches, targets, group):
+    """The same collective, out of the source reader's sight: the observer on the ranks stops it."""
+    loss = run_stage(actions, stage_module, micro_batches, targets, group)
+    getattr(dist, "all_" + "reduce")(torch.zeros(1), group=group)
+    return loss
+
+
 def _labkit_executor(actions, stage_module, micro_batches, targets, group):
     """Calls labkit's own executor."""
     from labkit.pipeline.executor import run_schedule
@@ -132,6 +139,8 @@ def test_5_3_known_wrong_answers_fail_for_their_reason():
 def test_5_3_collectives_and_labkit_are_refused():
     r = ch05.pipeline_stage(_all_reduce_loss, Ps=[2])
     assert r.score == 0 and "dist.all_reduce" in _failures(r)
+    r = ch05.pipeline_stage(_hidden_all_reduce, Ps=[2])
+    assert not r.passed and "dist.all_reduce called while run_stage ran" in _failures(r)
     r = ch05.pipeline_stage(_labkit_executor, Ps=[2])
     assert r.score == 0 and "labkit.pipeline" in _failures(r)
 

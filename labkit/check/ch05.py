@@ -218,8 +218,8 @@ class StageObserver:
             self.live_bytes += n
             self.per_mb[-1] += n
             self.peak = max(self.peak, self.live_bytes)
-        held = _Held(t)
-        weakref.finalize(held, self._release, ptr)
+        held = _Held(t.detach())  # detached: a saved output would otherwise hold its own node
+        weakref.finalize(held, self._release, ptr)    # (a cycle through autograd, never freed)
         return held
 
     @staticmethod
