@@ -124,7 +124,9 @@ def tp2_only(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- 4.3
-def test_reference_scores_full_marks():
+def test_reference_scores_full_marks(monkeypatch):
+    # TP=3, grouped-query (every world: tests/test_exercises.py grades the solution notebook)
+    monkeypatch.setattr(ch04_block, "BLOCK_CASES", {3: ch04_block.BLOCK_CASES[3]})
     assert ch04.tp_block(MLP, Attention).score == ch04.EXERCISES["4.3"][1]
 
 

@@ -128,7 +128,9 @@ def cp2_only(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- 7.3
-def test_reference_scores_full_marks():
+def test_reference_scores_full_marks(monkeypatch):
+    # cp=3, grouped-query (every case: tests/test_exercises.py grades the solution notebook)
+    monkeypatch.setattr(ch07_ring, "RING_CASES", ch07_ring.RING_CASES[1:2])
     assert ch07.ring_attention(_fn(Ring)).score == ch07.EXERCISES["7.3"][1]
 
 

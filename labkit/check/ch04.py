@@ -9,7 +9,8 @@ and assertions, so an exercise passes exactly when the book's own layers would.
 Every job runs on real processes (Gloo), builds the same full module on every rank from a fixed
 seed, and returns (actual, expected) pairs; the assertions run here, in the notebook. 4.4 grades
 a prediction of the bytes one rank sends in a forward + backward of labkit's TP GPT against
-labkit.costs.tensor_parallel and against the kernel's count (labkit.netcount) on real processes.
+labkit.costs.tensor_parallel and against the kernel's count (labkit.netcount) on real processes,
+always on Gloo: the kernel counts TCP, never NCCL's NVLink or InfiniBand.
 """
 from __future__ import annotations
 
@@ -240,6 +241,7 @@ def _wire_hint(ratio, tp) -> str:
 def tp_bytes(fn):
     """Exercise 4.4: fn(b, s, h, n_layer, tp, bytes_per_element) -> bytes one rank sends in one
     forward + backward of labkit's TP GPT (fp32 on the CPU, so bytes_per_element = 4)."""
+    from labkit.launch import run
     from labkit.tp.measure import wire_job
 
     c = Checker("4.4", *EXERCISES["4.4"])
@@ -252,7 +254,8 @@ def tp_bytes(fn):
                 fail(f"return a number of bytes, got {type(got).__name__}")
             cfg = dict(n_layer=n_layer, n_embd=h, n_head=n_head, block_size=s, vocab_size=96)
             key = (tp, b, s, h, n_layer, n_head)
-            res = _MEASURED.get(key) or c.launch(wire_job, tp, args=(cfg, b, 1), timeout=120)
+            res = _MEASURED.get(key) or run(wire_job, tp, (cfg, b, 1), timeout=120, echo=False,
+                                            backend="gloo")
             _MEASURED[key] = res
             if any(r["sent"] is None for r in res):
                 fail(f"the kernel cannot count this backend's bytes ({res[0]['reason']})")

@@ -16,7 +16,7 @@ or backward, is refused on the ranks (labkit.check.guard): point-to-point only. 
 and torch's context parallelism are refused by reading the code.
 
 7.4: the reader predicts the bytes one rank sends in one forward + backward of labkit's
-ring_attention; the checker measures them with the kernel on cp real processes (shown: cp=2;
+ring_attention; the checker measures them with the kernel on cp real Gloo processes (shown: cp=2;
 hidden: cp=3 and 4, one grouped-query) and grades within 5%, beside labkit.costs' answer.
 """
 from __future__ import annotations
@@ -248,6 +248,7 @@ def ring_bytes(fn):
     forward + backward of ring attention (zig-zag layout)."""
     from labkit.check.ch07 import EXERCISES
     from labkit.costs.context import cp_ring_layer_bytes
+    from labkit.launch import run
 
     c = Checker("7.4", *EXERCISES["7.4"])
     for i, (cp, b, s, H, Hk, d) in enumerate(BYTES_CASES):
@@ -257,8 +258,8 @@ def ring_bytes(fn):
             if not isinstance(got, (int, float)):
                 fail(f"return a number of bytes, got {type(got).__name__}")
             key = (cp, b, s, H, Hk, d)
-            res = _MEASURED.get(key) or c.launch(_bytes_job, cp, args=(s, b, H, Hk, d),
-                                                 timeout=LAUNCH_TIMEOUT)
+            res = _MEASURED.get(key) or run(_bytes_job, cp, (s, b, H, Hk, d), echo=False,
+                                            timeout=LAUNCH_TIMEOUT, backend="gloo")
             _MEASURED[key] = res
             if any(r["sent"] is None for r in res):
                 fail(f"the kernel cannot count this backend's bytes ({res[0]['reason']})")
