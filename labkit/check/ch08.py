@@ -38,7 +38,7 @@ EXERCISES = {
 }
 
 SLACK = 0.10          # 8.2: bytes sent may exceed the optimum by 10% (+ HEADER per message)
-HEADER = 256          # bytes of Gloo framing allowed per all-to-all and peer (~150 seen)
+HEADER = 192          # bytes of Gloo framing allowed per all-to-all and peer (~150 seen)
 TOLERANCE = 0.05      # 8.3: prediction within 5% of the kernel's count, + FRAMING per message
 FRAMING = 200         # bytes of Gloo framing per all-to-all message (about 150 measured)
 FORBIDDEN_MODULES = ("labkit.moe",)
@@ -241,7 +241,7 @@ LAYER_CASES = [  # (ep, tokens per rank, E, k, capacity factor, hidden)
     (3, [7, 10, 4], 6, 2, None, False),
     (4, [6, 0, 9, 5], 8, 3, 0.75, True),       # a rank with no tokens; top-3; many dropped
 ]
-LAYER_H = 32
+LAYER_H = 128
 
 
 def forbidden_used(*objs) -> list:
@@ -280,7 +280,8 @@ def _judge_layer(res: list, ep: int) -> None:
                      f"torch.autograd.Function), and a rank whose experts got no rows must "
                      f"still take part in it.")
             try:
-                tensors_close(got, want, what=f"rank {rank}'s {what}")
+                # sums over different orders of rows and ranks: fp32 rounding, not a bug
+                tensors_close(got, want, rtol=1e-4, atol=1e-5, what=f"rank {rank}'s {what}")
             except AssertionError as err:
                 first = str(err).splitlines()[0]
                 if what == "output":
