@@ -293,12 +293,18 @@ def _judge_trainer(res: list, world: int, inject: dict) -> None:
                  "refresh the compute copy from the masters after each update")
 
 
+def _forbidden(forbidden, *objs) -> list:
+    """Which of `forbidden` (dotted module prefixes, or bare names) the reader's code uses."""
+    from labkit.check.guards import forbidden_used
+
+    mods = tuple(f for f in forbidden if "." in f)
+    return forbidden_used(list(objs), mods, {f for f in forbidden if f not in mods})
+
+
 def mixed_precision_trainer(cls):
     """Exercise 9.3: cls(model, lr, scaler, group) with .step(x, y, loss_fn), .master_params()."""
-    from labkit.check.ch08 import forbidden_used_in
-
     c = Checker("9.3", *EXERCISES["9.3"])
-    bad = forbidden_used_in(FORBIDDEN_AMP, cls)
+    bad = _forbidden(FORBIDDEN_AMP, cls)
     for world, inject, hidden in TRAIN_CASES:
         shown = ", ".join(f"step {s} rank {r} {k}" for s, (r, k) in inject.items())
         with c.case("hidden case" if hidden else f"{world} rank(s), {TRAIN_STEPS} steps, "
@@ -379,12 +385,10 @@ def _state_hint(key: str, got: float, measured: float, recipe: str) -> str:
 
 def state_bytes(predict):
     """Exercise 9.4: predict(n_params, recipe) -> {"weights", "grads", "optimizer"} in bytes."""
-    from labkit.check.ch08 import forbidden_used_in
     from labkit.costs import memory
 
     c = Checker("9.4", *EXERCISES["9.4"])
-    bad = forbidden_used_in(("labkit.costs", "labkit.precision", "get_recipe", "RECIPES"),
-                            predict)
+    bad = _forbidden(("labkit.costs", "labkit.precision", "get_recipe", "RECIPES"), predict)
     for recipe, hidden in STATE_CASES:
         with c.case("hidden case" if hidden else f"recipe {recipe!r}"):
             if bad:
