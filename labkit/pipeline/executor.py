@@ -42,7 +42,8 @@ and before the send of that output is posted (in the next batch), so a consumer 
 before its producer's `end`: labkit.pipeline.causality checks that on every measured run. (An
 earlier executor read `end` after posting the send; on a loaded machine the receiver then often
 started first, by milliseconds.) Each stage also counts the micro-batches and the bytes of saved
-activations it holds (saved-tensor hooks), to measure the peak.
+activations it holds (saved-tensor hooks), to measure the peak: booked from each forward to its
+backward (or W), and live, until autograd frees them (_ActivationMeter).
 """
 from __future__ import annotations
 
@@ -118,24 +119,64 @@ def _tag(s: Schedule, kind: str, mb: int, g: int) -> int:
     return (mb * s.n_chunks + g) * 2 + (0 if kind == "F" else 1)
 
 
+class _Saved:
+    """What the meter hands autograd for a saved tensor: a detached alias (holding the tensor
+    itself would tie a saved output to its own node, a cycle autograd never frees)."""
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t):
+        self.t = t
+
+
 class _ActivationMeter:
-    """Bytes of tensors autograd saves for backward, per micro-batch (parameters excluded)."""
+    """Bytes of tensors autograd saves for backward (parameters excluded), two ways.
+
+    Booked: per micro-batch, what its forward saved (a tensor saved twice counts once); the
+    executor adds it at the forward and takes it off at the backward (or the W of a split one).
+    Live: each saved storage counts from the forward that saves it until autograd frees the last
+    reference to it (a weakref finalizer on what the pack hook hands autograd): what really stays
+    allocated, whatever the executor believes. A split backward's B may free part early (PyTorch's
+    stage_backward_input detaches the stage output), so live <= booked there."""
 
     def __init__(self, params):
         self.param_ptrs = {p.data_ptr() for p in params}
+        self.storage_skip = {p.untyped_storage().data_ptr() for p in params}
         self.current = None
         self.per_mb = {}
+        self.live, self.live_bytes, self.peak_live = {}, 0, 0
 
     def pack(self, t):
+        import weakref
+
         ptr = t.data_ptr() if t.layout == torch.strided else None
-        if self.current is not None and ptr not in self.param_ptrs:
-            seen = self.per_mb.setdefault(self.current, {})
-            seen[ptr] = t.numel() * t.element_size()  # a tensor saved twice counts once
-        return t
+        if self.current is None or ptr in self.param_ptrs:
+            return t
+        seen = self.per_mb.setdefault(self.current, {})
+        seen[ptr] = t.numel() * t.element_size()  # a tensor saved twice counts once
+        st = t.untyped_storage()
+        sptr, n = st.data_ptr(), st.nbytes()
+        if n == 0 or sptr in self.storage_skip:
+            return t
+        if sptr in self.live:
+            self.live[sptr][1] += 1
+        else:
+            self.live[sptr] = [n, 1]
+            self.live_bytes += n
+            self.peak_live = max(self.peak_live, self.live_bytes)
+        held = _Saved(t.detach())
+        weakref.finalize(held, self._release, sptr)
+        return held
 
     @staticmethod
-    def unpack(t):
-        return t
+    def unpack(held):
+        return held.t if isinstance(held, _Saved) else held
+
+    def _release(self, sptr):
+        entry = self.live[sptr]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.live[sptr]
+            self.live_bytes -= entry[0]
 
     def bytes_of(self, key) -> int:
         return sum(self.per_mb.pop(key, {}).values())
@@ -265,7 +306,8 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
     _sum_tied_embedding(s, model, stage, group)
     return {"stage": stage, "loss": loss_total if s.stage_of(s.n_chunks - 1) == stage else None,
             "grads": {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None},
-            "timeline": timeline, "peak_in_flight": peak, "peak_activation_bytes": peak_bytes}
+            "timeline": timeline, "peak_in_flight": peak, "peak_activation_bytes": peak_bytes,
+            "peak_live_bytes": meter.peak_live}
 
 
 def _layout(s: Schedule, stage: int, nccl: bool) -> list:
@@ -378,7 +420,8 @@ def merge(results: list) -> dict:
     timeline = [dict(e, start=e["start"] - t0, end=e["end"] - t0) for e in events]
     return {"loss": loss, "grads": grads, "timeline": timeline,
             "peak_in_flight": [r["peak_in_flight"] for r in results],
-            "peak_activation_bytes": [r["peak_activation_bytes"] for r in results]}
+            "peak_activation_bytes": [r["peak_activation_bytes"] for r in results],
+            "peak_live_bytes": [r.get("peak_live_bytes") for r in results]}
 
 
 def compare_to_reference(merged: dict, ref: dict, rtol: float = 1e-4, atol: float = 1e-6) -> None:

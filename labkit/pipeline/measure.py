@@ -51,6 +51,7 @@ def _job(specs, cfg, batch_size, pad, repeats):
                 runs.append(res["timeline"])
         out.append({"timelines": runs, "peak_in_flight": res["peak_in_flight"],
                     "peak_bytes": res["peak_activation_bytes"],
+                    "peak_live_bytes": res["peak_live_bytes"],
                     "backend": dist.get_backend(), "device": str(device())})
     return out
 
@@ -134,6 +135,7 @@ def measure(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, p
                      "dependencies": causality.count_dependencies(sched) * len(repeats_),
                      "peak_in_flight": [r[i]["peak_in_flight"] for r in per_rank],
                      "peak_bytes": [r[i]["peak_bytes"] for r in per_rank],
+                     "peak_live_bytes": [r[i]["peak_live_bytes"] for r in per_rank],
                      "backend": per_rank[0][i]["backend"], "device": per_rank[0][i]["device"],
                      "timeline": timeline, "timelines": [r["timeline"] for r in repeats_]})
     return rows
