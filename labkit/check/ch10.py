@@ -196,8 +196,8 @@ def judge(config, job: Job, cluster: Cluster, margin: float = MARGIN) -> P.Estim
     if not est.fits:
         parts = ", ".join(f"{label} {v:.1f}" for label, v in est.memory.rows()[:5])
         fail(f"{c} needs {est.memory.total / 1e9:.1f} GB per GPU ({parts} GB) but only "
-             f"{usable / 1e9:.1f} GB are usable ({100 * cluster.memory_margin:.0f}% of the GPU kept "
-             f"free): more TP/PP, a higher ZeRO stage, or a smaller micro-batch")
+             f"{usable / 1e9:.1f} GB are usable ({100 * cluster.memory_margin:.0f}% of the GPU "
+             f"kept free): more TP/PP, a higher ZeRO stage, or a smaller micro-batch")
     best = P.plan(job, cluster)[0]
     if est.effective_step_s > (1 + margin) * best.effective_step_s:
         ours, theirs = est.row(), best.row()
