@@ -47,13 +47,21 @@ def _storage_bytes(tensors) -> int:
 
 
 def _node_tensors(node) -> list:
-    """Tensors a custom autograd Function left on its node (ctx attributes, one level deep)."""
+    """Tensors custom autograd Functions left on their nodes (ctx attributes, one level deep), on
+    every node of the graph behind `node` (a view or an op after the Function included)."""
     import torch
 
-    out = []
-    for v in getattr(node, "__dict__", {}).values():
-        items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else [v]
-        out += [t for t in items if isinstance(t, torch.Tensor)]
+    out, todo, seen = [], [node], set()
+    while todo:
+        n = todo.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        for v in getattr(n, "__dict__", {}).values():
+            items = v.values() if isinstance(v, dict) else \
+                v if isinstance(v, (list, tuple)) else [v]
+            out += [t for t in items if isinstance(t, torch.Tensor)]
+        todo += [nxt for nxt, _ in getattr(n, "next_functions", ())]
     return out
 
 
