@@ -3,10 +3,12 @@
     labkit.check.ch03.zero2_optimizer(MyZeRO2)
 
 One launch per world size (2 shown; 3 and 4 hidden, the last on another model) trains the tiny GPT
-three steps with AdamW (eps 1e-3, so that a sum in place of the mean shows): every rank builds the same model, takes its rows of the global batch,
+three steps with AdamW (eps 1e-3, so that a sum in place of the mean shows); at the hidden world
+sizes each step's gradient is clipped to a global norm of 0.5 (a norm over shards needs every
+rank's share): every rank builds the same model, takes its rows of the global batch,
 runs backward and the reader's step() / zero_grad(). Four cases per world:
-  values: every parameter equals the one-process reference (labkit.reference.reference_train),
-      and all ranks hold the same;
+  values: every parameter equals one process's (torch's clip_grad_norm_, then AdamW), and all
+      ranks hold the same;
   optimizer state: the storage of every tensor in `self.optimizer`'s state is at most Adam's two
       moments of this rank's shard, 8 * sum(ceil(numel / N)) bytes (+ scalar steps);
   gradients during backward: the checker's own post-accumulate-grad hooks, registered after the
@@ -30,13 +32,35 @@ FORBIDDEN_MODULES = ("labkit.zero", "torch.distributed.optim", "torch.distribute
                      "torch.distributed._composable")
 FORBIDDEN_NAMES = {"ZeRO1", "ZeRO2", "ZeRO3", "ZeroRedundancyOptimizer", "fully_shard",
                    "shard_optimizer", "reduce_scatter_mean_many", "reduce_scatter_mean"}
-# world -> model config (None: labkit.zero.train.TINY, whose tensors mostly split unevenly)
-WORLDS = {2: None, 3: None,
-          4: dict(vocab_size=96, block_size=16, n_layer=1, n_head=3, n_embd=21)}  # 3, 4 hidden
+# world -> (model config, max_grad_norm). Config None: labkit.zero.train.TINY, whose tensors mostly
+# split unevenly. 2 ranks unclipped (clipping to a norm would hide a sum where the mean belongs);
+# 3 and 4 (hidden) clipped to a global norm of 0.5, below the tiny GPT's: every step is clipped
+WORLDS = {2: (None, None), 3: (None, 0.5),
+          4: (dict(vocab_size=96, block_size=16, n_layer=1, n_head=3, n_embd=21), 0.5)}
 STEPS, BATCH = 3, 12
 # AdamW with an eps near the gradients' size: a step then depends on their scale, so a sum where
 # the mean belongs changes the result (with eps = 1e-8 Adam would hide a factor N)
 ADAMW = dict(lr=1e-2, weight_decay=0.1, eps=1e-3)
+
+
+def reference(cfg, max_grad_norm) -> dict:
+    """One process, the whole global batch: AdamW, after torch's clip_grad_norm_ if asked."""
+    import torch
+
+    from labkit.model import GPT, get_batch, tiny_corpus
+
+    model = GPT(cfg, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    tokens = tiny_corpus()
+    for step in range(STEPS):
+        x, y = get_batch(tokens, BATCH, cfg.block_size, step, 0)              # (B, T)
+        model(x, y)[1].backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
+            "losses": [0.0] * STEPS}
 PEAK_SHARE = 0.5          # of the full gradients' bytes, alive at once during backward
 LAUNCH_TIMEOUT = 90.0     # seconds: a busy 2-core machine starts 4 ranks slowly
 
@@ -57,7 +81,7 @@ def _storage(tensors) -> int:
     return total
 
 
-def _zero2_job(cls, cfg_kwargs):
+def _zero2_job(cls, cfg_kwargs, max_grad_norm):
     """Rank side: 3 AdamW steps with the reader's class; what the checker measures on the way."""
     import torch
     import torch.distributed as dist
@@ -71,7 +95,7 @@ def _zero2_job(cls, cfg_kwargs):
     model = GPT(cfg, seed=0).to(dev)
     params = list(model.parameters())
     note(f"your constructor, {world} ranks")
-    zero = cls(params, None, **ADAMW)
+    zero = cls(params, None, max_grad_norm=max_grad_norm, **ADAMW)
     peak = [0]
 
     def measure(_p):       # runs after the reader's hook on the same parameter
@@ -128,22 +152,21 @@ def _assert_memory_grads(results) -> None:
 
 
 def zero2_optimizer(cls):
-    """Exercise 3.2: cls(params, group, **adamw_kwargs) with step() and zero_grad()."""
+    """Exercise 3.2: cls(params, group, max_grad_norm, **adamw_kwargs), step(), zero_grad()."""
     from labkit.check.ch03 import (EXERCISES, assert_matches_reference, assert_optimal_traffic,
                                    assert_ranks_agree)
-    from labkit.reference import reference_train
 
     c = Checker("3.2", *EXERCISES["3.2"])
     bad = forbidden_used([cls], FORBIDDEN_MODULES, FORBIDDEN_NAMES)
     refuse = (f"your code uses {', '.join(bad)}: that is the answer already written. Build the "
               "shards, hooks and collectives yourself (chapter 01's ring_reduce_scatter is "
               "allowed).") if bad else ""
-    for world, cfg_kwargs in WORLDS.items():
+    for world, (cfg_kwargs, max_norm) in WORLDS.items():
         label = f"{world} ranks" if world == 2 else f"hidden case, {world} ranks"
         results, error = None, None
-        ref = reference_train(_config(cfg_kwargs), steps=STEPS, batch_size=BATCH,
-                              optimizer="adamw", **ADAMW)
-        checks = (("3 AdamW steps equal one process on every rank",
+        ref = reference(_config(cfg_kwargs), max_norm)
+        checks = ((f"3 AdamW steps{' (clipped)' if max_norm else ''} equal one process on every "
+                   "rank",
                    lambda r: (assert_matches_reference(r, ref, what=f"ZeRO-2 on {world} ranks"),
                               assert_ranks_agree(r))),
                   ("optimizer state: this rank's shard only (storage size)",
@@ -160,7 +183,7 @@ def zero2_optimizer(cls):
                     raise error
                 if results is None:
                     try:
-                        results = c.launch(_zero2_job, world, args=(cls, cfg_kwargs),
+                        results = c.launch(_zero2_job, world, args=(cls, cfg_kwargs, max_norm),
                                            timeout=LAUNCH_TIMEOUT)
                     except Exception as err:  # every case of this world fails the same way
                         error = err
