@@ -19,6 +19,9 @@ SGD with momentum and Adam. Its weights and losses must equal one process traini
 initial model on the whole batch. Watched without the reader's help: the rows each forward sees
 (a forward pre-hook), the collectives called (a dispatch mode, labkit.check.guards) and the bytes
 each rank sent (the kernel's socket counters, labkit.netcount).
+
+Long because: the notebook imports one checker module per chapter; each of its three exercises
+brings its rank jobs, its hidden cases and the hints for each way it can go wrong.
 """
 from __future__ import annotations
 

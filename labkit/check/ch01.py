@@ -21,6 +21,9 @@ the bandwidth to timed ring exchanges of four sizes, hands them to the reader's 
 runs labkit's ring and parameter-server all-reduce: bytes by the kernel's counters (graded to
 2%), time by the clock (graded against labkit.costs to 5%; the measured time is shown beside it
 and only a prediction far from both fails).
+
+Long because: the notebook imports one checker module per chapter; the three rings share their
+rank job and byte bound, and 1.4's measurement fits alpha and beta in the same run.
 """
 from __future__ import annotations
 

@@ -20,6 +20,9 @@ are counted by the kernel (labkit.netcount) against the ring's 2(N-1)/N per grad
 2.3: labkit's BucketedDDP trains a 108k-parameter GPT (fp32) for one optimizer step on real
 processes; its all-reduces are counted by the dispatcher and its bytes by the kernel, and the
 reader's prediction is graded exactly (all-reduces) and to 3% (bytes).
+
+Long because: the notebook imports one checker module per chapter; 2.2's wrapper checks and
+2.3's counted run share the model, the batches and the byte bound.
 """
 from __future__ import annotations
 

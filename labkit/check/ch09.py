@@ -333,7 +333,7 @@ def measure_state(recipe: str, cfg_kwargs: dict = STATE_MODEL) -> dict:
     weights (the model's parameters), grads (the gradient the backward accumulates into) and
     optimizer (fp32 masters, an fp32 gradient copy where the recipe keeps one, Adam's state)."""
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-    from labkit.precision.memory import _nbytes
+    from labkit.precision.memory import storage_nbytes
 
     cfg = GPTConfig(**cfg_kwargs)
     wdtype = {"fp32": torch.float32, "mixed": torch.bfloat16, "fp32_grads": torch.bfloat16,
@@ -364,8 +364,8 @@ def measure_state(recipe: str, cfg_kwargs: dict = STATE_MODEL) -> dict:
     opt.step()
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     n = sum(p.numel() for p in params)
-    return {"n_params": n, "weights": _nbytes(params), "grads": _nbytes(grads),
-            "optimizer": _nbytes(kept + state)}
+    return {"n_params": n, "weights": storage_nbytes(params), "grads": storage_nbytes(grads),
+            "optimizer": storage_nbytes(kept + state)}
 
 
 def _state_hint(key: str, got: float, measured: float, recipe: str) -> str:

@@ -19,6 +19,9 @@ its estimated time per step is within MARGIN of the planner's best (`judge`).
 10.3: predict(cfg, dp, tp, zero, rows, local_params) -> bytes one rank sends in one training
 step of labkit.parallel's DP x TP GPT; measured by the kernel's TCP counters (labkit.netcount)
 on real processes, within BYTES_TOLERANCE, shown beside labkit.costs.parallel.wire_bytes.
+
+Long because: the notebook imports one checker module per chapter; 10.1's per-term hints
+name every term of the planner's model.
 """
 from __future__ import annotations
 

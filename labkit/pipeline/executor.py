@@ -43,7 +43,7 @@ before its producer's `end`: labkit.pipeline.causality checks that on every meas
 earlier executor read `end` after posting the send; on a loaded machine the receiver then often
 started first, by milliseconds.) Each stage also counts the micro-batches and the bytes of saved
 activations it holds (saved-tensor hooks), to measure the peak: booked from each forward to its
-backward (or W), and live, until autograd frees them (_ActivationMeter).
+backward (or W), and live, until autograd frees them (ActivationMeter).
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ class _Saved:
         self.t = t
 
 
-class _ActivationMeter:
+class ActivationMeter:
     """Bytes of tensors autograd saves for backward (parameters excluded), two ways.
 
     Booked: per micro-batch, what its forward saved (a tensor saved twice counts once); the
@@ -244,7 +244,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
 
     actions = s.stages[stage]
     layout = _layout(s, stage, nccl)  # layout[i]: actions whose input is received in batch i
-    meter = _ActivationMeter(params.values())
+    meter = ActivationMeter(params.values())
     saved, sends, pending, inbox, timeline, split_pending = {}, [], [], {}, [], {}
     local = {}  # message key -> tensor handed from one of this stage's chunks to the other
     held = held_bytes = peak = peak_bytes = 0.0

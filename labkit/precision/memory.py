@@ -12,7 +12,8 @@ import torch
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 
 
-def _nbytes(tensors) -> int:
+def storage_nbytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (a view and its base count once; None skipped)."""
     seen, total = set(), 0
     for t in tensors:
         if t is None:
@@ -43,9 +44,9 @@ def measure_step(cfg: GPTConfig = GPTConfig(), dtype=torch.bfloat16, seed: int =
     opt.step()
     n = sum(p.numel() for p in params)
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
-    out = {"params": n, "weights": _nbytes(params), "grads": _nbytes(p.grad for p in params),
-           "master": _nbytes(masters), "master_grads": _nbytes(m.grad for m in masters),
-           "optimizer_state": _nbytes(state)}
+    out = {"params": n, "weights": storage_nbytes(params), "grads": storage_nbytes(p.grad for p in params),
+           "master": storage_nbytes(masters), "master_grads": storage_nbytes(m.grad for m in masters),
+           "optimizer_state": storage_nbytes(state)}
     out["per_param"] = {k: out[k] / n for k in ("weights", "grads", "master", "master_grads",
                                                 "optimizer_state")}
     # the fp32 gradient copy is transient (freed after the step) in a real loop: not counted
