@@ -158,7 +158,7 @@ def table(rows) -> str:
 
     def total(r):
         points = sum(r["points"].values()) or sum(1 for _ in r["scores"])
-        return f"{sum(r['scores'].values()):g}/{points:g}"
+        return f"{round(sum(r['scores'].values()), 4):g}/{points:g}"
 
     columns = [("notebook", "file")]
     columns += [(i, lambda r, i=i: f"{r['scores'].get(i, 0):g}/{r['points'].get(i, 0):g}")
@@ -181,6 +181,6 @@ def write_csv(rows, path) -> None:
         for r in rows:
             fails = "; ".join(f"{ex}: {m.splitlines()[0]}" for ex, ms in sorted(r["failures"].items())
                               for m in ms)
-            w.writerow([r["file"]] + [r["scores"].get(i, 0) for i in ids]
-                       + [sum(r["scores"].values()), sum(r["points"].values()), r["seconds"],
+            w.writerow([r["file"]] + [round(r["scores"].get(i, 0), 4) for i in ids]
+                       + [round(sum(r["scores"].values()), 4), sum(r["points"].values()), r["seconds"],
                           fails, r["error"]])
