@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 from labkit.check import Checker, fail
-from labkit.check.guard import forbidden_used
+from labkit.check.guards import forbidden_used
 
 FORBIDDEN_MODULES = ("labkit.zero", "torch.distributed.optim", "torch.distributed.fsdp",
                      "torch.distributed._composable")

@@ -6,7 +6,7 @@ One launch per world size (2 shown; 3 and 4 hidden, with grouped-query attention
 every rank: the one-process labkit.model.MLP / CausalSelfAttention and the reader's split of it on
 the same input and upstream gradient; the output, dL/dx and the gradient of every kept weight are
 compared with the matching rows or columns of the full ones. Every c10d op in forward and in
-backward is observed (labkit.check.guard, a TorchDispatchMode): Megatron's layout needs exactly
+backward is observed (labkit.check.guards, a TorchDispatchMode): Megatron's layout needs exactly
 one all-reduce of (B, T, h) each way per module and nothing else; the bytes each rank sent are
 counted by the kernel (labkit.netcount) against 2 all-reduces' ring optimum plus Gloo's headers.
 A size tp does not divide must be refused with a ValueError that names it. labkit.tp (the book's
@@ -15,7 +15,7 @@ answer) and torch's DTensor tensor parallelism are refused.
 from __future__ import annotations
 
 from labkit.check import Checker, fail
-from labkit.check.guard import forbidden_used
+from labkit.check.guards import forbidden_used
 
 FORBIDDEN_MODULES = ("labkit.tp", "torch.distributed.tensor")
 FORBIDDEN_NAMES = {"TensorParallelMLP", "TensorParallelAttention", "ColumnParallelLinear",
@@ -52,7 +52,7 @@ def _module_run(cls, kind, cfg_kwargs, B, T, seed):
     import torch
 
     from labkit import netcount
-    from labkit.check.guard import observe_collectives
+    from labkit.check.guards import CollectiveLog
     from labkit.launch import device, note
     from labkit.model import MLP, CausalSelfAttention, GPTConfig
 
@@ -71,10 +71,10 @@ def _module_run(cls, kind, cfg_kwargs, B, T, seed):
     xt = x.detach().clone().requires_grad_()
     dist.barrier()
     with netcount.socket_bytes() as wire:
-        with observe_collectives() as fwd:
+        with CollectiveLog() as fwd:
             note(f"your {kind} forward, tp={tp}")
             y = mine(xt)                                                       # (B, T, h)
-        with observe_collectives() as bwd:
+        with CollectiveLog() as bwd:
             note(f"your {kind} backward, tp={tp}")
             (y * up).sum().backward()
     names = MLP_PARAMS if kind == "mlp" else ATTN_PARAMS
@@ -85,8 +85,8 @@ def _module_run(cls, kind, cfg_kwargs, B, T, seed):
         pairs[f"{name} gradient"] = (None if p is None else p.grad, want)
     return {"pairs": {k: (None if a is None else a.detach().cpu(), b.detach().cpu())
                       for k, (a, b) in pairs.items()},
-            "missing": [n for n in names if n not in params], "fwd": fwd.calls,
-            "bwd": bwd.calls, "sent": wire.sent, "elements": B * T * cfg.n_embd}
+            "missing": [n for n in names if n not in params], "fwd": fwd.sized(),
+            "bwd": bwd.sized(), "sent": wire.sent, "elements": B * T * cfg.n_embd}
 
 
 def _refused(cls, kind, cfg_kwargs):

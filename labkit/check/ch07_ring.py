@@ -12,7 +12,7 @@ cases: values and gradients; what forward keeps for backward (saved-tensor hooks
 tensors left on the autograd node) at most the rank's own q, k, v, out and lse + 25%, so keeping
 every K/V chunk that passed by fails; the bytes each rank sent (kernel count, labkit.netcount) at
 most labkit.costs.context.cp_ring_layer_bytes + Gloo's headers. Every c10d collective, in forward
-or backward, is refused on the ranks (labkit.check.guard): point-to-point only. labkit's own ring
+or backward, is refused on the ranks (labkit.check.guards): point-to-point only. labkit's own ring
 and torch's context parallelism are refused by reading the code.
 
 7.4: the reader predicts the bytes one rank sends in one forward + backward of labkit's
@@ -22,7 +22,7 @@ hidden: cp=3 and 4, one grouped-query) and grades within 5%, beside labkit.costs
 from __future__ import annotations
 
 from labkit.check import Checker, fail
-from labkit.check.guard import forbidden_used
+from labkit.check.guards import forbidden_used
 
 FORBIDDEN_MODULES = ("labkit.context.ring_attention", "labkit.context.context_parallel",
                      "torch.distributed.tensor")
@@ -71,7 +71,7 @@ def _ring_job(fn, T, B, H, Hk, d):
     import torch.nn.functional as F
 
     from labkit import netcount
-    from labkit.check.guard import observe_collectives
+    from labkit.check.guards import CollectiveLog
     from labkit.context.layout import positions
     from labkit.launch import device, note
 
@@ -92,7 +92,7 @@ def _ring_job(fn, T, B, H, Hk, d):
         return t
 
     dist.barrier()
-    with netcount.socket_bytes() as wire, observe_collectives(refuse=True, why=WHY):
+    with netcount.socket_bytes() as wire, CollectiveLog(refuse=True, why=WHY):
         note(f"your ring attention forward, cp={cp}")
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = fn(*mine, None, T)                                   # (B, H, T/cp, d)

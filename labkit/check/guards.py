@@ -1,15 +1,20 @@
 """What a checker watches while the reader's code runs: the collectives it really calls, and
-the modules it must not use. Shared by the checkers of chapters 00-02.
+the modules it must not use. Shared by every chapter's checkers.
 
     with CollectiveLog() as log:                    # inside a rank
         fn(x)
     log.calls                  # ["all_reduce", "broadcast", ...]: every c10d collective dispatched
     log.collectives()          # the same without send/recv/barrier
+    log.sized()                # [("all_reduce", elements), ...]: each call with its tensor's size
 
     with CollectiveLog(refuse=True):                # a collective raises at once, with a hint
         ring(x)
 
     forbidden_used([fn], ("labkit.ddp", "torch.nn.parallel"))   # -> ["labkit.ddp (BucketedDDP)"]
+
+forbidden_used reads the reader's functions and classes (source with ast, and what their code
+reaches through globals and closures), following decorated functions, methods, properties,
+bases and the reader's own helpers from the same namespace.
 
 Why a dispatch mode: every torch.distributed call reaches the dispatcher as a c10d operator,
 whoever makes it (the reader's function, a helper it calls, a library it imports), so the log is
@@ -53,6 +58,7 @@ class CollectiveLog(TorchDispatchMode):
     def __init__(self, refuse: bool = False, why: str = "use point-to-point messages only"):
         super().__init__()
         self.calls: list = []
+        self.numels: list = []          # elements in each call's tensors (its first argument)
         self.refuse, self.why = refuse, why
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
@@ -61,12 +67,29 @@ class CollectiveLog(TorchDispatchMode):
             if name not in ("wait", "work_wait"):
                 public = public_name(func.__name__)
                 self.calls.append(public)
+                self.numels.append(_numel(args[:1]))
                 if self.refuse and not public.startswith(POINT_TO_POINT):
                     raise RuntimeError(f"collective dist.{public} called: {self.why}")
         return func(*args, **(kwargs or {}))
 
     def collectives(self) -> list:
         return [c for c in self.calls if not c.startswith(POINT_TO_POINT)]
+
+    def sized(self) -> list:
+        """[(name, elements)] of every call, in order."""
+        return list(zip(self.calls, self.numels))
+
+
+def _numel(args) -> int:
+    import torch
+
+    n = 0
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            n += a.numel()
+        elif isinstance(a, (list, tuple)):
+            n += sum(t.numel() for t in a if isinstance(t, torch.Tensor))
+    return n
 
 
 # ----------------------------------------------------------------------------- forbidden modules
@@ -85,25 +108,41 @@ def forbidden_used(fns, modules: tuple, names=()) -> list:
             home = obj.__module__ or ""
             if home.startswith(modules):
                 found.add(f"{home} ({obj.__name__})")
-            todo += [v.__func__ if isinstance(v, (staticmethod, classmethod)) else v
-                     for v in vars(obj).values()
-                     if isinstance(v, (types.FunctionType, staticmethod, classmethod))]
+            for v in vars(obj).values():
+                if isinstance(v, (staticmethod, classmethod)):
+                    todo.append(v.__func__)
+                elif isinstance(v, property):
+                    todo += [f for f in (v.fget, v.fset) if f is not None]
+                elif isinstance(v, types.FunctionType):
+                    todo.append(v)
             todo += [b for b in obj.__bases__ if b.__module__ == obj.__module__ or
                      (b.__module__ or "").startswith(modules)]      # the reader's, or refused
             continue
         if not isinstance(obj, types.FunctionType):
             continue
         found |= _in_source(obj, modules, set(names))
-        for name in _names_in(obj.__code__):
-            val = obj.__globals__.get(name)
+        free = {n: c.cell_contents for n, c in zip(obj.__code__.co_freevars, obj.__closure__ or ())
+                if _filled(c)}                      # a closure's variables, as its globals
+        for name in _names_in(obj.__code__) | set(free):
+            val = free[name] if name in free else obj.__globals__.get(name)
             home = val.__name__ if isinstance(val, types.ModuleType) else \
                 getattr(val, "__module__", None) or ""
             if isinstance(home, str) and home.startswith(modules):
                 found.add(f"{home} ({name})")
+            elif name in names:
+                found.add(name)
             elif isinstance(val, (types.FunctionType, type)) and \
                     getattr(val, "__module__", None) == obj.__module__:
                 todo.append(val)                    # the reader's own helper: read it too
     return sorted(found)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:                              # a closure cell not assigned yet
+        return False
+    return True
 
 
 def _names_in(code) -> set:
@@ -125,7 +164,8 @@ def _in_source(fn, modules: tuple, names: set) -> set:
         if isinstance(node, ast.Import):
             mods = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            mods = [node.module]
+            # `from labkit import costs` names labkit.costs
+            mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Attribute):
             mods = [ast.unparse(node)]
         found |= {m for m in mods if m.startswith(modules)}
