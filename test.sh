@@ -18,7 +18,7 @@ fi
 # Two test files at a time (pytest-xdist; a file's tests, and a notebook's cells, stay together on
 # one worker). Most tests wait on processes they started, so two at once use 2 cores better.
 # LABKIT_TEST_WORKERS=0 runs one at a time.
-workers=${LABKIT_TEST_WORKERS:-0}
+workers=${LABKIT_TEST_WORKERS:-2}
 parallel=()
 if [[ "$workers" != 0 ]] && python -c "import xdist" 2>/dev/null; then
   parallel=(-n "$workers" --dist loadfile)
