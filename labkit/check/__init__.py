@@ -82,6 +82,25 @@ class Checker:
             raise _Skip(self._stop_reason)
         return run(fn, nprocs, args, kwargs, timeout=timeout, echo=False)
 
+    def cases_on_one_launch(self, label: str, checks, launch, refuse: str = "") -> None:
+        """Several named checks graded on ONE launch's results (one launch per world size keeps
+        a checker quick): `launch()` runs inside the first case; if it fails, every case of this
+        label fails the same way. `refuse`: a reason every case fails without launching."""
+        results, error = None, None
+        for name, check in checks:
+            with self.case(f"{label}: {name}"):
+                if refuse:
+                    fail(refuse)
+                if error:
+                    raise error
+                if results is None:
+                    try:
+                        results = launch()
+                    except Exception as err:  # noqa: BLE001 - re-raised for each case
+                        error = err
+                        raise
+                check(results)
+
     # -- results
     @property
     def score(self) -> float:

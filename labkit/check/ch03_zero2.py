@@ -163,7 +163,6 @@ def zero2_optimizer(cls):
               "allowed).") if bad else ""
     for world, (cfg_kwargs, max_norm) in WORLDS.items():
         label = f"{world} ranks" if world == 2 else f"hidden case, {world} ranks"
-        results, error = None, None
         ref = reference(_config(cfg_kwargs), max_norm)
         checks = ((f"3 AdamW steps{' (clipped)' if max_norm else ''} equal one process on every "
                    "rank",
@@ -175,18 +174,7 @@ def zero2_optimizer(cls):
                    _assert_memory_grads),
                   ("bytes sent per step: a reduce-scatter + an all-gather (kernel count)",
                    lambda r: assert_optimal_traffic(r, world, r[0]["numels"])))
-        for name, check in checks:
-            with c.case(f"{label}: {name}"):
-                if refuse:
-                    fail(refuse)
-                if error:
-                    raise error
-                if results is None:
-                    try:
-                        results = c.launch(_zero2_job, world, args=(cls, cfg_kwargs, max_norm),
-                                           timeout=LAUNCH_TIMEOUT)
-                    except Exception as err:  # every case of this world fails the same way
-                        error = err
-                        raise
-                check(results)
+        c.cases_on_one_launch(label, checks, lambda: c.launch(
+            _zero2_job, world, args=(cls, cfg_kwargs, max_norm), timeout=LAUNCH_TIMEOUT),
+            refuse=refuse)
     return c.finish()

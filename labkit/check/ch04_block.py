@@ -204,27 +204,14 @@ def tp_block(mlp_cls, attn_cls):
               "the split from your f and g and F.linear.") if bad else ""
     for tp, cases in BLOCK_CASES.items():
         label = f"TP={tp}" if tp == 2 else f"hidden case, TP={tp}"
-        results, error = None, None
-        for name, check in (("MLP: output and every gradient equal one process",
-                             lambda r: assert_module(r, "mlp")),
-                            ("attention (whole heads per rank): output and gradients equal one "
-                             "process", lambda r: assert_module(r, "attention")),
-                            ("communication: one all-reduce of (B, T, h) forward and one "
-                             "backward per module; bytes counted by the kernel",
-                             lambda r: assert_communication(r, tp)),
-                            ("a size tp does not divide is refused with a ValueError",
-                             lambda r: assert_refused(r, cases, tp))):
-            with c.case(f"{label}: {name}"):
-                if refuse:
-                    fail(refuse)
-                if error:
-                    raise error
-                if results is None:
-                    try:
-                        results = c.launch(block_job, tp, args=(mlp_cls, attn_cls, cases),
-                                           timeout=LAUNCH_TIMEOUT)
-                    except Exception as err:   # every sub-case of this world fails the same way
-                        error = err
-                        raise
-                check(results)
+        checks = (("MLP: output and every gradient equal one process",
+                   lambda r: assert_module(r, "mlp")),
+                  ("attention (whole heads per rank): output and gradients equal one process",
+                   lambda r: assert_module(r, "attention")),
+                  ("communication: one all-reduce of (B, T, h) forward and one backward per "
+                   "module; bytes counted by the kernel", lambda r: assert_communication(r, tp)),
+                  ("a size tp does not divide is refused with a ValueError",
+                   lambda r: assert_refused(r, cases, tp)))
+        c.cases_on_one_launch(label, checks, lambda: c.launch(
+            block_job, tp, args=(mlp_cls, attn_cls, cases), timeout=LAUNCH_TIMEOUT), refuse=refuse)
     return c.finish()

@@ -186,26 +186,13 @@ def ring_attention(fn):
               "messages and labkit.context.tiled's attend / attend_backward per block") if bad else ""
     for i, (cp, T, B, H, Hk, d) in enumerate(RING_CASES):
         label = f"cp={cp}, T={T}" if i == 0 else f"hidden case {i}"
-        results, error = None, None
-        for name, check in (("output, dq, dk, dv equal one process (point-to-point only)",
-                             _assert_values),
-                            ("saved for backward: only this rank's own chunks",
-                             lambda r: _assert_saved(r, cp)),
-                            ("bytes sent: the ring's, counted by the kernel",
-                             lambda r: _assert_wire(r, cp, T, B, Hk, d))):
-            with c.case(f"{label}: {name}"):
-                if refuse:
-                    fail(refuse)
-                if error:
-                    raise error
-                if results is None:
-                    try:
-                        results = c.launch(_ring_job, cp, args=(fn, T, B, H, Hk, d),
-                                           timeout=LAUNCH_TIMEOUT)
-                    except Exception as err:  # every case of this world fails the same way
-                        error = err
-                        raise
-                check(results)
+        checks = (("output, dq, dk, dv equal one process (point-to-point only)", _assert_values),
+                  ("saved for backward: only this rank's own chunks",
+                   lambda r: _assert_saved(r, cp)),
+                  ("bytes sent: the ring's, counted by the kernel",
+                   lambda r: _assert_wire(r, cp, T, B, Hk, d)))
+        c.cases_on_one_launch(label, checks, lambda: c.launch(
+            _ring_job, cp, args=(fn, T, B, H, Hk, d), timeout=LAUNCH_TIMEOUT), refuse=refuse)
     return c.finish()
 
 
