@@ -73,12 +73,9 @@ def _config(kwargs):
 
 
 def _storage(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        if t is not None and t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            total += t.untyped_storage().nbytes()
-    return total
+    from labkit.zero.shard import storage_bytes   # each storage once, by the size torch keeps
+
+    return storage_bytes(tensors)
 
 
 def _zero2_job(cls, cfg_kwargs, max_grad_norm):

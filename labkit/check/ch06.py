@@ -197,59 +197,11 @@ def _load_job(fn, folder):
 
 
 def forbidden_used(*fns) -> list:
-    """What of labkit.checkpoint / torch.distributed.checkpoint the functions (and the helpers
-    they call from the same namespace) import, name or reach through their globals."""
-    import types
+    """What of labkit.checkpoint / torch.distributed.checkpoint (and FORBIDDEN_NAMES) the
+    functions, and the helpers they call from the same namespace, import, name or reach."""
+    from labkit.check.guards import forbidden_used as used
 
-    found, seen, todo = set(), set(), list(fns)
-    while todo:
-        fn = todo.pop()
-        if id(fn) in seen or not isinstance(fn, types.FunctionType):
-            continue
-        seen.add(id(fn))
-        found |= _forbidden_in_source(fn)
-        for name in _names_in(fn.__code__):
-            val = fn.__globals__.get(name)
-            home = val.__name__ if isinstance(val, types.ModuleType) else \
-                getattr(val, "__module__", None) or ""
-            if home.startswith(FORBIDDEN_MODULES):
-                found.add(f"{home} ({name})")
-            elif isinstance(val, types.FunctionType) and val.__module__ == fn.__module__:
-                todo.append(val)                      # the reader's own helper: read it too
-    return sorted(found)
-
-
-def _names_in(code) -> set:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _names_in(const)
-    return names
-
-
-def _forbidden_in_source(fn) -> set:
-    import ast
-    import inspect
-    import textwrap
-
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
-        return set()
-    found = set()
-    for node in ast.walk(tree):
-        mods = []
-        if isinstance(node, ast.Import):
-            mods = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            mods = [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Attribute):
-            mods = [ast.unparse(node)]
-        found |= {m for m in mods if any(f in m for f in FORBIDDEN_MODULES)}
-        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
-        if name in FORBIDDEN_NAMES:
-            found.add(name)
-    return found
+    return used(fns, FORBIDDEN_MODULES, FORBIDDEN_NAMES)
 
 
 def _assert_loaded(results: list, seed: int, world: int, saved_world: int) -> None:

@@ -13,16 +13,10 @@ from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 
 
 def storage_nbytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (a view and its base count once; None skipped)."""
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        st = t.untyped_storage()
-        if st.data_ptr() not in seen:            # a tied weight counts once
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-    return total
+    """Bytes of the distinct storages behind `tensors` (a tied weight counts once)."""
+    from labkit.zero.shard import storage_bytes
+
+    return storage_bytes(tensors)
 
 
 def measure_step(cfg: GPTConfig = GPTConfig(), dtype=torch.bfloat16, seed: int = 0,

@@ -119,12 +119,9 @@ def gradient_bytes_held(zero) -> int:
     ZeRO-3's no_sync buffers) plus the shards' reduced chunks. Shared storage counted once."""
     tensors = [p.grad for p in zero.params] + [s.grad for s in getattr(zero, "shards", [])]
     tensors += list(getattr(zero, "_held", {}).values())
-    seen, total = set(), 0
-    for t in tensors:
-        if t is not None and t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            total += t.untyped_storage().nbytes()
-    return total
+    from labkit.zero.shard import storage_bytes
+
+    return storage_bytes(tensors)
 
 
 def gathered_grads(zero, model) -> dict:
