@@ -228,3 +228,23 @@ def test_same_lab_runs_from_cli_and_under_torchrun():
                         capture_output=True, text=True, timeout=180)
     assert tr.returncode == 0, tr.stderr[-2000:]
     assert tr.stdout.count("parameter_server") == 1  # only rank 0 prints the table
+
+
+def test_reaped_rank_waits_for_its_status_before_the_folder_goes(tmp_path):
+    # The zygote reaps a rank, then writes exit<rank>. A poll between the two used to report the
+    # rank dead at once; the parent then deleted the run folder while the zygote wrote into it,
+    # leaving /tmp/labkit-run-* folders behind. Now the status gets a grace period.
+    import subprocess
+    import sys
+
+    from labkit.launch import warm
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid is gone, and no status file exists
+    rank = warm.ForkedRank(child.pid, tmp_path, 0)
+    assert rank.poll() is None  # not yet: the zygote may still be writing
+    (tmp_path / "exit0").write_text("0")
+    assert rank.poll() == 0  # the written status wins
+    (tmp_path / "exit0").unlink()
+    time.sleep(warm._STATUS_GRACE + 0.1)
+    assert rank.poll() == -9  # no status after the grace period: the zygote died

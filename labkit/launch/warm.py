@@ -17,6 +17,7 @@ from pathlib import Path
 from labkit.launch.rendezvous import child_env
 
 STARTUP_TIMEOUT = 120.0  # seconds for the zygote (and, in process.py, every rank) to start
+_STATUS_GRACE = 1.0  # seconds between the zygote reaping a rank and writing its exit status
 ZYGOTE_FILE = str(Path(__file__).with_name("zygote.py"))
 
 
@@ -25,6 +26,7 @@ class ForkedRank:
 
     def __init__(self, pid: int, rundir: Path, rank: int):
         self.pid, self._exit = pid, rundir / f"exit{rank}"
+        self._gone_since = None  # when the pid was first seen reaped with no status written
 
     def poll(self):
         try:
@@ -33,8 +35,13 @@ class ForkedRank:
             pass
         try:
             os.kill(self.pid, 0)
-        except ProcessLookupError:  # gone with no status written: the zygote itself died
-            return -signal.SIGKILL
+        except ProcessLookupError:
+            # The zygote reaps, then writes the status: give it a moment, or the parent would
+            # delete the run's folder while the zygote still writes into it. No status after
+            # that: the zygote itself died.
+            now = time.monotonic()
+            self._gone_since = self._gone_since or now
+            return -signal.SIGKILL if now - self._gone_since > _STATUS_GRACE else None
         return None
 
     def kill(self):
