@@ -64,6 +64,18 @@ def test_interleaved_bubble_is_divided_by_v(P, K, v):
                                 for p in range(P)]
 
 
+@pytest.mark.parametrize("P,v", [(2, 2), (3, 3), (4, 2), (4, 3), (8, 2)])
+def test_interleaved_with_fewer_micro_batches_than_stages_matches_the_simulator(P, v):
+    # K < P: micro-batch 0 crosses all vP chunk-stages alone, so the ramp is not divided by v.
+    # The Megatron formula (P-1)/(vK+P-1) would say 42.9% at P=4, K=2, v=2; the run idles 55.6%.
+    for K in range(1, P):
+        r = simulate(S.interleaved_1f1b(P, K, v), t_f=1.0, t_b=2.0)
+        assert r.makespan == pytest.approx(costs.pipeline.step_time(P, K, 1.0, 2.0, v=v))
+        assert r.bubble == pytest.approx(costs.pipeline.bubble_fraction(P, K, v))
+        assert r.bubble == pytest.approx((v * (P - K) + K - 1) / (v * P + K - 1))
+    assert costs.pipeline.bubble_fraction(4, 2, 2) == pytest.approx(5 / 9)
+
+
 def test_1f1b_same_bubble_as_gpipe_with_unequal_times():
     # the bubble is set by the ramp, not by the order of work in between
     for tf, tb in [(1.0, 1.0), (1.0, 3.0), (2.0, 1.0)]:

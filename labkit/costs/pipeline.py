@@ -22,9 +22,16 @@ Interleaving v chunks per stage (Megatron-LM, Narayanan et al., SC'21) makes eac
 chunk, t/v, so the idle time is divided by v:
 
     bubble time  = (P - 1)(t_f + t_b) / v
-    bubble       = (P - 1) / (v K + P - 1)          of the step, interleaved
+    bubble       = (P - 1) / (v K + P - 1)          of the step, interleaved, K >= P
 
-paid for with v times as many point-to-point sends. Fractions are of the whole step
+paid for with v times as many point-to-point sends. With fewer micro-batches than stages
+(K < P) interleaving cannot shrink the ramp that much: micro-batch 0 alone must cross all v P
+chunk-stages forward and back, P (t_f + t_b), and the other K - 1 queue behind it one chunk
+each, so the step takes (P + (K - 1)/v)(t_f + t_b) and
+
+    bubble       = (v (P - K) + K - 1) / (v P + K - 1)          interleaved, K < P
+
+(both are (max(K, P) + (min(K, P) - 1)/v)(t_f + t_b); at v = 1 they are the same formula). Fractions are of the whole step
 (idle / (work + idle)); `bubble_overhead` gives idle / work = (P - 1) / (v K), the ratio the
 Megatron paper quotes.
 """
@@ -53,26 +60,34 @@ def _schedule_v(schedule: str, v: int) -> int:
     return v
 
 
+def _span(P: int, K: int, v: int) -> float:
+    """A step's length in units of (t_f + t_b): K + (P-1)/v for K >= P, P + (K-1)/v for K < P."""
+    return max(K, P) + (min(K, P) - 1) / v
+
+
 def bubble_fraction(P: int, K: int, v: int = 1) -> float:
-    """Idle share of a pipeline step: (P-1)/(vK + P-1). v=1: GPipe and 1F1B (the same)."""
+    """Idle share of a pipeline step: (P-1)/(vK + P-1). v=1: GPipe and 1F1B (the same).
+    Interleaved with K < P: (v(P-K) + K-1)/(vP + K-1) (the module's docstring says why)."""
     _check(P, K, v)
-    return (P - 1) / (v * K + P - 1)
+    return 1 - K / _span(P, K, v)
 
 
 def bubble_overhead(P: int, K: int, v: int = 1) -> float:
-    """Idle time over useful time, (P-1)/(vK): the 'bubble time fraction' of the Megatron paper."""
+    """Idle time over useful time, (P-1)/(vK): the 'bubble time fraction' of the Megatron paper
+    (for K >= P; interleaved with K < P the ramp is longer, see bubble_fraction)."""
     _check(P, K, v)
-    return (P - 1) / (v * K)
+    return _span(P, K, v) / K - 1
 
 
 def step_time(P: int, K: int, t_f: float, t_b: float, v: int = 1, t_p2p: float = 0.0) -> float:
-    """Ideal step time in the units of t_f, t_b: (K + (P-1)/v)(t_f + t_b).
+    """Ideal step time in the units of t_f, t_b: (K + (P-1)/v)(t_f + t_b)
+    ((P + (K-1)/v)(t_f + t_b) when K < P).
 
     t_p2p (optional) is one activation transfer between neighbouring stages; each of the
     2(vP - 1) boundary crossings on the critical path of the ramp costs one (a rough model:
     transfers in the steady state overlap with compute on real hardware)."""
     _check(P, K, v)
-    return (K + (P - 1) / v) * (t_f + t_b) + 2 * (v * P - 1) * t_p2p
+    return _span(P, K, v) * (t_f + t_b) + 2 * (v * P - 1) * t_p2p
 
 
 def micro_batches_for_bubble(P: int, target: float, v: int = 1) -> int:
@@ -149,7 +164,8 @@ def schedule_bubble(schedule: str, P: int, K: int, v: int = 1, t_f: float = 1.0,
     post-validation, Qi et al. 2023 sec. 4); the share is then of the period between steps
     (labkit.pipeline.simulate.steady_state).
 
-    'gpipe', '1f1b', 'interleaved': (P-1)/(vK + P-1), whatever the times, flush or not.
+    'gpipe', '1f1b', 'interleaved': bubble_fraction, (P-1)/(vK + P-1) for K >= P, whatever the
+    times, flush or not.
     'zb-h1' (Qi et al., 2023): the backward t_b is split into B = t_b - t_w and W = t_w;
     deferred W's fill the cool-down, so a stage idles (P-1)(t_f + t_B - t_W) instead of
     (P-1)(t_f + t_b), for K >= P: with t_f = t_B = t_W that is a third.
