@@ -203,6 +203,13 @@ def composite(op: str, t: torch.Tensor, group=None, where: str = "", payload: in
         _finish(e, t)
 
 
+def posted(op: str, t: torch.Tensor, group=None, where: str = "", payload: int | None = None):
+    """Open the event of a collective the caller posted itself with async_op=True (ZeRO-3's
+    prefetched all-gather): returns the Event, or None when no log is open. The caller owns
+    closing it: `end` when the data has arrived, `blocked` += the time spent in wait()."""
+    return _begin(op, t, nbytes(t) if payload is None else payload, group, where)
+
+
 class _Timed:
     """A work whose wait() also closes its log event."""
 

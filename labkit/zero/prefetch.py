@@ -42,9 +42,7 @@ class GatherInFlight:
         self.sizes, self.shapes = [s.numel() for s in shards], list(shapes)
         self.mine = torch.cat([s.detach().reshape(-1) for s in shards])      # (sum c_i,)
         self.flat = self.mine.new_empty(self.world * self.mine.numel())      # (N * sum c_i,)
-        # commlog has no asynchronous all-gather: this one event is opened here
-        self.event = commlog._begin("all_gather", self.flat, commlog.nbytes(self.flat), group,
-                                    where)
+        self.event = commlog.posted("all_gather", self.flat, group, where)  # closed in wait()
         fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self.work = fn(self.flat, self.mine, group=group, async_op=True)
         if self.event is not None and self.flat.device.type == "cpu":
