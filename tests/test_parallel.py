@@ -70,7 +70,9 @@ def _broken(dim, plan, cfg, steps, batch, optim):
     """train() with one dimension silently skipped (a monkeypatch inside this rank only)."""
     if dim == "tp":      # g forgets its all-reduce: each TP rank keeps its partial sum
         from labkit.tp import operators
-        operators._G.forward = staticmethod(lambda ctx, x, group: x.clone())
+        reduce = operators._all_reduce
+        operators._all_reduce = lambda x, group, where: (x if where == "g forward"
+                                                         else reduce(x, group, where))
     elif dim == "dp":    # replicas step on their own gradients, never averaged
         from labkit.zero import ZeRO1
         from labkit.zero.zero1 import DataParallel

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from labkit import commlog
 from labkit.tp.blocks import TensorParallelAttention, TensorParallelMLP
 from labkit.tp.gpt import apply_tp
-from labkit.tp.operators import f, world_of
+from labkit.tp.operators import conjugate, f, world_of
 from labkit.zero.shard import reduce_scatter_sum
 
 
@@ -82,81 +82,35 @@ def _split_seq(x, group):                                    # (B, T, h) -> (B, 
     return x[:, rank * n:(rank + 1) * n].contiguous()
 
 
-class _GatherSeq(torch.autograd.Function):
-    """Before a column-parallel layer: all-gather forward, reduce-scatter backward (each rank's
-    column slice gives a partial dL/dx for every token; the sum of a token's partials belongs
-    to the rank that holds the token)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather_seq(x, group, "SP all-gather forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_seq(grad, ctx.group, "SP reduce-scatter backward"), None
-
-
-class _ReduceScatterSeq(torch.autograd.Function):
-    """After a row-parallel layer: reduce-scatter forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter_seq(x, group, "SP reduce-scatter forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather_seq(grad.contiguous(), ctx.group, "SP all-gather backward"), None
-
-
-class _Scatter(torch.autograd.Function):
-    """Entering the model's first block: keep my chunk; backward all-gathers the gradient (the
-    embedding before it is replicated and wants the whole gradient on every rank)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather_seq(grad.contiguous(), ctx.group, "SP scatter backward"), None
-
-
-class _Gather(torch.autograd.Function):
-    """Leaving the last block: all-gather; backward keeps my chunk (the final norm and head after
-    it are replicated, so every rank already holds the whole, identical gradient)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather_seq(x, group, "SP gather for the head")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split_seq(grad, ctx.group), None
-
-
+# Each pair is Megatron's f/g idea along the sequence: one collective forward, its conjugate back.
 def gather_sequence(x, group):
-    """(B, T/tp, h) -> (B, T, h): all-gather forward, reduce-scatter backward (SP's f)."""
-    return _GatherSeq.apply(x, group)
+    """(B, T/tp, h) -> (B, T, h): all-gather forward, reduce-scatter backward (SP's f). Before a
+    column-parallel layer: each rank's column slice gives a partial dL/dx for every token, and
+    the sum of a token's partials belongs to the rank that holds the token."""
+    return conjugate(x, lambda t: _all_gather_seq(t, group, "SP all-gather forward"),
+                     lambda grad: _reduce_scatter_seq(grad, group, "SP reduce-scatter backward"))
 
 
 def reduce_scatter_sequence(x, group):
     """(B, T, h) partial sums -> (B, T/tp, h) summed: reduce-scatter forward, all-gather backward
-    (SP's g)."""
-    return _ReduceScatterSeq.apply(x, group)
+    (SP's g, after a row-parallel layer)."""
+    return conjugate(x, lambda t: _reduce_scatter_seq(t, group, "SP reduce-scatter forward"),
+                     lambda grad: _all_gather_seq(grad.contiguous(), group,
+                                                  "SP all-gather backward"))
 
 
 def scatter_sequence(x, group):
-    """(B, T, h) whole on every rank -> this rank's (B, T/tp, h); backward all-gathers."""
-    return _Scatter.apply(x, group)
+    """(B, T, h) whole on every rank -> this rank's (B, T/tp, h); backward all-gathers (the
+    replicated embedding before the first block wants the whole gradient on every rank)."""
+    return conjugate(x, lambda t: _split_seq(t, group),
+                     lambda grad: _all_gather_seq(grad.contiguous(), group, "SP scatter backward"))
 
 
 def gather_whole(x, group):
-    """(B, T/tp, h) -> (B, T, h) for replicated layers after it; backward keeps my chunk."""
-    return _Gather.apply(x, group)
+    """(B, T/tp, h) -> (B, T, h) for replicated layers after it; backward keeps my chunk (the
+    final norm and head are replicated, so every rank already holds the whole, same gradient)."""
+    return conjugate(x, lambda t: _all_gather_seq(t, group, "SP gather for the head"),
+                     lambda grad: _split_seq(grad, group))
 
 
 # ----------------------------------------------------------------------------- the layers

@@ -35,39 +35,39 @@ def _all_reduce(x: torch.Tensor, group, where: str) -> torch.Tensor:
     return commlog.all_reduce(x, group=group, where=where)
 
 
-class _F(torch.autograd.Function):
-    """Megatron's f: identity forward, all-reduce of the gradient backward."""
+class Conjugate(torch.autograd.Function):
+    """y = forward(x); dL/dx = backward(dL/dy). Every operator of this module is such a pair, as
+    are sequence parallelism's (labkit.context.sequence_parallel): each communicates in the pass
+    where its conjugate does not."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group, "f backward"), None
-
-
-class _G(torch.autograd.Function):
-    """Megatron's g: all-reduce forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x, group, "g forward")
+    def forward(ctx, x, forward, backward):
+        ctx.backward_fn = backward
+        y = forward(x)
+        return y.view_as(y) if y is x else y  # autograd wants a new tensor out of forward
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return ctx.backward_fn(grad), None, None
+
+
+def conjugate(x: torch.Tensor, forward, backward) -> torch.Tensor:
+    """Apply `forward` to x and `backward` to the gradient coming back (each tensor -> tensor)."""
+    return Conjugate.apply(x, forward, backward)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def f(x: torch.Tensor, group=None) -> torch.Tensor:
     """Megatron's f (before a column-parallel layer): y = x; dL/dx = all-reduce(dL/dy)."""
-    return _F.apply(x, group)
+    return conjugate(x, _identity, lambda grad: _all_reduce(grad, group, "f backward"))
 
 
 def g(x: torch.Tensor, group=None) -> torch.Tensor:
     """Megatron's g (after a row-parallel layer): y = all-reduce(x); dL/dx = dL/dy."""
-    return _G.apply(x, group)
+    return conjugate(x, lambda t: _all_reduce(t, group, "g forward"), _identity)
 
 
 # ----------------------------------------------------------------------------- gather / split
@@ -89,33 +89,13 @@ def _gather(x: torch.Tensor, group, where: str) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-class _Gather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather(x, group, "gather forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split(grad, ctx.group), None
-
-
-class _Split(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather(grad, ctx.group, "split backward"), None
-
-
 def gather_last_dim(x: torch.Tensor, group=None) -> torch.Tensor:
     """All-gather along the last dim (forward); backward keeps this rank's slice of the gradient."""
-    return _Gather.apply(x, group)
+    return conjugate(x, lambda t: _gather(t, group, "gather forward"),
+                     lambda grad: _split(grad, group))
 
 
 def split_last_dim(x: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's slice of the last dim (forward); backward all-gathers the gradient."""
-    return _Split.apply(x, group)
+    return conjugate(x, lambda t: _split(t, group),
+                     lambda grad: _gather(grad, group, "split backward"))
