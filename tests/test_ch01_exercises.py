@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit.check import ch01
+from labkit.check import ch01, ch01_halving
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])   # ranks get these functions by value
 
@@ -85,12 +85,7 @@ def _rs_whole_tensor(x):
     return acc[start:end]
 
 
-def _ring_without_adding(x):
-    """A typical mistake: pass chunks around but never add them."""
-    return x
-
-
-def _deadlocking_all_reduce(x):
+def _deadlocking_all_reduce(x, group=None):
     """Every rank sends first with a blocking send of a large tensor: nobody receives."""
     big = torch.zeros(4_000_000)
     dist.send(big, dst=(dist.get_rank() + 1) % dist.get_world_size())
@@ -112,26 +107,6 @@ def test_reduce_scatter_wrong_answers_fail_with_the_reason(fn, hint):
     assert result.score == 0 and hint in _messages(result), _messages(result)
 
 
-def test_all_reduce_without_adding_says_so():
-    result = ch01.ring_all_reduce(_ring_without_adding, cases=ONE)
-    assert result.score == 0 and "still this rank's own input" in _messages(result)
-
-
-def test_all_reduce_not_in_place_says_so():
-    def not_in_place(x):
-        y = x.clone()
-        dist.all_reduce(y)
-        return y
-    assert "dist.all_reduce" in _messages(ch01.ring_all_reduce(not_in_place, cases=ONE))
-
-    def ring_not_in_place(x):
-        n = dist.get_world_size()
-        sizes = [b - a for a, b in _bounds(x.numel(), n)]
-        return _ag(_rs(x), sizes)
-    result = ch01.ring_all_reduce(ring_not_in_place, cases=ONE)
-    assert result.score == 0 and "must work in place" in _messages(result)
-
-
 def _ag(chunk, sizes, *, order=1):
     rank, n = dist.get_rank(), dist.get_world_size()
     offsets = [sum(sizes[:i]) for i in range(n + 1)]
@@ -151,12 +126,138 @@ def test_all_gather_received_into_the_wrong_place_fails():
     assert result.score == 0 and "values wrong" in _messages(result), _messages(result)
 
 
+# ----------------------------------------------------------------------------- 1.3
+def _hd(x, group=None, *, whole=False, cut_by_role=False, ignore_group=False):
+    """Recursive halving and doubling with the fold, and a switch per known mistake:
+    whole: plain recursive doubling, the whole vector every round (right sums, log2 P messages,
+    log2(P) * D bytes per rank); cut_by_role: each partner cuts an odd segment its own way;
+    ignore_group: ranks and messages of the whole world, whatever group it is given."""
+    if ignore_group:
+        group = None
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    flat, p = x.view(-1), 1 << (n.bit_length() - 1)
+    g = {} if ignore_group else {"group": group}
+
+    def peer(kind, r):                         # dst=/src= are global ranks, group_dst= the group's
+        return {kind: r} if ignore_group else {"group_" + kind: r}
+
+    def swap(out, into, partner):
+        for req in [dist.isend(out, **g, **peer("dst", partner)),
+                    dist.irecv(into, **g, **peer("src", partner))]:
+            req.wait()
+
+    if rank >= p:
+        dist.send(flat, **g, **peer("dst", rank - p))
+        dist.recv(flat, **g, **peer("src", rank - p))
+        return x
+    if rank < n - p:
+        incoming = torch.empty_like(flat)
+        dist.recv(incoming, **g, **peer("src", rank + p))
+        flat += incoming
+    if whole:
+        d = 1
+        while d < p:
+            incoming = torch.empty_like(flat)
+            swap(flat, incoming, rank ^ d)
+            flat += incoming
+            d *= 2
+    else:
+        lo, hi, held, d = 0, flat.numel(), [], p // 2
+        while d >= 1:
+            mid = (lo + hi + (1 if cut_by_role and rank & d else 0)) // 2
+            held.append((lo, hi))
+            send, keep = ((lo, mid), (mid, hi)) if rank & d else ((mid, hi), (lo, mid))
+            incoming = torch.empty(keep[1] - keep[0], dtype=flat.dtype)
+            swap(flat[send[0]:send[1]], incoming, rank ^ d)
+            flat[keep[0]:keep[1]] += incoming
+            (lo, hi), d = keep, d // 2
+        d = 1
+        while d < p:
+            plo, phi = held.pop()
+            olo, ohi = (plo, lo) if lo > plo else (hi, phi)
+            swap(flat[lo:hi], flat[olo:ohi], rank ^ d)
+            lo, hi, d = plo, phi, d * 2
+    if rank < n - p:
+        dist.send(flat, **g, **peer("dst", rank + p))
+    return x
+
+
+def _xor_without_fold(x, group=None):
+    """Recursive doubling paired by rank ^ d over all N ranks: at N = 3, rank 2's partner is 3."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    flat, d = x.view(-1), 1
+    while d < n:
+        incoming = torch.empty_like(flat)
+        for req in [dist.isend(flat, group=group, group_dst=rank ^ d),
+                    dist.irecv(incoming, group=group, group_src=rank ^ d)]:
+            req.wait()
+        flat += incoming
+        d *= 2
+    return x
+
+
+def _ring(x, group=None):
+    """A correct ring all-reduce (reduce-scatter, all-gather): 2(N - 1) messages, too many."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    flat, bounds = x.view(-1), _bounds(x.numel(), n)
+    for phase in (0, 1):
+        for s in range(n - 1):
+            a, b = bounds[(rank - s - 1 + phase) % n]
+            c, d = bounds[(rank - s - 2 + phase) % n]
+            incoming = torch.empty(d - c, dtype=flat.dtype)
+            for req in [dist.isend(flat[a:b].clone(), group=group, group_dst=(rank + 1) % n),
+                        dist.irecv(incoming, group=group, group_src=(rank - 1) % n)]:
+                req.wait()
+            if phase == 0:
+                flat[c:d] += incoming
+            else:
+                flat[c:d] = incoming
+    return x
+
+
+def _with_all_reduce(x, group=None):
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _labkit_ring(x, group=None):
+    from labkit.collectives import ring_all_reduce
+    return ring_all_reduce(x, group=group)
+
+
+N3, N4 = [(3, True)], [(4, True)]
+
+
+@pytest.mark.parametrize("fn, worlds, hint, failing", [
+    (_ring, N3, "A ring posts 2(N-1) = 4", {"at most 3 messages"}),
+    (lambda x, group=None: _hd(x, group, whole=True), N4,
+     "send only the HALF of your segment", {"bytes sent"}),
+    (_xor_without_fold, N3, "which partner does your pairing give a rank whose partner would be",
+     {"sums", "messages", "bytes"}),
+    (lambda x, group=None: _hd(x, group, cut_by_role=True), N4,
+     "do both partners cut it at the same index", {"sums", "messages", "bytes"}),
+    (lambda x, group=None: _hd(x, group, ignore_group=True), N3, "pass group= to every send",
+     {"sums", "messages", "bytes"}),
+    (_with_all_reduce, N3, "your function calls dist.all_reduce", {"sums", "messages", "bytes"}),
+    (_labkit_ring, N3, "labkit.collectives", {"sums", "messages", "bytes"}),
+], ids=["a ring: too many messages", "recursive doubling of the whole vector: bytes",
+        "xor pairing without the fold", "odd segment cut differently by each partner",
+        "the group ignored", "dist.all_reduce", "labkit's ring"])
+def test_halving_doubling_wrong_answers_fail_with_the_reason(fn, worlds, hint, failing):
+    result = ch01.halving_doubling_all_reduce(fn, worlds=worlds)
+    failed = {c["name"] for c in result.cases if not c["passed"]}
+    assert hint in _messages(result), _messages(result)
+    assert all(any(f in name for name in failed) for f in failing), (failed, failing)
+    assert len(failed) == len(failing) or len(failing) == 3, (failed, failing)
+
+
 def test_a_hang_is_reported_with_each_rank_step(monkeypatch):
-    monkeypatch.setattr(ch01, "HANG_TIMEOUT", 6.0)
-    result = ch01.ring_all_reduce(_deadlocking_all_reduce, cases=[(2, (8,)), (3, (8,))])
+    monkeypatch.setattr(ch01_halving, "HANG_TIMEOUT", 6.0)
+    result = ch01.halving_doubling_all_reduce(_deadlocking_all_reduce,
+                                              worlds=[(2, True), (3, True)])
     msg = result.cases[0]["message"]
-    assert msg.startswith("HANG") and "dist.send(big" in msg and "rank 1 stuck" in msg
-    assert "skipped after a hang" in result.cases[1]["message"]
+    assert msg.startswith("HANG") and "dist.send(big" in msg and "rank 1 stuck" in msg, msg
+    assert "skipped after a hang" in result.cases[-1]["message"]
     assert result.score == 0
 
 
