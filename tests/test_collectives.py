@@ -326,7 +326,7 @@ def test_ch01_checker_refuses_a_collective_without_patching_torch():
 
     before = {name: getattr(dist, name) for name in ("send", "recv", "isend", "irecv")}
     assert ch01.collectives_called(cheat) == ["all_reduce"]
-    result = ch01.ring_all_reduce(cheat)
+    result = ch01.halving_doubling_all_reduce(cheat)
     assert result.score == 0 and "point-to-point messages only" in result.cases[0]["message"]
     assert {name: getattr(dist, name) for name in before} == before
 
