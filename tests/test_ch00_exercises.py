@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit.check import ch00
+from labkit.check import ch00, ch00_trainer
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])   # ranks get these functions by value
 
@@ -93,81 +93,118 @@ def test_shift_right_blocking_sends_are_reported_as_a_hang(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- 0.3
-def _dp(model, optimizer, x, y, steps, *, broadcast=True, rows="uneven", scale="share",
-        per_param=False, mse_mean=False):
-    import torch.nn.functional as F
+class _Trainer:
+    """A right DataParallelTrainer; each keyword makes one known mistake."""
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    params = list(model.parameters())
-    if broadcast:
-        with torch.no_grad():
-            for p in params:
-                dist.broadcast(p, src=0)
-    B = x.shape[0]
-    if rows == "even":                                 # B // N rows: drops the remainder
-        start, end = rank * (B // world), (rank + 1) * (B // world)
-    else:
-        base, extra = divmod(B, world)
-        start = rank * base + min(rank, extra)
-        end = start + base + (1 if rank < extra else 0)
-    xs, ys = x[start:end], y[start:end]
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=False)
-        out = model(xs)                                # (b, 4)
-        if mse_mean:                                   # right weights, but NaN on an empty shard
-            part = F.mse_loss(out, ys) * (end - start) / B
-        elif scale == "rank_mean":                     # each rank's own mean, averaged
-            part = F.mse_loss(out, ys) / world
+    def __init__(self, model, optimizer, loss_fn, group=None, accumulation=1, max_norm=None, *,
+                 broadcast="flat", rows="uneven", scale="share", reduce="flat", clip="global",
+                 micro=True, empty="skip", buffers=True, frozen="skip"):
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.group, self.k, self.max_norm = group, accumulation, max_norm
+        self.rows_rule, self.scale, self.reduce, self.clip = rows, scale, reduce, clip
+        self.micro, self.empty = micro, empty
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.params = [p for p in model.parameters() if p.requires_grad or frozen == "send"]
+        replica = list(model.parameters()) + (list(model.buffers()) if buffers else [])
+        src = dist.get_global_rank(group or dist.group.WORLD, 0)
+        if broadcast == "flat":
+            flat = torch.cat([t.detach().reshape(-1) for t in replica])
+            dist.broadcast(flat, src=src, group=group)
+            with torch.no_grad():
+                for t, v in zip(replica, flat.split([t.numel() for t in replica])):
+                    t.copy_(v.view_as(t))
+        elif broadcast == "per_param":
+            with torch.no_grad():
+                for t in replica:
+                    dist.broadcast(t, src=src, group=group)
+
+    @staticmethod
+    def _piece(n, parts, i):
+        base, extra = divmod(n, parts)
+        start = i * base + min(i, extra)
+        return start, start + base + (1 if i < extra else 0)
+
+    def step(self, x, y):
+        B = x.shape[0]
+        if self.rows_rule == "even":                   # B // N rows each: drops the remainder
+            lo, hi = self.rank * (B // self.world), (self.rank + 1) * (B // self.world)
         else:
-            part = ((out - ys) ** 2).sum() / y.numel()
-        if scale == "sum":                             # gradients summed, never averaged
-            part = part * world
-        part.backward()
-        if per_param:
-            for p in params:
-                dist.all_reduce(p.grad)
-            loss = part.detach().reshape(1)
-            dist.all_reduce(loss)
-            losses.append(loss.item())
+            lo, hi = self._piece(B, self.world, self.rank)
+        self.optimizer.zero_grad()
+        loss = torch.zeros((), dtype=x.dtype)
+        k = self.k if self.micro else 1
+        for j in range(k):
+            a, b = self._piece(hi - lo, k, j)
+            if a == b and self.empty == "skip":
+                continue
+            out = self.model(x[lo + a:lo + b])         # (m, 4)
+            weight = (b - a) / B if self.scale == "share" else (b - a) / (hi - lo)
+            part = self.loss_fn(out, y[lo + a:lo + b]) * weight
+            part.backward()
+            loss += part.detach()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self.clip == "per_rank" and self.max_norm is not None:      # wrong: a rank's part
+            norm = torch.cat([g.reshape(-1) for g in grads]).norm().item()
+            grads = [g * min(1.0, self.max_norm / (norm + 1e-6)) for g in grads]
+        if self.reduce == "per_param":
+            for t in grads + [loss]:
+                dist.all_reduce(t, group=self.group)
+            flat = torch.cat([g.reshape(-1) for g in grads] + [loss.reshape(1)])
         else:
-            flat = torch.cat([p.grad.reshape(-1) for p in params] + [part.detach().reshape(1)])
-            dist.all_reduce(flat)
-            for p, g in zip(params, flat[:-1].split([p.numel() for p in params])):
-                p.grad.copy_(g.view_as(p))
-            losses.append(flat[-1].item())
-        optimizer.step()
-    return losses
+            flat = torch.cat([g.reshape(-1) for g in grads] + [loss.reshape(1)])
+            dist.all_reduce(flat, group=self.group)
+        if self.scale == "mean_of_means":
+            flat /= self.world
+        for p, g in zip(self.params, flat[:-1].split([p.numel() for p in self.params])):
+            p.grad = g.view_as(p).clone()
+        if self.clip == "global" and self.max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)   # a frozen grad is 0
+        self.optimizer.step()
+        return flat[-1].item()
 
 
-def _uses_labkit_ddp(model, optimizer, x, y, steps):
-    from labkit.ddp import BucketedDDP
-    return BucketedDDP(model)
+def _wrong(**mistake):
+    class Wrong(_Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs, **mistake)
+    return Wrong
 
 
-UNEVEN = [(3, [(7, "momentum", 2)])]                   # shards of 3, 2 and 2 rows
-EMPTY = [(3, [(2, "momentum", 2)])]                    # shards of 1, 1 and 0 rows
+class _UsesLabkitDDP(_Trainer):
+    def __init__(self, model, *args, **kwargs):
+        from labkit.ddp import BucketedDDP
+        super().__init__(BucketedDDP(model), *args, **kwargs)
 
 
-@pytest.mark.parametrize("wrong, cases, hint", [
-    (dict(scale="sum"), UNEVEN, "SUMMED over ranks"),
-    (dict(scale="rank_mean"), UNEVEN, "each rank's mean over its own rows"),
-    (dict(rows="even"), UNEVEN, "its forwards saw"),
-    (dict(broadcast=False), UNEVEN, "differ from rank 0's"),
-    (dict(per_param=True), UNEVEN, "exactly one per step"),
-    (dict(mse_mean=True), EMPTY, "a number on a rank with no rows"),
-], ids=["sum, not mean", "mean of per-rank means", "even split drops rows", "no broadcast",
-        "an all-reduce per parameter", "NaN on an empty shard"])
-def test_data_parallel_wrong_answers_fail_with_the_reason(wrong, cases, hint):
-    result = ch00.data_parallel(lambda *a: _dp(*a, **wrong), cases=cases)
-    assert result.score < result.points and hint in _messages(result), _messages(result)
+WORLD3 = [ch00_trainer.DP_WORLDS[1]]   # uneven shards, accumulation 2, an empty shard, a frozen
+                                       # parameter, clipping
+CASES = [name for name, _ in ch00_trainer.CHECKS]
+REPLICAS, ROWS, COMM, MEAN, CLIP = CASES
 
 
-def test_data_parallel_right_answer_passes_an_uneven_world():
-    result = ch00.data_parallel(_dp, cases=[(3, UNEVEN[0][1] + EMPTY[0][1])])   # one launch
-    assert result.passed, _messages(result)
+@pytest.mark.parametrize("mistake, failing, hint", [
+    (dict(scale="mean_of_means"), [MEAN, CLIP], "averaging each rank's mean over its own rows"),
+    (dict(scale="sum_of_means"), [MEAN, CLIP], "each rank's mean SUMMED over ranks"),
+    (dict(rows="even"), [ROWS, MEAN, CLIP], "were seen by no rank"),
+    (dict(micro=False), [ROWS], "in 2 micro-batches are [2, 1]"),
+    (dict(broadcast="none"), [REPLICAS, MEAN, CLIP], "still holds its OWN initial weights"),
+    (dict(broadcast="per_param"), [REPLICAS], "exactly one broadcast"),
+    (dict(buffers=False), [REPLICAS, MEAN, CLIP], "its buffers are not"),
+    (dict(frozen="send"), [COMM], "does a frozen parameter need one"),
+    (dict(reduce="per_param"), [COMM], "exactly one all-reduce"),
+    (dict(clip="per_rank"), [CLIP], "clipping each rank's part of the gradient before"),
+    (dict(clip="none"), [CLIP], "WITHOUT clipping"),
+    (dict(empty="run"), [CLIP], "a number on a rank with no rows"),     # B = 2 at 3 ranks
+], ids=["mean of per-rank means", "per-rank means summed", "even split drops rows",
+        "no micro-batches", "no broadcast", "a broadcast per parameter", "buffers not sent",
+        "a frozen parameter's gradient sent",
+        "an all-reduce per parameter", "clipped per rank", "not clipped", "NaN on an empty shard"])
+def test_data_parallel_wrong_answers_fail_with_the_reason(mistake, failing, hint):
+    result = ch00.data_parallel(_wrong(**mistake), worlds=WORLD3)
+    failed = [c["name"].split(": ", 1)[1] for c in result.cases if not c["passed"]]
+    assert failed == failing and hint in _messages(result), _messages(result)
 
 
 def test_data_parallel_refuses_labkit_ddp_without_running_it():
-    result = ch00.data_parallel(_uses_labkit_ddp, cases=UNEVEN)
+    result = ch00.data_parallel(_UsesLabkitDDP, worlds=WORLD3)
     assert result.score == 0 and "labkit.ddp" in _messages(result)
