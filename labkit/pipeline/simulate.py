@@ -101,17 +101,18 @@ def repeat(s: Schedule, steps: int) -> Schedule:
 
 
 def steady_state(s: Schedule, t_f=1.0, t_b=2.0, t_w: float = None, t_p2p: float = 0.0,
-                 steps: int = 4) -> dict:
+                 steps: int = 4, durations=None) -> dict:
     """Time per step and bubble when steps run back to back without a flush (`repeat`): the
     period is makespan(steps) - makespan(steps - 1), the bubble 1 - work / (P x period). With a
     flush (the executor's barrier, an all-reduce of the gradient norm) use `simulate`: no v = 1
     schedule then idles less than (P-1) t_F per stage, the time the last stage waits for its
     first input. ZB-H2's parallelogram tiles across steps: its bubble falls to
-    (P-1) max(0, t_F + t_B - 2 t_W, t_B - t_F) per step, 0 at equal times."""
+    (P-1) max(0, t_F + t_B - 2 t_W, t_B - t_F) per step, 0 at equal times. `durations` as in
+    `simulate` (keyed by stage, kind, chunk: the same in every step)."""
     if steps < 2:
         raise ValueError(f"steps={steps}: need at least 2 steps to see the period")
-    a = simulate(repeat(s, steps), t_f, t_b, t_p2p, t_w=t_w)
-    b = simulate(repeat(s, steps - 1), t_f, t_b, t_p2p, t_w=t_w)
+    a = simulate(repeat(s, steps), t_f, t_b, t_p2p, durations, t_w=t_w)
+    b = simulate(repeat(s, steps - 1), t_f, t_b, t_p2p, durations, t_w=t_w)
     period = a.makespan - b.makespan
     work = (sum(a.busy) - sum(b.busy)) / s.P         # one step's work on the average stage
     return {"period": period, "work": work, "bubble": 1.0 - work / period if period > 0 else 0.0}
