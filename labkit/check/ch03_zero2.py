@@ -1,68 +1,116 @@
-"""Exercise 3.2's checker: the reader's ZeRO-2 optimizer against one process.
+"""Exercise 3.2's checker: the reader's whole ZeRO-2 optimizer against one process.
 
     labkit.check.ch03.zero2_optimizer(MyZeRO2)
 
-One launch per world size (2 shown; 3 and 4 hidden, the last on another model) trains the tiny GPT
-three steps with AdamW (eps 1e-3, so that a sum in place of the mean shows); at the hidden world
-sizes each step's gradient is clipped to a global norm of 0.5 (a norm over shards needs every
-rank's share): every rank builds the same model, takes its rows of the global batch,
-runs backward and the reader's step() / zero_grad(). Four cases per world:
+One launch per world size (2 shown; 3 and 4 hidden, the last on another model; most buckets
+split unevenly) trains the tiny GPT with AdamW (eps 1e-3, so that a sum in place of the mean
+shows) for three steps, the last of two micro-batches, the first under `no_sync()`. At the hidden
+world sizes each step's gradient is clipped to a global norm of 0.5 (below the model's, so every
+step clips; a norm over shards needs every rank's share), and the bucket cap (`bucket_bytes`) is
+smaller than the largest parameters. Before the last step the checker saves the reader's
+`state_dict()` with torch.save; afterwards it builds a second model and optimizer, loads the
+weights and that state, replays the last step and wants the same parameters, bit for bit.
+Seven cases per launch, all graded on its one set of results:
   values: every parameter equals one process's (torch's clip_grad_norm_, then AdamW), and all
       ranks hold the same;
   optimizer state: the storage of every tensor in `self.optimizer`'s state is at most Adam's two
-      moments of this rank's shard, 8 * sum(ceil(numel / N)) bytes (+ scalar steps);
+      moments of 1/N of the parameters, 8 * (ceil(Ψ / N) + one element of padding per parameter)
+      bytes;
   gradients during backward: the checker's own post-accumulate-grad hooks, registered after the
-      reader's, add up the storage of every full gradient (p.grad) alive at that moment; ZeRO-2
-      never holds more than half of them (a per-parameter or bucketed reduce-scatter in backward
-      holds one parameter or one bucket);
-  traffic: the bytes each rank sent in a whole step (forward, backward, step), counted by the
-      kernel (labkit.netcount), at most a reduce-scatter + an all-gather of the padded Ψ, fp32,
-      plus Gloo's headers (labkit.check.ch03.assert_optimal_traffic). An all-reduce, or Gloo's own
-      reduce_scatter_tensor (which all-reduces), sends about 1.5x and fails.
+      reader's, add up the storage of every full gradient (p.grad) alive at that moment; a
+      bucketed reduce-scatter in backward never holds more than half of them (plain steps only:
+      under no_sync every full gradient is kept on purpose);
+  traffic: the bytes each rank sent in a plain step (forward, backward, step), counted by the
+      kernel (labkit.netcount), at most a reduce-scatter + an all-gather of every padded bucket,
+      fp32, plus Gloo's headers. An all-reduce, or Gloo's own reduce_scatter_tensor (which
+      all-reduces), sends about 1.5x and fails;
+  buckets: the reductions each synchronising backward ran, observed by the dispatcher
+      (labkit.check.guards.CollectiveLog: a collective is one, a ring is N-1 sends), equal the
+      number of buckets chapter 02's rule gives for `bucket_bytes`;
+  no_sync: the backward under no_sync() dispatches no collective and no send, and its rank's
+      sockets send no byte (kernel count);
+  state_dict: the saved state is at most 12 bytes per element of this rank's shards (Adam's two
+      moments, and the shard's weights if you keep them) + 8 KiB of torch.save's framing, read
+      back with torch.load(weights_only=True), and the replayed step matches bit for bit.
 labkit.zero and torch's ZeroRedundancyOptimizer / FSDP are refused by reading the code.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 
 from labkit.check import Checker, fail
 from labkit.check.guards import forbidden_used
 
 FORBIDDEN_MODULES = ("labkit.zero", "torch.distributed.optim", "torch.distributed.fsdp",
-                     "torch.distributed._composable")
+                     "torch.distributed._composable", "torch.nn.parallel")
 FORBIDDEN_NAMES = {"ZeRO1", "ZeRO2", "ZeRO3", "ZeroRedundancyOptimizer", "fully_shard",
-                   "shard_optimizer", "reduce_scatter_mean_many", "reduce_scatter_mean"}
-# world -> (model config, max_grad_norm). Config None: labkit.zero.train.TINY, whose tensors mostly
-# split unevenly. 2 ranks unclipped (clipping to a norm would hide a sum where the mean belongs);
-# 3 and 4 (hidden) clipped to a global norm of 0.5, below the tiny GPT's: every step is clipped
-WORLDS = {2: (None, None), 3: (None, 0.5),
-          4: (dict(vocab_size=96, block_size=16, n_layer=1, n_head=3, n_embd=21), 0.5)}
+                   "shard_optimizer", "reduce_scatter_mean_many", "reduce_scatter_mean",
+                   "DistributedDataParallel"}
+# world -> (model config, max_grad_norm, bucket_bytes). Config None: labkit.zero.train.TINY
+# (18,500 parameters; its largest are 10,000 bytes). 2 ranks unclipped (clipping to a norm would
+# hide a sum where the mean belongs); 3 and 4 (hidden) clipped to a global norm of 0.5, below the
+# tiny GPT's, and with caps smaller than the largest parameters (a bucket of their own)
+WORLDS = {2: (None, None, 8192), 3: (None, 0.5, 2048),
+          4: (dict(vocab_size=96, block_size=16, n_layer=1, n_head=3, n_embd=21), 0.5, 4096)}
 STEPS, BATCH = 3, 12
+ACCUM = 2                 # micro-batches of the last step; all but the last under no_sync()
+TRAFFIC_STEP = 1          # the plain step whose bytes the kernel counts
 # AdamW with an eps near the gradients' size: a step then depends on their scale, so a sum where
 # the mean belongs changes the result (with eps = 1e-8 Adam would hide a factor N)
 ADAMW = dict(lr=1e-2, weight_decay=0.1, eps=1e-3)
+PEAK_SHARE = 0.5          # of the full gradients' bytes, alive at once during backward
+LAUNCH_TIMEOUT = 90.0     # seconds: a busy 2-core machine starts 4 ranks slowly
+STATE_BYTES_PER_ELEMENT = 12     # Adam's m and v (8) + the shard's fp32 weights if kept (4)
+STATE_FRAMING = 8192             # torch.save's zip framing and the dict's pickle
+_REFERENCES: dict = {}    # (model config, max_grad_norm) -> the one-process run
+
+
+def buckets(nbytes, cap) -> list:
+    """Chapter 02's rule over parameter sizes in registration order: [[index, ...], ...], last
+    parameter first; a bucket closes before it would pass `cap`, a larger parameter alone."""
+    out, current, size = [], [], 0
+    for i in reversed(range(len(nbytes))):
+        if current and size + nbytes[i] > cap:
+            out.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes[i]
+    return out + ([current] if current else [])
+
+
+def micro_batches(step: int) -> int:
+    return ACCUM if step == STEPS - 1 else 1
+
+
+def batch(tokens, cfg, step: int, k: int):
+    """The global batch of micro-batch k of `step`: (x, y), each (BATCH, T)."""
+    from labkit.model import get_batch
+
+    return get_batch(tokens, BATCH, cfg.block_size, 10 * step + k, 0)
 
 
 def reference(cfg, max_grad_norm) -> dict:
-    """One process, the whole global batch: AdamW, after torch's clip_grad_norm_ if asked."""
+    """One process, the whole global batch of every micro-batch: AdamW after torch's
+    clip_grad_norm_ if asked; each micro-batch's loss divided by their number, as the ranks'."""
     import torch
 
-    from labkit.model import GPT, get_batch, tiny_corpus
+    from labkit.model import GPT, tiny_corpus
 
     model = GPT(cfg, seed=0)
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     tokens = tiny_corpus()
     for step in range(STEPS):
-        x, y = get_batch(tokens, BATCH, cfg.block_size, step, 0)              # (B, T)
-        model(x, y)[1].backward()
+        for k in range(micro_batches(step)):
+            x, y = batch(tokens, cfg, step, k)                                 # (B, T)
+            (model(x, y)[1] / micro_batches(step)).backward()
         if max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
     return {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
             "losses": [0.0] * STEPS}
-PEAK_SHARE = 0.5          # of the full gradients' bytes, alive at once during backward
-LAUNCH_TIMEOUT = 90.0     # seconds: a busy 2-core machine starts 4 ranks slowly
 
 
 def _config(kwargs):
@@ -78,65 +126,126 @@ def _storage(tensors) -> int:
     return storage_bytes(tensors)
 
 
-def _zero2_job(cls, cfg_kwargs, max_grad_norm):
-    """Rank side: 3 AdamW steps with the reader's class; what the checker measures on the way."""
+def _train(zero, model, cfg, steps, watch=None, save=None, observe=True):
+    """Run `steps` of the checker's loop on the reader's optimizer; per step what was observed
+    (observe=False: nothing, for the replay). watch: {"on", "peak"} for the full-gradient hooks
+    (on for plain steps only); save: a dict to fill with the state_dict's bytes and the weights
+    before the last step. The kernel's counters cost a read of the machine's TCP table each:
+    plain step TRAFFIC_STEP and the no_sync micro-batch only."""
     import torch
     import torch.distributed as dist
 
     from labkit import netcount
-    from labkit.launch import device, note
-    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
+    from labkit.check.guards import CollectiveLog
+    from labkit.launch import note
+    from labkit.model import shard_rows, tiny_corpus
 
-    rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tokens, seen, nothing = tiny_corpus(), [], contextlib.nullcontext()
+    for step in steps:
+        if save is not None and step == STEPS - 1:
+            blob = io.BytesIO()
+            torch.save(zero.state_dict(), blob)
+            save["blob"] = blob.getvalue()
+            save["weights"] = {n: t.detach().clone() for n, t in model.state_dict().items()}
+        n_micro, obs = micro_batches(step), {"step": step}
+        if watch is not None:
+            watch["on"] = n_micro == 1
+        dist.barrier()
+        with (netcount.socket_bytes() if observe and step == TRAFFIC_STEP else nothing) as wire:
+            for k in range(n_micro):
+                x, y = batch(tokens, cfg, step, k)                             # (B, T) global
+                x, y = shard_rows(x, rank, world), shard_rows(y, rank, world)  # (B/N, T)
+                accumulate = k < n_micro - 1
+                loss = model(x, y)[1] / n_micro
+                note(f"backward of step {step}, micro-batch {k}"
+                     + (" (under your no_sync)" if accumulate else ""))
+                with (zero.no_sync() if accumulate else nothing), \
+                        (netcount.socket_bytes() if observe and accumulate else nothing) as mw, \
+                        (CollectiveLog() if observe and step > 0 else nothing) as log:
+                    loss.backward()
+                if log is not None and accumulate:
+                    obs["accum_calls"], obs["accum_sent"] = log.calls, mw.sent
+                elif log is not None:     # a collective is a reduction; a ring is N-1 sends
+                    obs["reductions"] = len(log.collectives()) + log.calls.count("send") / max(
+                        world - 1, 1)
+            note(f"your step() {step}")
+            zero.step()
+        if wire is not None:
+            obs["sent"] = wire.sent
+        seen.append(obs)
+        zero.zero_grad()
+    return seen
+
+
+def _zero2_job(cls, cfg_kwargs, max_grad_norm, bucket_bytes):
+    """Rank side: the checker's loop with the reader's class, then the state_dict round trip."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit.launch import note
+    from labkit.model import GPT
+
+    world = dist.get_world_size()
     cfg = _config(cfg_kwargs)
-    model = GPT(cfg, seed=0).to(dev)
+    model = GPT(cfg, seed=0)
     params = list(model.parameters())
     note(f"your constructor, {world} ranks")
-    zero = cls(params, None, max_grad_norm=max_grad_norm, **ADAMW)
-    peak = [0]
+    zero = cls(params, None, bucket_bytes=bucket_bytes, max_grad_norm=max_grad_norm, **ADAMW)
+    watch, save = {"on": True, "peak": 0}, {}
 
     def measure(_p):       # runs after the reader's hook on the same parameter
-        peak[0] = max(peak[0], _storage(p.grad for p in params))
+        if watch["on"]:
+            watch["peak"] = max(watch["peak"], _storage(p.grad for p in params))
 
     for p in params:
         p.register_post_accumulate_grad_hook(measure)
-    tokens, sent = tiny_corpus(), []
-    for step in range(STEPS):
-        x, y = get_batch(tokens, BATCH, cfg.block_size, step, 0)               # (B, T) global
-        x, y = shard_rows(x, rank, world).to(dev), shard_rows(y, rank, world).to(dev)  # (B/N, T)
-        dist.barrier()
-        with netcount.socket_bytes() as wire:
-            note(f"backward of step {step} (your hooks)")
-            model(x, y)[1].backward()
-            note(f"your step() {step}")
-            zero.step()
-        sent.append(wire.sent)
-        zero.zero_grad()
+    seen = _train(zero, model, cfg, range(STEPS), watch=watch, save=save)
     opt = getattr(zero, "optimizer", None)
     state = None
     if isinstance(opt, torch.optim.Optimizer):
         state = _storage(v for s in opt.state.values() for v in s.values()
                          if isinstance(v, torch.Tensor) and v.dim() > 0)
-    return {"params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-            "losses": [0.0] * STEPS, "peak": peak[0], "full": 4 * sum(p.numel() for p in params),
-            "state": state, "sent": None if None in sent else max(sent),
-            "numels": [p.numel() for p in params]}
+    out = {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
+           "losses": [0.0] * STEPS, "peak": watch["peak"], "full": 4 * sum(p.numel() for p in
+                                                                            params),
+           "state": state, "steps": seen, "numels": [p.numel() for p in params],
+           "saved_bytes": len(save["blob"])}
+    # the round trip: a fresh model and optimizer resume from the saved weights and state
+    note("the state_dict round trip: your load_state_dict, then the last step again")
+    again = GPT(cfg, seed=1)
+    again.load_state_dict(save["weights"])
+    zero2 = cls(list(again.parameters()), None, bucket_bytes=bucket_bytes,
+                max_grad_norm=max_grad_norm, **ADAMW)
+    zero2.load_state_dict(torch.load(io.BytesIO(save["blob"]), weights_only=True))
+    _train(zero2, again, cfg, [STEPS - 1], observe=False)
+    out["resumed"] = {n: p.detach().clone() for n, p in again.named_parameters()}
+    return out
 
 
-def _assert_memory_state(results, world) -> None:
+# ----------------------------------------------------------------------------- the cases
+def _assert_values(results, ref, world) -> None:
+    from labkit.check.ch03 import assert_matches_reference, assert_ranks_agree
+
+    assert_matches_reference(results, ref, what=f"ZeRO-2 on {world} ranks")
+    assert_ranks_agree(results)
+
+
+def _assert_memory_state(results, world, nbytes) -> None:
+    # 1/N of the elements, + at most one element of padding per parameter on each rank
+    shard = math.ceil(sum(nbytes) / 4 / world) + len(nbytes)
     for rank, r in enumerate(results):
         if r["state"] is None:
             fail(f"rank {rank}: no torch.optim.Optimizer in `self.optimizer`: keep the AdamW over "
                  "your shards there, as the docstring says")
-        shard = sum(math.ceil(n / world) for n in r["numels"])
         limit = 8 * shard
         if r["state"] == 0:
             fail(f"rank {rank}: the optimizer holds no state after 3 steps: does step() call "
                  "self.optimizer.step() on shards that have gradients?")
         if r["state"] > limit:
             fail(f"rank {rank}: the optimizer state takes {r['state']:,} bytes (storage size); "
-                 f"Adam's two fp32 moments of this rank's shard are {limit:,}. Is the optimizer "
-                 "built over the shards (1/N of each parameter) or over the full parameters?")
+                 f"Adam's two fp32 moments of this rank's shards are {limit:,}. Is the optimizer "
+                 "built over the shards (1/N of each bucket) or over the full parameters?")
 
 
 def _assert_memory_grads(results) -> None:
@@ -144,34 +253,129 @@ def _assert_memory_grads(results) -> None:
         if r["peak"] > PEAK_SHARE * r["full"]:
             fail(f"rank {rank}: during backward {r['peak']:,} bytes of full gradients were alive "
                  f"at once, {r['peak'] / r['full']:.0%} of all of them. ZeRO-2 reduce-scatters a "
-                 "gradient as soon as backward has finished it: which hook tells you that, and "
-                 "what do you do with p.grad afterwards?")
+                 "bucket as soon as backward has finished its last gradient: which hook tells "
+                 "you that, and what do you do with p.grad afterwards?")
 
 
-def zero2_optimizer(cls):
-    """Exercise 3.2: cls(params, group, max_grad_norm, **adamw_kwargs), step(), zero_grad()."""
-    from labkit.check.ch03 import (EXERCISES, assert_matches_reference, assert_optimal_traffic,
-                                   assert_ranks_agree)
+def assert_optimal_traffic(results, world: int, bucket_numels, n_params: int) -> None:
+    """Each rank sent at most 2(N-1)/N of the padded buckets (fp32) per plain step, plus headers
+    for a reduce-scatter and an all-gather per parameter. Where the kernel cannot count (NCCL:
+    "sent" is None) there is nothing to check."""
+    from labkit.check.ch03 import HEADER_BYTES
+    from labkit.zero.shard import chunk_size
+
+    padded = sum(world * chunk_size(n, world) for n in bucket_numels)
+    optimum = 2 * (world - 1) / world * padded * 4
+    slack = 2 * n_params * (world - 1) * HEADER_BYTES
+    for rank, res in enumerate(results):
+        sent = [s["sent"] for s in res["steps"] if "sent" in s]
+        if None in sent:
+            return
+        if max(sent) > optimum + slack:
+            fail(f"rank {rank} sent {max(sent):,} bytes in one step (counted by the kernel); "
+                 f"a reduce-scatter + an all-gather of every bucket sends {optimum:,.0f} (+ at "
+                 f"most {slack:,} of message headers): {max(sent) / optimum:.2f}x the optimum. "
+                 "An all-reduce sends twice a reduce-scatter's bytes, and so does Gloo's own "
+                 "dist.reduce_scatter_tensor: use a ring reduce-scatter "
+                 "(labkit.collectives.ring_reduce_scatter, chapter 01)")
+
+
+def _assert_buckets(results, nbytes, cap) -> None:
+    want = buckets(nbytes, cap)
+    sizes = [sum(nbytes[i] for i in b) for b in want]
+    for rank, r in enumerate(results):
+        for s in r["steps"]:
+            got = s.get("reductions", len(want))
+            if got == len(want):
+                continue
+            why = ("one per parameter: put several small gradients into one bucket"
+                   if got >= len(nbytes) else
+                   "fewer than the buckets: is a bucket sent as soon as its last gradient is "
+                   "ready, and does it close BEFORE it would pass bucket_bytes?"
+                   if got < len(want) else
+                   "more than the buckets: does a bucket close only before it would pass "
+                   "bucket_bytes, and is each one sent once?")
+            fail(f"rank {rank}, step {s['step']}: your backward ran {got:g} reductions "
+                 f"(collectives, or rings of N-1 sends, seen by the dispatcher); bucket_bytes="
+                 f"{cap} gives {len(want)} buckets (chapter 02's rule, last parameter first; "
+                 f"bytes: {sizes}): {why}")
+
+
+def _assert_no_sync(results) -> None:
+    for rank, r in enumerate(results):
+        for s in r["steps"]:
+            if "accum_calls" not in s:
+                continue
+            calls = [c for c in s["accum_calls"] if c != "barrier"]
+            if calls or (s["accum_sent"] or 0) > 0:
+                fail(f"rank {rank}: the backward under no_sync() called {calls or 'nothing'} and "
+                     f"sent {s['accum_sent']:,} bytes (kernel count). A micro-batch under "
+                     "no_sync() only accumulates p.grad on this rank: what must your hook do "
+                     "while it is active, and which backward sends the sum?")
+
+
+def _assert_round_trip(results, world, nbytes, cap) -> None:
+    shard = sum(math.ceil(sum(nbytes[i] for i in b) / 4 / world) for b in buckets(nbytes, cap))
+    limit = STATE_BYTES_PER_ELEMENT * shard + STATE_FRAMING
+    for rank, r in enumerate(results):
+        if r["saved_bytes"] > limit:
+            fail(f"rank {rank}: your state_dict() takes {r['saved_bytes']:,} bytes once saved; "
+                 f"this rank's shards hold {shard:,} elements, so Adam's moments (and the "
+                 f"weights) are at most {limit:,}. Each rank saves its own shard only: what "
+                 "does every rank need to resume on the same world size?")
+        for name, t in r["params"].items():
+            if not (r["resumed"][name] == t).all():
+                fail(f"rank {rank}: after load_state_dict the replayed last step gives another "
+                     f"{name} ({(r['resumed'][name] - t).abs().max():.2e} apart). What does "
+                     "AdamW's state hold besides the moments, and does load_state_dict put all "
+                     "of it back into self.optimizer?")
+
+
+def zero2_optimizer(cls, launched=None):
+    """Exercise 3.2: cls(params, group, bucket_bytes=, max_grad_norm=, **adamw_kwargs), with
+    step(), zero_grad(), no_sync(), state_dict(), load_state_dict(). launched: {world: per-rank
+    results} to grade instead of launching (the tests run several classes on one launch)."""
+    from labkit.check.ch03 import EXERCISES
+    from labkit.model import GPT
 
     c = Checker("3.2", *EXERCISES["3.2"])
     bad = forbidden_used([cls], FORBIDDEN_MODULES, FORBIDDEN_NAMES)
     refuse = (f"your code uses {', '.join(bad)}: that is the answer already written. Build the "
-              "shards, hooks and collectives yourself (chapter 01's ring_reduce_scatter is "
-              "allowed).") if bad else ""
-    for world, (cfg_kwargs, max_norm) in WORLDS.items():
+              "buckets, shards, hooks and collectives yourself (chapter 01's ring_reduce_scatter "
+              "is allowed).") if bad else ""
+    for world, (cfg_kwargs, max_norm, cap) in WORLDS.items():
         label = f"{world} ranks" if world == 2 else f"hidden case, {world} ranks"
-        ref = reference(_config(cfg_kwargs), max_norm)
-        checks = ((f"3 AdamW steps{' (clipped)' if max_norm else ''} equal one process on every "
-                   "rank",
-                   lambda r: (assert_matches_reference(r, ref, what=f"ZeRO-2 on {world} ranks"),
-                              assert_ranks_agree(r))),
-                  ("optimizer state: this rank's shard only (storage size)",
-                   lambda r: _assert_memory_state(r, world)),
+        cfg = _config(cfg_kwargs)
+        nbytes = [4 * p.numel() for p in GPT(cfg).parameters()]
+        key = (repr(cfg_kwargs), max_norm)
+        ref = _REFERENCES[key] = _REFERENCES.get(key) or reference(cfg, max_norm)
+        bucket_numels = [sum(nbytes[i] for i in b) // 4 for b in buckets(nbytes, cap)]
+        checks = ((f"3 AdamW steps{' (clipped)' if max_norm else ''}, the last of 2 micro-"
+                   "batches, equal one process on every rank",
+                   lambda r: _assert_values(r, ref, world)),
+                  ("optimizer state: this rank's shards only (storage size)",
+                   lambda r: _assert_memory_state(r, world, nbytes)),
                   (f"full gradients alive during backward: at most {PEAK_SHARE:.0%}",
                    _assert_memory_grads),
                   ("bytes sent per step: a reduce-scatter + an all-gather (kernel count)",
-                   lambda r: assert_optimal_traffic(r, world, r[0]["numels"])))
-        c.cases_on_one_launch(label, checks, lambda: c.launch(
-            _zero2_job, world, args=(cls, cfg_kwargs, max_norm), timeout=LAUNCH_TIMEOUT),
-            refuse=refuse)
+                   lambda r: assert_optimal_traffic(r, world, bucket_numels, len(nbytes))),
+                  ("one reduce-scatter per bucket during backward",
+                   lambda r: _assert_buckets(r, nbytes, cap)),
+                  ("no_sync(): nothing sent while micro-batches accumulate",
+                   _assert_no_sync),
+                  ("state_dict(): this rank's shard only, and a round trip resumes exactly",
+                   lambda r: _assert_round_trip(r, world, nbytes, cap)))
+        if launched is not None:
+            launch = (lambda res: lambda: _given(res))(launched[world])
+        else:
+            launch = (lambda w, a: lambda: c.launch(_zero2_job, w, args=a,
+                                                    timeout=LAUNCH_TIMEOUT))(
+                world, (cls, cfg_kwargs, max_norm, cap))
+        c.cases_on_one_launch(label, checks, launch, refuse=refuse)
     return c.finish()
+
+
+def _given(results):
+    if isinstance(results, BaseException):
+        raise results
+    return results
