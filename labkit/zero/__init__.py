@@ -13,7 +13,8 @@ Toward Training Trillion Parameter Models"), each checked against one process.
                 rank holds
     zero1       DataParallel (stage 0); zero1_step (per parameter, the exercise),
                 zero1_step_flat (one message each way), naive_zero1_step (all-reduce: 3Ψ); ZeRO1
-    zero2       ZeRO2: gradients reduce-scattered in buckets during backward, full ones freed
+    zero2       ZeRO2: gradients reduce-scattered in buckets during backward, full ones freed;
+                offload= (ZeRO-Offload: masters, gradient shards, optimizer and step on the CPU)
     zero3       ZeRO3: parameters sharded, gathered just in time per unit (FSDP); prefetch=,
                 reshard_after_forward=, offload= (optimizer state and step on the CPU)
     unit        one ZeRO-3 unit as an autograd Function (gather, run, free; gather, recompute,

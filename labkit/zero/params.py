@@ -91,31 +91,35 @@ def require_grads(params, grads) -> None:
             f"parameter with the gradients) or freeze them (requires_grad_(False))")
 
 
-def grad_norm(grads, group=None, sharded: bool = True, replicated=()) -> torch.Tensor:
+def grad_norm(grads, group=None, sharded: bool = True, replicated=(),
+              device=None) -> torch.Tensor:
     """The global L2 norm of gradients (None skipped). sharded: each rank holds its own chunks,
     so the squares are summed over ranks (one all-reduce of one element). replicated: full
-    gradients every rank holds alike (ZeRO-3's replicate=), added once, after the sum."""
+    gradients every rank holds alike (ZeRO-3's replicate=), added once, after the sum.
+    device: where the one element is all-reduced (offload keeps gradients in CPU memory, and
+    NCCL reduces only GPU tensors); default the gradients' own."""
     grads = [g for g in grads if g is not None]
-    sq = torch.zeros((), device=grads[0].device if grads else None)
+    sq = torch.zeros((), device=grads[0].device if grads else device)
     if grads:
         sq = torch.stack([g.detach().float().norm() ** 2 for g in grads]).sum()
     if sharded:
-        sq = sq.reshape(1)
+        sq = sq.reshape(1).to(device or sq.device)
         commlog.all_reduce(sq, group=group, where="ZeRO grad norm")
     for g in replicated:
         if g is not None:
-            sq = sq + g.detach().float().norm() ** 2
+            sq = sq + (g.detach().float().norm() ** 2).to(sq.device)
     return sq.sqrt().reshape(())
 
 
 def clip_(grads, max_norm: float, group=None, sharded: bool = True,
-          replicated=()) -> torch.Tensor:
+          replicated=(), device=None) -> torch.Tensor:
     """Scale gradients in place so their global norm is at most max_norm (torch's
-    clip_grad_norm_ rule: coef = max_norm / (norm + 1e-6), clamped at 1). Returns the norm."""
+    clip_grad_norm_ rule: coef = max_norm / (norm + 1e-6), clamped at 1). Returns the norm.
+    device: see grad_norm."""
     replicated = list(replicated)
-    norm = grad_norm(grads, group, sharded, replicated)
+    norm = grad_norm(grads, group, sharded, replicated, device)
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for g in list(grads) + replicated:
         if g is not None:
-            g.mul_(coef.to(g.dtype))
+            g.mul_(coef.to(g.device, g.dtype))
     return norm

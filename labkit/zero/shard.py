@@ -134,14 +134,22 @@ def shard_optimizer(params, optimizer_class, group=None, **optimizer_kwargs):
     return shards, optimizer_class(shard_groups, **optimizer_kwargs)
 
 
-def master_shards(params, optimizer_class, group=None, param_dtype=None, **optimizer_kwargs):
+def master_shards(params, optimizer_class, group=None, param_dtype=None, home=None, frozen=(),
+                  **optimizer_kwargs):
     """shard_optimizer for mixed precision (ZeRO-1/2 with a policy): the shards are fp32 COPIES
     of this rank's chunks (the master weights, not views), and the parameters themselves are
     cast to param_dtype, so the model computes in it. Returns (masters, optimizer); the optimizer
     keeps fp32 state for the masters only. After each step the caller all-gathers the masters
-    cast to param_dtype into the parameters. param_dtype None: shard_optimizer (views)."""
-    if param_dtype is None:
+    cast to param_dtype into the parameters. home: the device the masters (and so the optimizer
+    state and its step) live on, e.g. the CPU for ZeRO-Offload; copies even without a policy
+    (then in the parameters' own dtype). frozen: parameters without a master, cast to
+    param_dtype as well, so the whole model computes in it (FSDP2 casts them too).
+    param_dtype and home None: shard_optimizer (views)."""
+    if param_dtype is None and home is None:
         return shard_optimizer(params, optimizer_class, group, **optimizer_kwargs)
+    for p in frozen:
+        if param_dtype is not None and p.is_floating_point():
+            p.data = p.data.to(param_dtype)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     params = list(params)
     groups = params if params and isinstance(params[0], dict) else [{"params": params}]
@@ -149,8 +157,11 @@ def master_shards(params, optimizer_class, group=None, param_dtype=None, **optim
     for g in groups:
         mine = []
         for p in g["params"]:
-            mine.append(shard_of(p.detach().float(), rank, world).requires_grad_(True))  # (c,)
-            p.data = p.data.to(param_dtype)
+            master = p.detach().float() if param_dtype is not None else p.detach()
+            mine.append(shard_of(master, rank, world).to(home or p.device)
+                        .requires_grad_(True))                                        # (c,)
+            if param_dtype is not None:
+                p.data = p.data.to(param_dtype)
         masters += mine
         master_groups.append({**g, "params": mine})
     return masters, optimizer_class(master_groups, **optimizer_kwargs)

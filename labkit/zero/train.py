@@ -103,12 +103,14 @@ def full_params(zero, model) -> dict:
     """name -> full parameter tensor on this rank (gathered for ZeRO-3)."""
     if getattr(zero, "stage", None) == 3:
         return zero.full_parameters()
-    if getattr(zero, "param_dtype", None) is not None:   # ZeRO-1/2 mp_policy: the fp32 masters
+    if getattr(zero, "param_dtype", None) is not None or getattr(zero, "offload", False):
+        # ZeRO-1/2 with mp_policy or offload: the masters (fp32, or in CPU memory)
         from labkit.zero.shard import all_gather_full
 
         names = {id(p): n for n, p in model.named_parameters()}
         out = {n: p.detach().clone() for n, p in model.named_parameters()}   # frozen: as is
-        out.update({names[id(p)]: all_gather_full(s.detach(), p.shape, zero.group).clone()
+        out.update({names[id(p)]: all_gather_full(s.detach().to(p.device), p.shape,
+                                                  zero.group).clone()
                     for p, s in zip(zero.params, zero.shards)})
         return out
     return {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -140,7 +142,8 @@ def gathered_grads(zero, model) -> dict:
             out[names[id(p)]] = s.grad.detach().clone()
             continue
         shape = zero.shapes[id(p)] if zero.stage == 3 else p.shape
-        out[names[id(p)]] = all_gather_full(s.grad.detach(), shape, zero.group).clone()
+        device = getattr(zero, "device", None) or s.grad.device   # offload: gather on the device
+        out[names[id(p)]] = all_gather_full(s.grad.detach().to(device), shape, zero.group).clone()
     return out
 
 

@@ -153,7 +153,8 @@ class ZeRO1(DataParallel):
             raise ValueError("mp_policy needs ZeRO1(flat=True, naive=False): the exercise's "
                              "steps update parameter views in place, not fp32 masters")
         self.shards, self.optimizer = master_shards(self.groups, optimizer_class, group,
-                                                    self.param_dtype, **optimizer_kwargs)
+                                                    self.param_dtype, frozen=self.frozen,
+                                                    **optimizer_kwargs)
 
     def step(self) -> None:
         if self.naive or not self.flat:   # the exercise's paths: a missing gradient is zeros

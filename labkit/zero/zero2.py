@@ -14,6 +14,13 @@ messages; DeepSpeed's reduce_bucket_size is the same knob.) The step flushes the
 updates the shards and all-gathers the parameters. Bytes sent: the same 2(N-1)/N Ψ as stage 1
 and DDP, with a ring reduce-scatter (`reduce_scatter="backend"` forces the backend's own, which
 on Gloo moves all-reduce bytes: chapter 03 measures the difference).
+
+offload=True is ZeRO-Offload (Ren et al. 2021), which the paper builds on stage 2: the fp32
+master shards, their gradients and the optimizer's state live in CPU memory and the step runs
+there. Each bucket's reduced chunks are copied to the CPU as they arrive (Ψ/N gradient values
+down per step), and the updated shards come back up before the all-gather (Ψ/N parameter
+values): the device keeps only the full parameters and, during backward, one bucket of full
+gradients (labkit.costs.zero.offload_transfer_bytes and offload_seconds price the copies).
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import torch
 
 from labkit.zero.params import clip_, flat_params, param_groups
 from labkit.zero.precision import resolve_model_policy
-from labkit.zero.shard import all_gather_many, master_shards, reduce_scatter_mean_many
+from labkit.zero.shard import (all_gather_many, master_shards, reduce_scatter_mean_many,
+                               storage_bytes)
 from labkit.zero.zero1 import DataParallel
 
 
@@ -40,15 +48,20 @@ class ZeRO2(DataParallel):
 
     def __init__(self, params, optimizer_class, group=None, bucket_bytes: int = 64 * 1024,
                  reduce_scatter: str | None = None, max_grad_norm: float | None = None,
-                 find_unused_parameters: bool = False, mp_policy=None, **optimizer_kwargs):
+                 find_unused_parameters: bool = False, mp_policy=None, offload: bool = False,
+                 **optimizer_kwargs):
         self.groups, self.frozen = param_groups(params)
         self.params = flat_params(self.groups)
         self.group, self.bucket_bytes = group, bucket_bytes
         self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
         self.reduce_scatter = reduce_scatter   # None: labkit.zero.shard.reduce_scatter_algorithm
         self.param_dtype, self.reduce_dtype = resolve_model_policy(mp_policy, self.params)
-        self.shards, self.optimizer = master_shards(self.groups, optimizer_class, group,
-                                                    self.param_dtype, **optimizer_kwargs)
+        self.offload = bool(offload)
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.shards, self.optimizer = master_shards(   # offload: fp32 masters in CPU memory
+            self.groups, optimizer_class, group, self.param_dtype,
+            home=torch.device("cpu") if self.offload else None, frozen=self.frozen,
+            **optimizer_kwargs)
         self._bucket, self._bucket_size, self._sync = [], 0, True
         for p, s in zip(self.params, self.shards):   # for the life of the parameters
             p.register_post_accumulate_grad_hook(self._make_hook(s))
@@ -84,6 +97,8 @@ class ZeRO2(DataParallel):
         chunks = reduce_scatter_mean_many(grads, self.group,
                                           where="ZeRO-2 bucket", algorithm=self.reduce_scatter)
         for p, s, chunk in zip(params, shards, chunks):              # chunk: (c,)
+            if self.offload:                    # down to the CPU, where the step runs
+                chunk = chunk.to(s.device, s.dtype)
             s.grad = chunk if s.grad is None else s.grad.add_(chunk)
             p.grad = None                       # the full gradient is gone: ZeRO-2's saving
         self._bucket, self._bucket_size = [], 0
@@ -92,10 +107,10 @@ class ZeRO2(DataParallel):
         self._flush()                           # the last, partly filled bucket
         if self.max_grad_norm is not None:
             self.last_grad_norm = clip_([s.grad for s in self.shards], self.max_grad_norm,
-                                        self.group, sharded=True)
+                                        self.group, sharded=True, device=self.device)
         self.optimizer.step()
-        with torch.no_grad():
-            fulls = all_gather_many([s.detach().to(p.dtype) for p, s in    # mp: cast first
+        with torch.no_grad():   # mp: cast first; offload: back up to the device
+            fulls = all_gather_many([s.detach().to(p.device, p.dtype) for p, s in
                                      zip(self.params, self.shards)],
                                     [p.shape for p in self.params], self.group,
                                     where="ZeRO-2 params")
@@ -108,3 +123,16 @@ class ZeRO2(DataParallel):
 
     def _grads_held(self) -> list:      # full gradients (freed once reduced) and shards' chunks
         return [p.grad for p in self.params] + [s.grad for s in self.shards]
+
+    def held_bytes(self) -> dict:
+        """DataParallel.held_bytes; with offload the shards' gradients, the fp32 masters and the
+        optimizer's state are "cpu_grads" and "cpu_optimizer" (the memory calculator's
+        offload_optimizer), and the device keeps the parameters and any full gradient."""
+        if not self.offload:
+            return super().held_bytes()
+        state = [v for st in self.optimizer.state.values() for v in st.values()
+                 if isinstance(v, torch.Tensor) and v.dim() > 0]
+        return {"params": storage_bytes(self.params + self.frozen),
+                "grads": storage_bytes([p.grad for p in self.params]), "optimizer": 0,
+                "cpu_grads": storage_bytes([s.grad for s in self.shards]),
+                "cpu_optimizer": storage_bytes(list(self.shards) + state)}

@@ -292,7 +292,7 @@ class ZeRO3:
                 [s.grad for p, s in zip(self.params, self.shards) if id(p) not in self.replicated],
                 self.max_grad_norm, self.group, sharded=True,
                 replicated=[s.grad for p, s in zip(self.params, self.shards)
-                            if id(p) in self.replicated])
+                            if id(p) in self.replicated], device=self.device)
         self.optimizer.step()        # local shards only: no all-gather before it
         self._copy_to_device()       # offload: the updated shards go back to the device
 
