@@ -22,17 +22,26 @@ of the next step) is left out, as the simulator leaves it out, and reported apar
 counted, it would only raise the flush's bubble.
 
 Beside the measured bubble, each row has the simulator's from the run's OWN measured action
-durations and message latency (labkit.pipeline.measure's medians; `simulate` with the flush,
+durations (the mean per stage and kind, so the simulated stages do the measured work) and
+message latency (labkit.pipeline.measure.transfer_latency; `simulate` with the flush,
 `simulate.steady_state` back to back) and labkit.costs' closed form at the pads' times (None
-where costs has none). Measured minus simulated is what the executor costs between actions.
+where costs has none). Measured minus simulated is what the executor costs between actions
+(posting and waiting for messages, waking up on a loaded machine), which the simulator leaves out.
+`stretch`: the measured work per stage and step over the pads' (1 + the real compute's share;
+well above 1 when the P ranks and other work share few cores).
 """
 from __future__ import annotations
 
 from labkit.launch import run
 from labkit.model import GPTConfig
 from labkit.pipeline import causality, schedules
-from labkit.pipeline.measure import DEFAULT_CFG, _formula_bubble, _median, transfer_latency
+from labkit.pipeline.measure import _formula_bubble, _median, transfer_latency
 from labkit.pipeline.simulate import repeat, simulate, steady_state
+
+# Small on purpose: the P ranks share a few cores, and every millisecond of real compute an
+# action spends is one its neighbours may wait for; the pads stand in for the compute. 8 blocks:
+# ZB-V's 2P chunks at P = 4.
+CFG = GPTConfig(n_layer=8, n_embd=16, n_head=2, block_size=16)
 
 
 def _job(specs, cfg, batch_size, pad, repeats, steps):
@@ -110,15 +119,17 @@ def period(timeline, K: int, steps: int, flush: bool = False, first: int = 1,
             "periods": periods, "busies": busies}
 
 
-def _typical(s, timeline) -> dict:
-    """{(stage, kind, chunk): median duration}: one action slowed by a neighbour should not count."""
+def _mean_durations(s, timeline) -> dict:
+    """{(stage, kind, chunk): mean duration}: the mean, not the median, so that the simulated
+    stage does the same work (sum of durations) as the measured one; a slow stage (the output
+    head's, a loaded core's) sets the period back to back."""
     out = {}
     for p in range(s.P):
         for kind in ("FBW" if s.split else "FB"):
             for c in range(s.v):
-                d = sorted(e["end"] - e["start"] for e in timeline
-                           if (e["stage"], e["kind"], e["chunk"]) == (p, kind, c))
-                out[p, kind, c] = d[len(d) // 2]
+                d = [e["end"] - e["start"] for e in timeline
+                     if (e["stage"], e["kind"], e["chunk"]) == (p, kind, c)]
+                out[p, kind, c] = sum(d) / len(d)
     return out
 
 
@@ -138,6 +149,7 @@ def _way(s, r, timelines, K, steps, flush):
         reps.append(got)
     mid = sorted(reps, key=lambda g: g["period"])[len(reps) // 2]
     return {"period": _median([g["period"] for g in reps]),
+            "busy": _median([g["busy"] for g in reps]),
             "bubble": _median([g["bubble"] for g in reps]),
             "bubbles": [g["bubble"] for g in reps],
             "between": _median([g["between"] for g in reps]),
@@ -145,17 +157,19 @@ def _way(s, r, timelines, K, steps, flush):
 
 
 def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
-            cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, timeout: float = 300) -> list:
-    """One launch: each spec (schedule, K, v) run `repeats` times both ways, `steps` steps each.
+            cfg: GPTConfig = CFG, batch_size: int = None, timeout: float = 300) -> list:
+    """One launch: each spec (schedule, K, v) run `repeats` times both ways, `steps` steps each,
+    on batches of `batch_size` rows per step (default: the largest K, one row per micro-batch).
     Rows: measured period and bubble both ways (medians over repeats), simulated from the run's
     own durations both ways, the formula both ways, peaks held, causality violations ([] if none).
     Raises AssertionError when a back-to-back run's loss or a gradient differs from the
     one-process reference on the same K*steps micro-batches."""
-    from labkit.pipeline.executor import compare_to_reference, reference_step
-
     if steps < 4:
         raise ValueError(f"steps={steps}: use steps >= 4, so that steps 1..steps-2 (away from the "
                          f"ramp and the drain) hold at least one period")
+    from labkit.pipeline.executor import compare_to_reference, reference_step
+
+    batch_size = batch_size or max(K for _, K, _ in specs)
     if batch_size < max(K for _, K, _ in specs):
         raise ValueError(f"batch_size={batch_size} cannot make K={max(K for _, K, _ in specs)} "
                          f"micro-batches per step; use batch_size >= K")
@@ -176,9 +190,10 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
         for way in ("flush", "b2b"):
             timelines = [_zeroed([g[way][j] for g in got]) for j in range(len(got[0][way]))]
             ways[way] = _way(s, r, timelines, K, steps, way == "flush")
-            ways[way]["durations"] = _typical(s, ways[way]["timeline"])
+            ways[way]["durations"] = _mean_durations(s, ways[way]["timeline"])
             ways[way]["t_p2p"] = transfer_latency(r, ways[way]["timeline"])
         fl, bb = ways["flush"], ways["b2b"]
+        pad_work = K * sum(pad) if pad else None          # slept per stage per step
         sim_flush = simulate(s, t_p2p=fl["t_p2p"], durations=fl["durations"])
         sim_b2b = steady_state(s, t_p2p=bb["t_p2p"], steps=steps, durations=bb["durations"])
         rows.append({
@@ -186,6 +201,9 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
             "period_flush_s": fl["period"], "period_b2b_s": bb["period"],
             "bubble_flush": fl["bubble"], "bubble_b2b": bb["bubble"],
             "bubbles_flush": fl["bubbles"], "bubbles_b2b": bb["bubbles"],
+            # the measured work per step over the pads' (P ranks on few cores: > 1)
+            "stretch_flush": fl["busy"] / pad_work if pad else None,
+            "stretch_b2b": bb["busy"] / pad_work if pad else None,
             "between_flush_s": fl["between"],
             "sim_period_flush_s": sim_flush.makespan, "sim_period_b2b_s": sim_b2b["period"],
             "sim_bubble_flush": sim_flush.bubble, "sim_bubble_b2b": sim_b2b["bubble"],
