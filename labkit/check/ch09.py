@@ -2,7 +2,7 @@
 
     labkit.check.ch09.loss_scaler(MyScaler)            # Exercise 9.1
     labkit.check.ch09.block_quantizer(quantize, dequantize)   # Exercise 9.2
-    labkit.check.ch09.mixed_precision_trainer(Trainer)   # Exercise 9.3, real processes
+    labkit.check.ch09.mixed_precision_trainer(MixedPrecisionTrainer)   # 9.3, real processes
     labkit.check.ch09.state_bytes(predict)             # Exercise 9.4, storage sizes
 
 9.1: MyScaler(init_scale, growth_factor, backoff_factor, growth_interval) with .scale and
@@ -10,21 +10,18 @@
 torch.amp.GradScaler on the same gradients. 9.2: quantize(x, block) -> (q in float8_e4m3fn,
 scales) and dequantize(q, scales, block) -> fp32, compared with labkit.precision.fp8.
 
-9.3: the reader's data-parallel fp16 trainer (fp32 masters, an fp16 compute copy, loss scaling,
-gradients averaged and unscaled, overflowed steps skipped on every rank) trains a small MLP on
-1, 2 and (hidden) 3 real processes with overflows injected on one rank at chosen steps. The
-loss is tiny (its fp16 gradients underflow unless scaled) and the updates are below fp16's
-spacing (they vanish without fp32 masters); the masters must stay within TRACK of fp32 SGD that
-skips the same steps, every rank must call the (checker's, recording) scaler once per step with
-found_inf true exactly at the injected steps, and the ranks' masters must agree. torch.amp and
-labkit.precision may not be used.
+9.3 (labkit.check.ch09_trainer): the reader's data-parallel mixed-precision trainer, written
+from a stub class (fp32 masters and an fp16 or bf16 compute copy, its own dynamic loss scaler for
+fp16 and none for bf16, gradients all-reduced in the half dtype or in fp32, unscaled before a
+global-norm clip, overflowed steps skipped on every rank), trained on 2 and (hidden) 3 real
+processes with overflows injected on one rank; graded on storage, the loss scale each backward
+used, bit-identical masters, tracking of fp32 SGD, and the bytes on the wire (the kernel's count).
 
 9.4: the reader predicts the bytes of weights, gradients and optimizer state a recipe holds
 for n parameters; the checker runs one real AdamW step of the book's GPT held that way and reads
 storage sizes (untyped_storage().nbytes()); within STATE_TOLERANCE, shown beside labkit.costs.
 
-Long because: the notebook imports one checker module per chapter; 9.3's reference training,
-its recording scaler and its hints belong together.
+Long because: the notebook imports one checker module per chapter.
 """
 from __future__ import annotations
 
@@ -35,7 +32,7 @@ from labkit.check import Checker, fail
 EXERCISES = {
     "9.1": ("a dynamic loss scaler (grow, skip, back off)", 2),
     "9.2": ("per-block fp8 (e4m3) quantize / dequantize with its scales", 2),
-    "9.3": ("data-parallel fp16 training: master weights, loss scaling, skipped overflows", 6),
+    "9.3": ("a data-parallel mixed-precision trainer: masters, loss scaling, fp16 and bf16", 8),
     "9.4": ("predict the bytes a precision recipe holds per parameter, then measure them", 3),
 }
 
@@ -133,166 +130,15 @@ def block_quantizer(quantize, dequantize):
 
 
 # ----------------------------------------------------------------------------- 9.3
-TINY = 2.0**-24        # the loss is this small: its fp16 gradients underflow unless scaled
-LR = 0.002 / TINY      # SGD on the tiny loss: an effective 0.002, updates below fp16's ulp
-TRACK = 0.05           # masters within 5% of how far fp32 training moved the weights
-TRAIN_STEPS = 14
-TRAIN_CASES = [  # (world, {step: (rank, "inf" or "nan")} injected overflows, hidden)
-    (1, {3: (0, "inf")}, False),
-    (2, {2: (1, "inf"), 6: (1, "inf"), 7: (0, "inf")}, False),
-    (3, {4: (2, "nan"), 9: (0, "inf")}, True),
-]
-FORBIDDEN_AMP = ("GradScaler", "autocast", "torch.amp", "torch.cuda.amp", "labkit.precision")
+def mixed_precision_trainer(cls):
+    """Exercise 9.3 (labkit.check.ch09_trainer): the reader's data-parallel mixed-precision
+    trainer on 2 and (hidden) 3 ranks, fp16 and bf16, against one fp32 process."""
+    from labkit.check.ch09_trainer import mixed_precision_trainer as check
+
+    return check(cls, *EXERCISES["9.3"])
 
 
-class RecordingScaler:
-    """GradScaler's rules (init 2^16, x2 after GROWTH good steps, x0.5 on an overflow); records
-    every update call, so the checker sees what the trainer decided and when."""
-    GROWTH = 4
-
-    def __init__(self):
-        self.scale, self.good, self.calls = 2.0**16, 0, []
-
-    def update(self, found_inf) -> bool:
-        found_inf = bool(found_inf)
-        self.calls.append(found_inf)
-        if found_inf:
-            self.scale, self.good = self.scale * 0.5, 0
-            return False
-        self.good += 1
-        if self.good == self.GROWTH:
-            self.scale, self.good = self.scale * 2.0, 0
-        return True
-
-
-def _mlp(seed: int):
-    import torch.nn as nn
-
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16))
-
-
-def _batch(step: int, rank: int):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(8, 16, generator=g)           # cpu: the same numbers on every run
-    return x, torch.randn(8, 16, generator=g) * 0.5  # cpu: as above
-
-
-def _loss_fn(inject: dict, rank: int, clock: list):
-    """MSE times TINY; at an injected (step, rank) the loss is multiplied by 2^100 (its fp16
-    gradients overflow) or by NaN. clock[0] counts the calls (the trainer's steps)."""
-    def loss_fn(out, y):
-        step = clock[0]
-        clock[0] += 1
-        loss = ((out - y) ** 2).mean() * TINY
-        hit = inject.get(step)
-        if hit and hit[0] == rank:
-            loss = loss * (2.0**100 if hit[1] == "inf" else float("nan"))
-        return loss
-    return loss_fn
-
-
-def _reference_masters(world: int, inject: dict) -> list:
-    """fp32 SGD on the same batches, averaging the ranks' gradients, skipping injected steps."""
-    model = _mlp(0)
-    for step in range(TRAIN_STEPS):
-        if step in inject:
-            continue
-        model.zero_grad()
-        for r in range(world):
-            x, y = _batch(step, r)
-            (((model(x) - y) ** 2).mean() / world).backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= LR * TINY * p.grad
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def _trainer_job(cls, inject: dict):
-    import torch.distributed as dist
-
-    from labkit.launch import note
-
-    torch.set_num_threads(1)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model, scaler, clock = _mlp(0), RecordingScaler(), [0]
-    start = [p.detach().clone() for p in model.parameters()]
-    note(f"your MixedPrecisionTrainer(...), rank {rank} of {world}")
-    trainer = cls(model, LR, scaler, None)
-    out = {"rank": rank, "dtypes": sorted({str(p.dtype) for p in model.parameters()})}
-    losses = []
-    for step in range(TRAIN_STEPS):
-        x, y = _batch(step, rank)
-        note(f"your step {step}, rank {rank} of {world}")
-        before = clock[0]
-        losses.append(trainer.step(x, y, _loss_fn(inject, rank, clock)))
-        if clock[0] != before + 1:
-            out["loss_calls"] = (step, clock[0] - before)
-            clock[0] = before + 1
-    masters = trainer.master_params()
-    out["calls"] = scaler.calls
-    out["masters"] = [m.detach().clone() for m in masters]
-    out["shared"] = any(m.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
-                        for m, p in zip(masters, model.parameters()))
-    out["fp16"] = [p.detach().clone() for p in model.parameters()]
-    out["start"], out["ref"] = start, _reference_masters(world, inject)
-    return out
-
-
-def _judge_trainer(res: list, world: int, inject: dict) -> None:
-    want_calls = [s in inject for s in range(TRAIN_STEPS)]
-    for r in res:
-        rank = r["rank"]
-        if r["dtypes"] != ["torch.float16"]:
-            fail(f"rank {rank}: the model's parameters are {r['dtypes']} after construction; "
-                 f"the forward and backward should run on an fp16 copy. Which copy is it?")
-        if r.get("loss_calls"):
-            fail(f"rank {rank}: step {r['loss_calls'][0]} called loss_fn "
-                 f"{r['loss_calls'][1]} times; call it once per step")
-        ms = r["masters"]
-        if len(ms) != len(r["ref"]) or any(m.dtype != torch.float32 for m in ms):
-            fail(f"rank {rank}: master_params() gave {[str(m.dtype) for m in ms]}: one fp32 "
-                 f"tensor per parameter, in model.parameters() order")
-        if r["shared"]:
-            fail(f"rank {rank}: a master shares its storage with the fp16 parameter: the master "
-                 f"copy must be a separate fp32 tensor")
-        if len(r["calls"]) != TRAIN_STEPS:
-            fail(f"rank {rank}: scaler.update was called {len(r['calls'])} times in "
-                 f"{TRAIN_STEPS} steps; call it exactly once per step")
-        for s, (got, want) in enumerate(zip(r["calls"], want_calls)):
-            if got != want:
-                who = inject.get(s)
-                fail(f"rank {rank}, step {s}: update(found_inf={got}), expected {want}"
-                     + (f" (rank {who[0]}'s gradients held {who[1]}: every rank must skip)"
-                        if who else " (no gradient overflowed)")
-                     + ". Is found_inf the same on every rank? What does an inf or a NaN in a "
-                       "sum of gradients become?")
-    base = res[0]["masters"]
-    for r in res[1:]:
-        if any(not torch.equal(a, b) for a, b in zip(base, r["masters"])):
-            fail(f"rank {r['rank']}'s master weights differ from rank 0's: do all ranks apply "
-                 f"the same averaged gradient and skip the same steps?")
-    r = res[0]
-    moved = sum(float((w - s).pow(2).sum()) for w, s in zip(r["ref"], r["start"])) ** 0.5
-    off = sum(float((m - w).pow(2).sum()) for m, w in zip(r["masters"], r["ref"])) ** 0.5
-    if not off == off or off > TRACK * moved:      # NaN fails too
-        stayed = sum(float((m - s).pow(2).sum()) for m, s in zip(r["masters"], r["start"])) ** .5
-        hint = ("Are the gradients unscaled (divided by the scale) and averaged over the ranks "
-                "(a sum is world times too big) before the update?")
-        if stayed < 0.2 * moved:
-            hint = ("The weights barely moved. Is the loss multiplied by the scale before the "
-                    "backward (its fp16 gradients underflow otherwise)? Are the updates made to "
-                    "fp32 masters (an update below fp16's spacing vanishes in an fp16 weight)?")
-        if not off == off:
-            hint = "The masters hold NaN: was an overflowed step applied?"
-        fail(f"the fp32 masters are {off:.3g} away from fp32 training, which moved the weights "
-             f"{moved:.3g} (allowed {TRACK:.0%} of that). {hint}")
-    for m, p in zip(r["masters"], r["fp16"]):
-        if not torch.equal(m.half(), p):
-            fail("the fp16 parameters are not the masters rounded to fp16 after the last step: "
-                 "refresh the compute copy from the masters after each update")
-
-
+# ----------------------------------------------------------------------------- 9.4
 def _forbidden(forbidden, *objs) -> list:
     """Which of `forbidden` (dotted module prefixes, or bare names) the reader's code uses."""
     from labkit.check.guards import forbidden_used
@@ -301,23 +147,6 @@ def _forbidden(forbidden, *objs) -> list:
     return forbidden_used(list(objs), mods, {f for f in forbidden if f not in mods})
 
 
-def mixed_precision_trainer(cls):
-    """Exercise 9.3: cls(model, lr, scaler, group) with .step(x, y, loss_fn), .master_params()."""
-    c = Checker("9.3", *EXERCISES["9.3"])
-    bad = _forbidden(FORBIDDEN_AMP, cls)
-    for world, inject, hidden in TRAIN_CASES:
-        shown = ", ".join(f"step {s} rank {r} {k}" for s, (r, k) in inject.items())
-        with c.case("hidden case" if hidden else f"{world} rank(s), {TRAIN_STEPS} steps, "
-                                                 f"overflows injected at {shown}"):
-            if bad:
-                fail(f"your trainer uses {', '.join(bad)}: write the loss scaling and the master "
-                     f"weights yourself")
-            res = c.launch(_trainer_job, world, args=(cls, inject))
-            _judge_trainer(res, world, inject)
-    return c.finish()
-
-
-# ----------------------------------------------------------------------------- 9.4
 STATE_TOLERANCE = 0.02
 STATE_CASES = [("fp32", False), ("mixed", False), ("fp32_grads", False),
                ("fp16_fp32_grad_copy", True)]
