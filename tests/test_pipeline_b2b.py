@@ -61,6 +61,24 @@ def test_period_of_the_simulators_timelines_equals_its_own_bubbles(name, v, t_b)
     got = back_to_back.period(flush, K, steps, flush=True)
     assert got["bubble"] == pytest.approx(one.bubble, abs=1e-9)
     assert got["between"] == pytest.approx(0.5)
+    # a replay with each action's own time rebuilds both (the flush's 0.5 gaps left out)
+    for timeline, way in ((b2b, False), (flush, True)):
+        again = back_to_back.replay(s, timeline, K, steps, flush=way)
+        assert back_to_back.period(again, K, steps, flush=way)["bubble"] == pytest.approx(
+            back_to_back.period(timeline, K, steps, flush=way)["bubble"], abs=1e-9)
+
+
+def test_replay_leaves_out_the_time_between_actions():
+    """Stage 1 of the synthetic run starts each action 1 s late (an executor's overhead): the
+    measured bubble has it, the replay with the same durations does not."""
+    late = [dict(e, start=e["start"] + 1, end=e["end"] + 1) if e["stage"] == 1 else
+            dict(e, start=e["start"] + 2, end=e["end"] + 2) if e["kind"] == "B" else e
+            for e in _synthetic()]
+    s = schedules.make("1f1b", 2, 1)
+    measured = back_to_back.period(late, K=1, steps=4)
+    again = back_to_back.period(back_to_back.replay(s, late, 1, 4, flush=False), K=1, steps=4)
+    assert again["busies"] == measured["busies"] == [5.0, 3.0]
+    assert again["period"] < measured["period"]
 
 
 def test_steady_state_takes_measured_durations():

@@ -21,10 +21,11 @@ a flush the period is a step's makespan: the flush itself (the barrier and the e
 of the next step) is left out, as the simulator leaves it out, and reported apart (`between`);
 counted, it would only raise the flush's bubble.
 
-Beside the measured bubble, each row has the simulator's from the run's OWN measured action
-durations (the mean per stage and kind, so the simulated stages do the measured work) and
-message latency (labkit.pipeline.measure.transfer_latency; `simulate` with the flush,
-`simulate.steady_state` back to back) and labkit.costs' closed form at the pads' times (None
+Beside the measured bubble, each row has the simulator's (`sim_*`) from a replay of each repeat
+with every action taking its OWN measured time and every message the run's measured latency
+(labkit.pipeline.measure.transfer_latency), read with the same `period`; `mean_sim_*`: the
+simulator fed one mean time per stage and kind (`simulate` with the flush,
+`simulate.steady_state` back to back); and labkit.costs' closed form at the pads' times (None
 where costs has none). Measured minus simulated is what the executor costs between actions
 (posting and waiting for messages, waking up on a loaded machine), which the simulator leaves out.
 `stretch`: the measured work per stage and step over the pads' (1 + the real compute's share;
@@ -38,10 +39,13 @@ from labkit.pipeline import causality, schedules
 from labkit.pipeline.measure import _formula_bubble, _median, transfer_latency
 from labkit.pipeline.simulate import repeat, simulate, steady_state
 
-# Small on purpose: the P ranks share a few cores, and every millisecond of real compute an
-# action spends is one its neighbours may wait for; the pads stand in for the compute. 8 blocks:
-# ZB-V's 2P chunks at P = 4.
-CFG = GPTConfig(n_layer=8, n_embd=16, n_head=2, block_size=16)
+
+def small_config(n_chunks: int) -> GPTConfig:
+    """One block per chunk, narrow: the P ranks share a few cores and every millisecond of real
+    compute is one a neighbour may wait for (and one more that varies from action to action,
+    which a schedule with no slack, ZB-H2 back to back, pays as idle time); the pads stand in
+    for the compute."""
+    return GPTConfig(n_layer=n_chunks, n_embd=16, n_head=2, block_size=16)
 
 
 def _job(specs, cfg, batch_size, pad, repeats, steps):
@@ -133,6 +137,25 @@ def _mean_durations(s, timeline) -> dict:
     return out
 
 
+def replay(s, timeline, K: int, steps: int, flush: bool, t_p2p: float = 0.0) -> list:
+    """The simulator's timeline of the same steps with each action taking its own measured time
+    (and each message t_p2p): `steps` separate steps of `s` laid end to end with the flush, one
+    run of repeat(s, steps) without. What the run would have been without the executor's time
+    between actions."""
+    own = {(e["stage"], e["kind"], e["mb"], e["chunk"]): e["end"] - e["start"] for e in timeline}
+    if not flush:
+        return simulate(repeat(s, steps), t_p2p=t_p2p, durations=own).timeline
+    out, t0 = [], 0.0
+    for i in range(steps):
+        step = {(p, kind, mb - i * K, c): d for (p, kind, mb, c), d in own.items()
+                if mb // K == i}
+        sim = simulate(s, t_p2p=t_p2p, durations=step)
+        out += [dict(e, mb=e["mb"] + i * K, start=e["start"] + t0, end=e["end"] + t0)
+                for e in sim.timeline]
+        t0 += sim.makespan
+    return out
+
+
 def _zeroed(per_rank_timelines):
     events = [e for t in per_rank_timelines for e in t]
     t0 = min(e["start"] for e in events)
@@ -140,26 +163,31 @@ def _zeroed(per_rank_timelines):
 
 
 def _way(s, r, timelines, K, steps, flush):
-    """Median (over repeats) period, bubble, time between steps; the median-period timeline."""
+    """Medians over repeats: measured period, bubble, busy, time between steps, and the same of
+    each repeat's replay (`replay`); the median-period repeat's timeline."""
     reps = []
     for t in timelines:
         got = period(t, K, steps, flush)
         got["timeline"] = t
         got["violations"] = causality.check_causality(r, t)
+        got["t_p2p"] = transfer_latency(r, t)
+        got["sim"] = period(replay(s, t, K, steps, flush, got["t_p2p"]), K, steps, flush)
         reps.append(got)
     mid = sorted(reps, key=lambda g: g["period"])[len(reps) // 2]
-    return {"period": _median([g["period"] for g in reps]),
-            "busy": _median([g["busy"] for g in reps]),
-            "bubble": _median([g["bubble"] for g in reps]),
-            "bubbles": [g["bubble"] for g in reps],
-            "between": _median([g["between"] for g in reps]),
-            "violations": [m for g in reps for m in g["violations"]], "timeline": mid["timeline"]}
+    out = {key: _median([g[key] for g in reps])
+           for key in ("period", "busy", "bubble", "between", "t_p2p")}
+    out.update(bubbles=[g["bubble"] for g in reps],
+               sim_period=_median([g["sim"]["period"] for g in reps]),
+               sim_bubble=_median([g["sim"]["bubble"] for g in reps]),
+               violations=[m for g in reps for m in g["violations"]], timeline=mid["timeline"])
+    return out
 
 
 def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
-            cfg: GPTConfig = CFG, batch_size: int = None, timeout: float = 300) -> list:
+            cfg: GPTConfig = None, batch_size: int = None, timeout: float = 300) -> list:
     """One launch: each spec (schedule, K, v) run `repeats` times both ways, `steps` steps each,
-    on batches of `batch_size` rows per step (default: the largest K, one row per micro-batch).
+    on batches of `batch_size` rows per step (default: the largest K, one row per micro-batch)
+    of `cfg` (default: small_config, one block per chunk).
     Rows: measured period and bubble both ways (medians over repeats), simulated from the run's
     own durations both ways, the formula both ways, peaks held, causality violations ([] if none).
     Raises AssertionError when a back-to-back run's loss or a gradient differs from the
@@ -174,6 +202,7 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
         raise ValueError(f"batch_size={batch_size} cannot make K={max(K for _, K, _ in specs)} "
                          f"micro-batches per step; use batch_size >= K")
     specs = [tuple(x) for x in specs]
+    cfg = cfg or small_config(P * max(v for _, _, v in specs))
     per_rank = run(_job, P, args=(specs, cfg, batch_size, pad, repeats, steps),
                    timeout=timeout, echo=False)
     ref = reference_step(cfg, batch_size * steps)
@@ -191,11 +220,11 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
             timelines = [_zeroed([g[way][j] for g in got]) for j in range(len(got[0][way]))]
             ways[way] = _way(s, r, timelines, K, steps, way == "flush")
             ways[way]["durations"] = _mean_durations(s, ways[way]["timeline"])
-            ways[way]["t_p2p"] = transfer_latency(r, ways[way]["timeline"])
         fl, bb = ways["flush"], ways["b2b"]
         pad_work = K * sum(pad) if pad else None          # slept per stage per step
-        sim_flush = simulate(s, t_p2p=fl["t_p2p"], durations=fl["durations"])
-        sim_b2b = steady_state(s, t_p2p=bb["t_p2p"], steps=steps, durations=bb["durations"])
+        # the same with one mean time per (stage, kind, chunk): the simulator's own bookkeeping
+        mean_flush = simulate(s, t_p2p=fl["t_p2p"], durations=fl["durations"])
+        mean_b2b = steady_state(s, t_p2p=bb["t_p2p"], steps=steps, durations=bb["durations"])
         rows.append({
             "P": P, "schedule": name, "K": K, "v": v, "steps": steps, "pad": pad,
             "period_flush_s": fl["period"], "period_b2b_s": bb["period"],
@@ -205,8 +234,9 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
             "stretch_flush": fl["busy"] / pad_work if pad else None,
             "stretch_b2b": bb["busy"] / pad_work if pad else None,
             "between_flush_s": fl["between"],
-            "sim_period_flush_s": sim_flush.makespan, "sim_period_b2b_s": sim_b2b["period"],
-            "sim_bubble_flush": sim_flush.bubble, "sim_bubble_b2b": sim_b2b["bubble"],
+            "sim_period_flush_s": fl["sim_period"], "sim_period_b2b_s": bb["sim_period"],
+            "sim_bubble_flush": fl["sim_bubble"], "sim_bubble_b2b": bb["sim_bubble"],
+            "mean_sim_bubble_flush": mean_flush.bubble, "mean_sim_bubble_b2b": mean_b2b["bubble"],
             "formula_flush": _formula_bubble(name, P, K, v, pad),
             "formula_b2b": _formula_bubble(name, P, K, v, pad, flush=False),
             "t_p2p_flush_s": fl["t_p2p"], "t_p2p_b2b_s": bb["t_p2p"],
@@ -239,6 +269,6 @@ def table(rows) -> str:
             f"{max(max(r['peak_flush']), max(r['peak_b2b'])):>4g} "
             f"{'yes' if not r['violations'] else len(r['violations']):>6}")
     lines.append("period: ms per step (middle steps); gap: ms between flushed steps (barrier, "
-                 "setup), not counted; bubble: idle share of P x period; sim: the simulator from "
-                 "the run's own action times")
+                 "setup), not counted; bubble: idle share of P x period; sim: the simulator "
+                 "replaying the run, each action at its own measured time")
     return "\n".join(lines)

@@ -61,7 +61,8 @@ def timeline_stats(timeline, P: int):
 def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0, durations=None,
              t_w: float = None) -> SimResult:
     """Time schedule `s`. `durations` (optional) {(stage, kind, chunk): seconds} overrides t_f and
-    t_b action by action, e.g. with times measured on real processes. t_b is the whole backward;
+    t_b action by action, e.g. with times measured on real processes; a key (stage, kind, mb,
+    chunk) times one action alone (a replay of a measured run with each action's own time). t_b is the whole backward;
     where `s` splits it, W takes t_w (default t_b / 2) and B the rest, so the work is the same."""
     validate(s)
     tf = list(t_f) if isinstance(t_f, (list, tuple)) else [t_f] * s.P
@@ -70,8 +71,11 @@ def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0, durations=None,
         raise ValueError(f"give one t_f and t_b per stage: got {len(tf)} and {len(tb)} for P={s.P}")
 
     def duration(p, a):
-        if durations is not None and (p, a.kind, a.chunk) in durations:
-            return durations[p, a.kind, a.chunk]
+        if durations is not None:
+            if (p, a.kind, a.mb, a.chunk) in durations:
+                return durations[p, a.kind, a.mb, a.chunk]
+            if (p, a.kind, a.chunk) in durations:
+                return durations[p, a.kind, a.chunk]
         if a.kind == "F":
             return tf[p] / s.v
         if not s.split:
