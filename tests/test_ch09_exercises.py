@@ -115,6 +115,18 @@ class ClipBeforeUnscale(Trainer):           # the clip sees the scaled gradient
         return True
 
 
+class UnscaleAfterUpdate(Trainer):          # divides by the scale update() has just grown
+    def step(self, x, y, loss_fn):
+        for p in self.params:
+            p.grad = None
+        self.backward(loss_fn(self.model(x.to(self.dtype)).float(), y))
+        grad = self.average([p.grad for p, _ in self.trained])
+        if self.scaler and not self.scaler.update(self.found_inf(grad, None)):
+            return False
+        self.apply(self.clip(self.unscale(grad)))
+        return True
+
+
 class NoMasterWeights(Trainer):             # the update lands on the half weights
     def apply(self, grad):
         offset = 0
@@ -221,6 +233,7 @@ class UsesGradScaler(Trainer):
 WRONG = [
     (LocalOverflowCheck, 1, "every rank must skip"),
     (ClipBeforeUnscale, 3, "before the clip"),
+    (UnscaleAfterUpdate, 3, "one update() has just changed"),
     (NoMasterWeights, 3, "exactly torch.float16 values"),
     (ScalerOnBf16, 5, "needs no loss scale"),
     (HalfOnTheWire, 5, "passed fp16's max"),

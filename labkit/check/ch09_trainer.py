@@ -10,7 +10,7 @@ its own batches:
 STEPS steps each, the global gradient norm clipped to MAX_NORM. The loss is multiplied by 2^-24,
 so its fp16 gradients underflow unless scaled, and the updates are below the weights' fp16 and
 bf16 spacing, so they round away unless applied to fp32 masters. In the fp16 runs one rank's loss
-overflows at chosen steps (x2^100, or NaN); in the bf16 run one rank's loss is multiplied by 2^40
+overflows at chosen steps (x2^100, or NaN); in the bf16 run one rank's loss is multiplied by 2^50
 at one step (gradients past fp16's max, well inside bf16's range: no skip, the clip tames it).
 Six cases per world size, graded on the one launch:
   storage: the model's parameters are the compute dtype; the masters are fp32 in storage of their
@@ -95,12 +95,13 @@ def _plan(world: int, dtype) -> tuple:
     return (growth, overflows, {}) if dtype == torch.float16 else (growth, {}, big)
 
 
-def expected_scales(dtype, growth: int, overflows: dict, init: float = 2.0**16) -> list:
+def expected_scales(dtype, growth: int, overflows: dict, init: float = 2.0**16,
+                    steps: int = STEPS) -> list:
     """The loss scale GradScaler's rules use at each step (1 for bf16: no scaling)."""
     if dtype == torch.bfloat16:
-        return [1.0] * STEPS
+        return [1.0] * steps
     out, scale, good = [], init, 0
-    for step in range(STEPS):
+    for step in range(steps):
         out.append(scale)
         if step in overflows:
             scale, good = scale * 0.5, 0
@@ -115,9 +116,10 @@ def reference(world: int, dtype, mistake: str = "") -> list:
     """fp32 SGD on the same batches: the ranks' gradients averaged, clipped to MAX_NORM (no
     epsilon), the overflowed steps skipped. `mistake` makes a known wrong version, to name it:
     "clip scaled" (the norm of the scaled gradient), "sum" (no mean), "eps" (clip_grad_norm_'s
-    1e-6 added to the norm), "no clip"."""
+    1e-6 added to the norm), "no clip", "scale after update" (unscaled by the scale the step's
+    update() left: half the gradient at each growth)."""
     growth, overflows, big = _plan(world, dtype)
-    scales = expected_scales(dtype, growth, overflows)
+    scales = expected_scales(dtype, growth, overflows, steps=STEPS + 1)
     model = _mlp()
     params = [p for p in model.parameters() if p.requires_grad]
     for step in range(STEPS):
@@ -129,6 +131,9 @@ def reference(world: int, dtype, mistake: str = "") -> list:
             loss = ((model(x) - y) ** 2).mean() * TINY * _factor(step, r, overflows, big)
             (loss * (1.0 if mistake == "sum" else 1.0 / world)).backward()
         with torch.no_grad():
+            if mistake == "scale after update":
+                for p in params:
+                    p.grad *= scales[step] / scales[step + 1]
             norm = torch.cat([p.grad.reshape(-1) for p in params]).norm()
             norm = norm * scales[step] if mistake == "clip scaled" else norm
             norm = norm + 1e-6 if mistake == "eps" else norm
@@ -312,6 +317,9 @@ MISTAKES = {        # a known mistake -> the hint, when the masters match fp32 S
            "gradients here are about 1e-9 each): clip exactly as the docstring says.",
     "no clip": "They match fp32 training without clipping: is max_norm applied, to the global "
                "norm of the whole model's averaged gradient?",
+    "scale after update": "They match fp32 training whose gradient was halved at each growth of "
+                          "the scale: do you unscale by the scale the backward used, or by the "
+                          "one update() has just changed?",
 }
 
 
@@ -384,15 +392,26 @@ def _stalled_hint(res, i, world, moved) -> str:
             "below half the spacing of fp16 or bf16 at the weight vanishes there)?")
 
 
-def _check_wire(res: list, world: int) -> None:
+def _width(run_spec) -> int:
+    """Bytes per gradient element on the wire for a run of RUNS."""
+    _name, dtype, reduce_dtype = run_spec
+    return torch.finfo(reduce_dtype or dtype).bits // 8
+
+
+def _ring(nbytes: float, world: int) -> float:
     from labkit.costs.comm import ring_bytes_sent_per_rank
 
+    return ring_bytes_sent_per_rank("all_reduce", nbytes, world)
+
+
+def _check_wire(res: list, world: int) -> None:
     for r in res:
-        for run, (name, dtype, reduce_dtype) in zip(r["runs"], RUNS):
+        for run, spec in zip(r["runs"], RUNS):
+            name, dtype, reduce_dtype = spec
             if run["sent"] is None:          # NCCL: no TCP counter sees the bytes
                 continue
-            width = torch.finfo(reduce_dtype or dtype).bits // 8
-            per_step = ring_bytes_sent_per_rank("all_reduce", run["trainable"] * width, world)
+            width = _width(spec)
+            per_step = _ring(run["trainable"] * width, world)
             taken = STEPS - len(_plan(world, dtype)[1])
             lo = taken * per_step
             hi = STEPS * (per_step * (1 + WIRE_SLACK) + WIRE_HEADERS)
@@ -466,7 +485,16 @@ def mixed_precision_trainer(cls, title: str, points: float, launched=None):
     for world in (launched or WORLDS):
         label = "hidden case" if world in HIDDEN else f"{world} ranks"
         checks = [(name, lambda res, f=f, w=world: f(res, w)) for name, f in CHECKS]
+        got: dict = {}
         launch = (lambda w=world: launched[w]) if launched else (lambda w=world: c.launch(
             _train_job, w, args=(cls,), timeout=LAUNCH_TIMEOUT))
-        c.cases_on_one_launch(label, checks, launch, refuse=refuse)
+        c.cases_on_one_launch(label, checks, lambda: got.setdefault("res", launch()),
+                              refuse=refuse)
+        wire = c.cases[-2]
+        if wire["passed"] and world not in HIDDEN:       # the kernel's count, shown
+            wire["name"] += "".join(
+                f"\n      {run['name']}: rank 0 sent {run['sent']:,} B in {STEPS} steps; "
+                f"ring all-reduces of {run['trainable']:,} x {_width(r)} B: "
+                f"{STEPS * _ring(run['trainable'] * _width(r), world):,.0f} B"
+                for run, r in zip(got["res"][0]["runs"], RUNS) if run["sent"] is not None)
     return c.finish()
