@@ -11,13 +11,15 @@ shards and empty micro-batches); the model has a buffer, and two runs freeze a p
 rank 0 is global rank 1). Five cases per world, each one property:
 
   replicas: right after __init__ every rank holds group rank 0's initial parameters and buffers,
-      and __init__ made exactly one collective, a broadcast of at most their flat bytes;
+      and __init__ made exactly one collective, a broadcast of their flat elements;
   rows: a forward pre-hook records every row each forward saw: each rank sees exactly its own
       contiguous shard (the first B % N one row longer), cut into `accumulation` micro-batches
       the same way, and every row of the batch is seen once;
   communication: each step makes exactly ONE collective, an all-reduce of the trainable
-      parameters' flat gradients (+ a few scalars: no frozen parameter's), and each rank sends at most the ring's 2(N-1)/N of it plus 10% and Gloo's
-      headers, counted by the kernel (labkit.netcount);
+      parameters' flat gradients (+ a few scalars: no frozen parameter's); and each rank sends,
+      in __init__ and all steps together, at most one broadcast of the state plus the ring's
+      2(N-1)/N of the gradients per step, plus 10% and Gloo's headers, counted by the kernel
+      (labkit.netcount);
   global mean: the weights after the steps equal one process training group rank 0's initial
       model on the whole batches (to 1e-9), on every rank, and the losses are the whole batch's;
   clipping: the same with the gradient scaled by min(1, max_norm / (norm + 1e-6)) of the WHOLE
@@ -196,20 +198,23 @@ def _dp_job(cls, configs):
         if group is not None:
             kwargs["group"] = group                    # else the default: the whole world
         note(f"your DataParallelTrainer.__init__ ({len(members(cfg, world))} ranks)")
-        with netcount.socket_bytes() as net, CollectiveLog() as log:
-            trainer = cls(model, opt, F.mse_loss, **kwargs)
-        row = {"start": state(model),
-               "init_calls": log.sized(), "init_sent": net.sent, "steps": []}
-        for step, batch in enumerate(cfg["batches"]):
-            x, y = (t.to(dev) for t in dp_batch(batch, step))
-            seen.append([])
-            note(f"your step() {step} of {len(cfg['batches'])}, batch {batch}")
-            with netcount.socket_bytes() as net, CollectiveLog() as log:
-                loss = trainer.step(x.clone(), y.clone())
-            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-                loss = loss.item()
-            row["steps"].append({"loss": loss if isinstance(loss, (int, float)) else repr(loss),
-                                 "calls": log.sized(), "sent": net.sent})
+        batches = [[t.to(dev) for t in dp_batch(batch, step)]
+                   for step, batch in enumerate(cfg["batches"])]
+        # one byte count over __init__ and all steps: each count reads the kernel's tables
+        with netcount.socket_bytes() as net:
+            with CollectiveLog() as log:
+                trainer = cls(model, opt, F.mse_loss, **kwargs)
+            row = {"start": state(model), "init_calls": log.sized(), "steps": []}
+            for step, (x, y) in enumerate(batches):
+                seen.append([])
+                note(f"your step() {step} of {len(batches)}, batch {x.shape[0]}")
+                with CollectiveLog() as log:
+                    loss = trainer.step(x.clone(), y.clone())
+                if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                    loss = loss.item()
+                row["steps"].append({"calls": log.sized(), "loss": loss if isinstance(
+                    loss, (int, float)) else repr(loss)})
+        row["sent"] = net.sent
         row["seen"] = seen[1:]
         row["params"] = state(model)
         out.append(row)
@@ -259,15 +264,9 @@ def check_replicas(res, configs, world):
                 names = ", ".join(f"{c} x{m}" for c, m in Counter(c for c, _ in calls).items())
                 fail(f"{where}: __init__ made {names or 'no collective'}; exactly one broadcast is "
                      f"asked. How can every parameter travel in ONE message, and from which rank?")
-            if calls[0][1] < numel:
-                fail(f"{where}: the broadcast carried {calls[0][1]} elements; the parameters "
-                     f"and buffers have {numel}. Which tensors did you flatten into it?")
-            if row["init_sent"] is not None:
-                budget = (n - 1) * numel * 8 * (1 + BYTES_SLACK) + BYTES_HEADROOM
-                if row["init_sent"] > budget:
-                    fail(f"{where}: __init__ sent {row['init_sent']:,} bytes (kernel count); a "
-                         f"broadcast of the {numel * 8:,} bytes of parameters and buffers needs at most "
-                         f"{budget:,.0f}. What else did it send?")
+            if not numel <= calls[0][1] <= numel + EXTRA_ELEMENTS:
+                fail(f"{where}: the broadcast carried {calls[0][1]:,} elements; the parameters "
+                     f"and buffers have {numel:,}. Which tensors did you flatten into it?")
 
 
 def check_rows(res, configs, world):
@@ -321,6 +320,7 @@ def _span(got: list) -> str:
 def check_communication(res, configs, world):
     from labkit.costs.comm import ring_bytes_sent_per_rank
 
+    state_numel = len(torch.cat([t.reshape(-1) for t in state(mlp(0))]))
     for index, cfg in enumerate(configs):
         runs = _runs(res, cfg, index, world)
         n, numel = len(runs), trainable_numel(cfg)
@@ -339,14 +339,19 @@ def check_communication(res, configs, world):
                     fail(f"{where}: the all-reduce carried {k:,} elements; the gradients of the "
                          f"trainable parameters have {numel:,} (a few scalars more are fine). "
                          f"Which tensors are in it, and does a frozen parameter need one?")
-                if s["sent"] is None:
-                    continue                               # NCCL: the kernel cannot count
-                budget = ring_bytes_sent_per_rank("all_reduce", 8 * (numel + EXTRA_ELEMENTS), n)
-                budget = budget * (1 + BYTES_SLACK) + BYTES_HEADROOM
-                if s["sent"] > budget:
-                    fail(f"{where} sent {s['sent']:,} bytes (kernel count); a ring all-reduce "
-                         f"of the {numel * 8:,} gradient bytes sends 2(N-1)/N of them: with "
-                         f"10% slack and headers, {budget:,.0f}. What else travelled?")
+            if row["sent"] is None:
+                continue                                   # NCCL: the kernel cannot count
+            steps = len(row["steps"])
+            ring = ring_bytes_sent_per_rank("all_reduce", 8 * (numel + EXTRA_ELEMENTS), n)
+            # a broadcast's root (or a tree's inner node) sends the buffer to up to N - 1 ranks
+            start = (n - 1) * 8 * (state_numel + EXTRA_ELEMENTS)
+            budget = (start + steps * ring) * (1 + BYTES_SLACK) + (steps + 1) * BYTES_HEADROOM
+            if row["sent"] > budget:
+                fail(f"rank {rank} of {n} sent {row['sent']:,} bytes in __init__ and {steps} "
+                     f"steps (kernel count); one broadcast of the {state_numel * 8:,} bytes of "
+                     f"parameters and buffers, then a ring all-reduce of the {numel * 8:,} "
+                     f"gradient bytes per step (2(N-1)/N of them per rank), with 10% slack and "
+                     f"headers, allow {budget:,.0f}. What else travelled?")
 
 
 def _check_training(res, configs, world, clipped: bool):
