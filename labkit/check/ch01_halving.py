@@ -27,8 +27,8 @@ over another process group than the one passed (it would hang). When a rank dies
 wrong, the logs are matched across ranks to name the first message whose length its receiver did
 not expect: Gloo aborts on a longer one and silently fills a shorter one.
 
-Separate from ch01.py because: the rings there share one rank job; this one has its own observer,
-bounds and diagnosis.
+Long because: its observer, bounds and diagnosis serve one exercise (kept out of ch01.py, whose
+rings share one rank job); the hints a learner acts on are most of its lines.
 """
 from __future__ import annotations
 
@@ -297,12 +297,13 @@ def _check_messages(res: dict, n: int) -> None:
         busiest = max(per_rank, key=lambda r: r["sends"])
         if busiest["sends"] > bound:
             rounds = power_of_two_core(size).bit_length() - 1
+            plural = "s" if rounds != 1 else ""
             fold = " and 1 for the fold" if size != power_of_two_core(size) else ""
             fail(f"{_label(res, i, n)}: rank {busiest['rank']} posted {busiest['sends']} sends "
                  f"in one all-reduce (counted by the checker's observer); at most {bound} are "
-                 f"allowed: {rounds} rounds of halving, {rounds} of doubling{fold}. A ring posts "
-                 f"2(N-1) = {2 * (size - 1)}. Does every round pair each rank with ONE partner "
-                 f"and send it ONE message?")
+                 f"allowed: {rounds} round{plural} of halving, {rounds} of doubling{fold}. A ring "
+                 f"posts 2(N-1) = {2 * (size - 1)}. Does every round pair each rank with ONE "
+                 f"partner and send it ONE message?")
 
 
 def _check_bytes(res: dict, n: int) -> None:
