@@ -53,6 +53,22 @@ class Trainer:                              # the notebook's solution, in overri
     def master_params(self):
         return self.masters
 
+    def state_dict(self):
+        return {"masters": [m.clone() for m in self.masters],
+                "scale": self.scaler.scale if self.scaler else None,
+                "good": self.scaler.good if self.scaler else None}
+
+    def load_state_dict(self, state):
+        with torch.no_grad():
+            for p, m, saved in zip(self.params, self.masters, state["masters"]):
+                m.copy_(saved)
+                self.refresh(p, m)
+        if self.scaler:
+            self.scaler.scale, self.scaler.good = state["scale"], state["good"]
+
+    def refresh(self, p, m):
+        p.copy_(m)
+
     def scale(self):
         return self.scaler.scale if self.scaler else 1.0
 
@@ -224,6 +240,25 @@ class AcceptsFp32(Trainer):                 # no error for a dtype that makes no
         pass
 
 
+class ResumeForgetsScale(Trainer):          # the checkpoint holds the masters only
+    def load_state_dict(self, state):
+        super().load_state_dict({**state, "scale": 2.0**16, "good": 0})
+
+
+class ResumeForgetsGoodSteps(Trainer):      # the scale, but not its count of good steps
+    def load_state_dict(self, state):
+        super().load_state_dict({**state, "good": 0})
+
+
+class ResumeKeepsStaleCopy(Trainer):        # masters loaded, the model left as it was built
+    def refresh(self, p, m):
+        pass
+
+
+class NoStateDict(Trainer):
+    state_dict = None
+
+
 class UsesGradScaler(Trainer):
     def backward(self, loss):
         torch.amp.GradScaler("cpu").scale(loss).backward()
@@ -246,6 +281,10 @@ WRONG = [
     (NeverSkips, 3, "NaN"),
     (KeepsFp32, 0, "copy"),
     (AcceptsFp32, 0, "ValueError"),
+    (ResumeForgetsScale, 6, "Is the loss scale part of the state"),
+    (ResumeForgetsGoodSteps, 6, "count of good steps"),
+    (ResumeKeepsStaleCopy, 6, "refresh the model"),
+    (NoStateDict, 6, "TypeError"),
 ]
 
 

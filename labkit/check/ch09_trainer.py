@@ -12,7 +12,7 @@ so its fp16 gradients underflow unless scaled, and the updates are below the wei
 bf16 spacing, so they round away unless applied to fp32 masters. In the fp16 runs one rank's loss
 overflows at chosen steps (x2^100, or NaN); in the bf16 run one rank's loss is multiplied by 2^50
 at one step (gradients past fp16's max, well inside bf16's range: no skip, the clip tames it).
-Six cases per world size, graded on the one launch:
+Seven cases per world size, graded on the one launch:
   storage: the model's parameters are the compute dtype; the masters are fp32 in storage of their
       own (labkit.zero.shard.storage_bytes: 4 bytes per element, no pointer shared); dtype=fp32
       is refused with a ValueError;
@@ -29,7 +29,10 @@ Six cases per world size, graded on the one launch:
       the ring optimum of the reduce dtype (steps taken .. all steps, plus WIRE_SLACK and Gloo's
       headers): an fp32 all-reduce where fp16 was asked sends twice as much and fails;
   bf16: the gradient reaching the loss is 1 at every step (no loss scale), no step is skipped,
-      the masters track fp32 SGD within TRACK.
+      the masters track fp32 SGD within TRACK;
+  resume: the fp16 run's state_dict() after RESUME steps, loaded into a trainer built the same way
+      on a fresh model, continues with the same scales, returns and masters (bit-identical): the
+      loss scale and its count of good steps are training state.
 torch.amp, labkit.precision, labkit.zero (its sharded loss scaler) and DDP wrappers are refused
 by reading the code (labkit.check.guards.forbidden_used).
 """
@@ -46,6 +49,7 @@ AMP = (0.2, 1.0, 3.0, 0.5)   # the targets' size by step: gradient norms from 1e
 MAX_NORM = 2e-8        # ...so the clip (of the averaged, unscaled gradient) acts at half the steps
 BIG = 2.0**50          # the bf16 run's injected loss factor: gradients past fp16's max, not bf16's
 STEPS = 8
+RESUME = 4             # the fp16 run's state_dict() after this many steps resumes a fresh trainer
 TRACK = 0.05           # masters within 5% of how far fp32 training moved the weights (a right
                        # answer: under 1%, bf16 too; the known mistakes: 30% and more)
 WIRE_SLACK = 0.05      # over the ring optimum: Gloo's per-message headers, proportionally
@@ -146,8 +150,6 @@ def reference(world: int, dtype, mistake: str = "") -> list:
 # ----------------------------------------------------------------------------- rank side
 def _train_job(cls):
     """Rank side: the three runs with the reader's class; what the checker sees on the way."""
-    import hashlib
-
     import torch.distributed as dist
 
     from labkit import netcount
@@ -180,29 +182,69 @@ def _train_job(cls):
                               & {p.untyped_storage().data_ptr() for p in params}),
                "returned": [], "scales": [], "calls": [], "hashes": []}
         dist.barrier()
+        state = {}
         with netcount.socket_bytes() as wire:
             for step in range(STEPS):
-                x, y = _batch(step, rank)
-                seen = []
-
-                def loss_fn(o, t, step=step, seen=seen):
-                    loss = ((o - t) ** 2).mean() * TINY * _factor(step, rank, overflows, big)
-                    if loss.requires_grad:      # the gradient reaching it: the scale used
-                        loss.register_hook(lambda g: seen.append(float(g)))
-                    seen.append("call")
-                    return loss
-                note(f"your step {step} ({name}), rank {rank} of {world}")
-                run["returned"].append(trainer.step(x, y, loss_fn))
-                run["calls"].append(seen.count("call"))
-                grads = [s for s in seen if s != "call"]
-                run["scales"].append(grads[0] if len(grads) == 1 else None)
-                flat = torch.cat([m.detach().reshape(-1).float() for m in trainer.master_params()])
-                run["hashes"].append(hashlib.sha1(flat.numpy().tobytes()).hexdigest())
+                if step == RESUME and name == "fp16":        # a checkpoint, mid-run
+                    state["saved"] = _saved(trainer)
+                _step(trainer, run, step, rank, overflows, big, name)
         run["sent"] = wire.sent
         run["masters"] = [m.detach().clone().float() for m in trainer.master_params()]
         run["params"] = [p.detach().clone() for p in params]
+        if state:                       # a fresh trainer resumed from it: the same steps again
+            run["resumed"] = _resume(cls, state["saved"], growth, overflows, big, rank, name)
         out["runs"].append(run)
     return out
+
+
+def _saved(trainer):
+    import copy
+
+    try:
+        return copy.deepcopy(trainer.state_dict())
+    except Exception as err:  # noqa: BLE001 - the resume case reports it; the others go on
+        return err
+
+
+def _resume(cls, saved, growth, overflows, big, rank, name) -> dict:
+    """Steps RESUME.. of a trainer built the same way on a fresh model and loaded from `saved`."""
+    resumed = {"returned": [], "scales": [], "calls": [], "hashes": []}
+    try:
+        if isinstance(saved, Exception):
+            raise saved
+        trainer = cls(_mlp(), LR, group=None, dtype=torch.float16, max_norm=MAX_NORM,
+                      growth_interval=growth)
+        trainer.load_state_dict(saved)
+        for step in range(RESUME, STEPS):
+            _step(trainer, resumed, step, rank, overflows, big, name + ", resumed")
+    except Exception as err:  # noqa: BLE001 - a missing or failing state_dict: this case only
+        resumed["error"] = f"{type(err).__name__}: {err}"
+    return resumed
+
+
+def _step(trainer, run: dict, step: int, rank: int, overflows: dict, big: dict, name: str):
+    """One trainer.step on this rank's batch, recording what the checker sees: the loss_fn
+    calls, the gradient that reached the loss (the scale used), the return, the masters' hash."""
+    import hashlib
+
+    from labkit.launch import note
+
+    x, y = _batch(step, rank)
+    seen = []
+
+    def loss_fn(o, t):
+        loss = ((o - t) ** 2).mean() * TINY * _factor(step, rank, overflows, big)
+        if loss.requires_grad:      # the gradient reaching it: the scale used
+            loss.register_hook(lambda g: seen.append(float(g)))
+        seen.append("call")
+        return loss
+    note(f"your step {step} ({name}), rank {rank}")
+    run["returned"].append(trainer.step(x, y, loss_fn))
+    run["calls"].append(seen.count("call"))
+    grads = [s for s in seen if s != "call"]
+    run["scales"].append(grads[0] if len(grads) == 1 else None)
+    flat = torch.cat([m.detach().reshape(-1).float() for m in trainer.master_params()])
+    run["hashes"].append(hashlib.sha1(flat.numpy().tobytes()).hexdigest())
 
 
 # ----------------------------------------------------------------------------- judging
@@ -452,12 +494,37 @@ def _check_bf16(res: list, world: int) -> None:
     _check_tracking(res, world, runs=(2,))
 
 
+def _check_resume(res: list, world: int) -> None:
+    for r in res:
+        run, resumed = r["runs"][0], r["runs"][0].get("resumed", {})
+        where = f"rank {r['rank']}, fp16 run resumed at step {RESUME}"
+        if "error" in resumed:
+            fail(f"{where}: {resumed['error']}. state_dict() -> dict; load_state_dict(state) "
+                 f"into a trainer built the same way on a fresh model")
+        for i, step in enumerate(range(RESUME, STEPS)):
+            got, want = resumed["scales"][i], run["scales"][step]
+            if got != want:
+                fail(f"{where}, step {step}: the loss was scaled by {got:g}, without the break "
+                     f"by {want:g}. " + ("Is the loss scale part of the state?" if i == 0 else
+                                    "Is the count of good steps since the last change of scale "
+                                    "part of the state (it decides when the scale grows)?"))
+            if resumed["returned"][i] != run["returned"][step]:
+                fail(f"{where}, step {step}: step() returned {resumed['returned'][i]}, without "
+                     f"the break {run['returned'][step]}")
+            if resumed["hashes"][i] != run["hashes"][step]:
+                fail(f"{where}, step {step}: the masters differ from the run without the break. "
+                     f"Does load_state_dict restore every master, and refresh the model (the "
+                     f"compute copy the next forward reads) from them?")
+
+
 CHECKS = (("fp16/bf16 compute copy, fp32 masters in their own storage", _check_storage),
           ("loss scale: back off and skip on overflow, grow after the interval", _check_scale),
           ("every rank skips together; masters bit-identical after every step", _check_agreement),
           ("fp16 runs (fp16 and fp32 all-reduce) track fp32 SGD with clipping", _check_tracking),
           ("bytes on the wire match the all-reduce dtype (kernel-counted)", _check_wire),
-          ("bf16: no loss scale, no skipped step, tracks fp32 SGD", _check_bf16))
+          ("bf16: no loss scale, no skipped step, tracks fp32 SGD", _check_bf16),
+          (f"state_dict() at step {RESUME}, loaded into a fresh trainer: the same steps follow",
+           _check_resume))
 
 
 def train_many(classes, world: int) -> list:
@@ -490,7 +557,7 @@ def mixed_precision_trainer(cls, title: str, points: float, launched=None):
             _train_job, w, args=(cls,), timeout=LAUNCH_TIMEOUT))
         c.cases_on_one_launch(label, checks, lambda: got.setdefault("res", launch()),
                               refuse=refuse)
-        wire = c.cases[-2]
+        wire = c.cases[-3]
         if wire["passed"] and world not in HIDDEN:       # the kernel's count, shown
             wire["name"] += "".join(
                 f"\n      {run['name']}: rank 0 sent {run['sent']:,} B in {STEPS} steps; "
