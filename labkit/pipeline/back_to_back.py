@@ -179,7 +179,8 @@ def _way(s, r, timelines, K, steps, flush):
     out.update(bubbles=[g["bubble"] for g in reps],
                sim_period=_median([g["sim"]["period"] for g in reps]),
                sim_bubble=_median([g["sim"]["bubble"] for g in reps]),
-               violations=[m for g in reps for m in g["violations"]], timeline=mid["timeline"])
+               violations=[m for g in reps for m in g["violations"]], timeline=mid["timeline"],
+               busies=mid["busies"])
     return out
 
 
@@ -234,6 +235,7 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
             "stretch_flush": fl["busy"] / pad_work if pad else None,
             "stretch_b2b": bb["busy"] / pad_work if pad else None,
             "between_flush_s": fl["between"],
+            "busy_per_stage_flush_s": fl["busies"], "busy_per_stage_b2b_s": bb["busies"],
             "sim_period_flush_s": fl["sim_period"], "sim_period_b2b_s": bb["sim_period"],
             "sim_bubble_flush": fl["sim_bubble"], "sim_bubble_b2b": bb["sim_bubble"],
             "mean_sim_bubble_flush": mean_flush.bubble, "mean_sim_bubble_b2b": mean_b2b["bubble"],
