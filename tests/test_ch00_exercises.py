@@ -208,3 +208,17 @@ def test_data_parallel_wrong_answers_fail_with_the_reason(mistake, failing, hint
 def test_data_parallel_refuses_labkit_ddp_without_running_it():
     result = ch00.data_parallel(_UsesLabkitDDP, worlds=WORLD3)
     assert result.score == 0 and "labkit.ddp" in _messages(result)
+
+
+def test_data_parallel_traffic_over_a_broadcast_and_the_rings_fails():
+    """The kernel's byte count is graded on its own (no launch: the results are made up): one
+    all-reduce per step of the right size, but twice the bytes a ring sends."""
+    world, label, configs = WORLD3[0]
+    numel = ch00_trainer.trainable_numel(configs[0])
+    ring = 2 * (world - 1) / world * 8 * numel
+    row = {"steps": [{"calls": [("all_reduce", numel + 1)]}] * 3, "sent": None}
+    res = [[dict(row, sent=int(2 * 3 * ring) + 200_000), None] for _ in range(world)]
+    with pytest.raises(AssertionError, match="sent .* bytes in __init__ and 3 steps"):
+        ch00_trainer.check_communication(res, configs[:1], world)
+    res = [[dict(row, sent=int(3 * ring) + 60_000), None] for _ in range(world)]
+    ch00_trainer.check_communication(res, configs[:1], world)       # a broadcast and 3 rings

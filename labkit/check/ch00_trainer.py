@@ -128,6 +128,16 @@ def members(cfg: dict, world: int) -> tuple:
 
 # ----------------------------------------------------------------------------- one process
 def reference(cfg: dict, index: int, world: int, rule: str = "mean"):
+    """One process from group rank 0's initial model: (state, losses); see _reference."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # a tiny model: a thread pool on a busy machine only waits
+    try:
+        return _reference(cfg, index, world, rule)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference(cfg: dict, index: int, world: int, rule: str = "mean"):
     """One process from group rank 0's initial model: (params, losses). `rule` other than
     "mean" gives the answer of a known mistake, to name it in a hint: "mean_of_means" (each
     rank's mean over its own rows, averaged over ranks), "sum_of_means" (the same, summed),
