@@ -112,6 +112,27 @@ def model_state_bytes(fn):
     return c.finish()
 
 
+def assert_optimal_traffic(results, world: int, numels) -> None:
+    """Each rank sent at most 2(N-1)/N of the padded Ψ (fp32) per step, plus headers for one
+    reduce-scatter and one all-gather per parameter tensor (numels: their sizes). Where the
+    kernel cannot count (NCCL: "sent" is None) there is nothing to check."""
+    from labkit.zero.shard import chunk_size
+
+    padded = sum(world * chunk_size(n, world) for n in numels)
+    optimum = 2 * (world - 1) / world * padded * 4
+    slack = 2 * len(numels) * (world - 1) * HEADER_BYTES
+    for rank, res in enumerate(results):
+        if res.get("sent") is None:
+            return
+        if res["sent"] > optimum + slack:
+            fail(f"rank {rank} sent {res['sent']:,} bytes in one step (counted by the kernel); "
+                 f"a reduce-scatter + all-gather sends {optimum:,.0f} (+ at most {slack:,} of "
+                 f"message headers): {res['sent'] / optimum:.2f}x the optimum. An all-reduce "
+                 f"sends twice a reduce-scatter's bytes, and so does Gloo's own "
+                 f"dist.reduce_scatter_tensor: use a ring reduce-scatter "
+                 f"(labkit.collectives.ring_reduce_scatter, chapter 01)")
+
+
 # ----------------------------------------------------------------------------- 3.2
 def zero2_optimizer(cls, launched=None):
     """Exercise 3.2 (labkit.check.ch03_zero2): the reader's ZeRO-2 optimizer at 2, 3, 4 ranks."""

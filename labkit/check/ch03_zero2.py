@@ -109,7 +109,7 @@ def _assert_memory_grads(results) -> None:
                  "you that, and what do you do with p.grad afterwards?")
 
 
-def assert_optimal_traffic(results, world: int, bucket_numels) -> None:
+def _assert_bucket_traffic(results, world: int, bucket_numels) -> None:
     """Each rank sent at most 2(N-1)/N of the padded buckets (fp32) in the plain step counted,
     plus HEADER_BYTES per ring step of each collective it ran (backward and step()). Where the
     kernel cannot count (NCCL: "sent" is None) there is nothing to check."""
@@ -211,7 +211,7 @@ def zero2_optimizer(cls, launched=None):
                   (f"full gradients alive during backward: at most {PEAK_SHARE:.0%}",
                    _assert_memory_grads),
                   ("bytes sent per step: a reduce-scatter + an all-gather (kernel count)",
-                   lambda r: assert_optimal_traffic(r, world, bucket_numels)),
+                   lambda r: _assert_bucket_traffic(r, world, bucket_numels)),
                   ("one reduce-scatter per bucket during backward",
                    lambda r: _assert_buckets(r, nbytes, cap)),
                   ("no_sync(): nothing sent while micro-batches accumulate",
