@@ -112,8 +112,8 @@ def _observer(path: str, case: int, rank: int, members: list, group):
                 peer = args[2] if op != "recv_any_source" else None
                 if peer is not None and not (0 <= peer < n and members[peer] != rank):
                     raise RuntimeError(
-                        f"{REFUSED} rank {rank} of {n} called dist.{op} with rank {peer} of the "
-                        f"group as its partner. With N = {n}, only ranks "
+                        f"{REFUSED} rank {rank} called dist.{op} with rank {peer} of its group "
+                        f"of {n} as its partner. With N = {n}, only ranks "
                         f"0..{power_of_two_core(n) - 1} halve and double after the fold: which "
                         f"partner does your pairing give a rank whose partner would be {n} or "
                         f"more (or itself)?")
