@@ -91,18 +91,41 @@ def test_steady_state_takes_measured_durations():
     assert formula > 0 and steady_state(s, durations=slow_b)["bubble"] == pytest.approx(formula)
 
 
-def test_back_to_back_run_equals_the_reference_and_is_causal():
+SPECS3 = [("1f1b", 4, 1), ("zb-h2", 5, 1), ("zb-v", 5, 2)]
+
+
+@pytest.fixture(scope="module")
+def rows3():
     """One launch, P=3 (7 blocks over 3 or 6 chunks, 7 rows over 5 micro-batches: nothing
-    divides evenly): the back-to-back run of 4 steps equals the one-process reference on the
-    same 20 micro-batches (measure raises otherwise), both ways' timelines are causal, and a
-    stage holds no more back to back than in one step."""
+    divides evenly), 4 steps each way."""
     cfg = GPTConfig(n_layer=7, n_embd=16, n_head=2, block_size=8)
-    specs = [("1f1b", 4, 1), ("zb-h2", 5, 1), ("zb-v", 5, 2)]
-    rows = back_to_back.measure(3, specs, steps=4, repeats=1, cfg=cfg, batch_size=7, timeout=180)
-    assert [(r["schedule"], r["K"], r["v"]) for r in rows] == specs
-    for r in rows:
+    return back_to_back.measure(3, SPECS3, steps=4, repeats=1, cfg=cfg, batch_size=7, timeout=180)
+
+
+def test_back_to_back_run_equals_the_reference_and_is_causal(rows3):
+    """The back-to-back run equals the one-process reference on the same 20 micro-batches
+    (measure raises otherwise), both ways' timelines are causal, and a stage holds no more back
+    to back than in one step."""
+    assert [(r["schedule"], r["K"], r["v"]) for r in rows3] == SPECS3
+    for r in rows3:
         assert r["max_grad_error"] < 1e-5
         assert r["violations"] == [], r["violations"][:3]
         assert r["peak_b2b"] == r["peak_flush"]
         s = repeat(schedules.make(r["schedule"], 3, r["K"], r["v"]), 4)
         assert len(r["timeline_b2b"]) == sum(len(actions) for actions in s.stages)
+        assert len(r["timeline_flush"]) == len(r["timeline_b2b"])
+
+
+def test_bench_back_to_back_prints_and_returns_json(rows3, monkeypatch, capsys):
+    """The bench's glue, on the rows of the launch above (no second launch)."""
+    import copy
+    import json
+
+    from labkit.bench import pipeline as bench
+
+    monkeypatch.setattr(bench.back_to_back, "measure", lambda *a, **k: copy.deepcopy(rows3))
+    got = bench.main(["--back-to-back", "--stages", "3", "--K", "5", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "back to back" in out and "zb-h2 K=5" in out
+    assert all("timeline_b2b" not in r and "shed" in r for r in got["rows"])
+    json.dumps(got)                                    # what `labkit bench --json` writes

@@ -222,7 +222,7 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
             ways[way] = _way(s, r, timelines, K, steps, way == "flush")
             ways[way]["durations"] = _mean_durations(s, ways[way]["timeline"])
         fl, bb = ways["flush"], ways["b2b"]
-        pad_work = K * sum(pad) if pad else None          # slept per stage per step
+        pad_work = K * sum(pad) if pad and sum(pad) > 0 else None   # slept per stage per step
         # the same with one mean time per (stage, kind, chunk): the simulator's own bookkeeping
         mean_flush = simulate(s, t_p2p=fl["t_p2p"], durations=fl["durations"])
         mean_b2b = steady_state(s, t_p2p=bb["t_p2p"], steps=steps, durations=bb["durations"])
@@ -232,8 +232,8 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
             "bubble_flush": fl["bubble"], "bubble_b2b": bb["bubble"],
             "bubbles_flush": fl["bubbles"], "bubbles_b2b": bb["bubbles"],
             # the measured work per step over the pads' (P ranks on few cores: > 1)
-            "stretch_flush": fl["busy"] / pad_work if pad else None,
-            "stretch_b2b": bb["busy"] / pad_work if pad else None,
+            "stretch_flush": fl["busy"] / pad_work if pad_work else None,
+            "stretch_b2b": bb["busy"] / pad_work if pad_work else None,
             "between_flush_s": fl["between"],
             "busy_per_stage_flush_s": fl["busies"], "busy_per_stage_b2b_s": bb["busies"],
             "sim_period_flush_s": fl["sim_period"], "sim_period_b2b_s": bb["sim_period"],

@@ -60,7 +60,8 @@ def _formula_bubble(name: str, P: int, K: int, v: int, pad, flush: bool = True):
     """labkit.costs' closed form for the schedule (with the executor's flush, or back to back),
     or None where it has none (zb-h2 for K < 2P-1, zb-v for K < 2P-1 or unequal times)."""
     return costs.pipeline.schedule_bubble(
-        name, P, K, v, *((pad[0], pad[1], pad[1] / 2) if pad else (1, 2, 1)), flush=flush)
+        name, P, K, v, *((pad[0], pad[1], pad[1] / 2) if pad and sum(pad) > 0 else (1, 2, 1)),
+        flush=flush)
 
 
 def transfer_latency(s, timeline) -> float:
