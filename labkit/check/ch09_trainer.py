@@ -391,7 +391,7 @@ def _check_tracking(res: list, world: int, runs=(0, 1), track: float = TRACK) ->
                     f"half the spacing at the weight vanishes. Apply it to the fp32 masters, "
                     f"then copy them into the model.")
         elif _distance(got, start) < 0.2 * moved:
-            hint = _stalled_hint(res, i, world, moved)
+            hint = _stalled_hint(res, i, world)
         else:
             for mistake, said in MISTAKES.items():
                 if _distance(got, _ref(world, dtype, mistake)) <= track * moved:
@@ -415,7 +415,7 @@ def _check_tracking(res: list, world: int, runs=(0, 1), track: float = TRACK) ->
                      f"changed: a parameter with requires_grad=False has no gradient to apply")
 
 
-def _stalled_hint(res, i, world, moved) -> str:
+def _stalled_hint(res, i, world) -> str:
     """The weights barely moved: no loss scale, an unscale in fp16 or a clip of the scaled
     gradient (fp16 only, the bf16 run moves), clip_grad_norm_'s epsilon, or no masters?"""
     start = [p.detach() for p in _mlp().parameters()]
