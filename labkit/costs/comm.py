@@ -91,10 +91,16 @@ def ring_allreduce_time(nbytes: float, n: int, alpha: float, bandwidth: float) -
 def tree_allreduce_time(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Recursive halving then doubling (Rabenseifner): 2*log2(N)*alpha + 2(N-1)/N * D / bw.
 
-    Same bandwidth term as the ring, log N latency: this, not the ring, is the O(log N) one."""
+    Same bandwidth term as the ring, log N latency: this, not the ring, is the O(log N) one.
+    N not a power of two: the N - P extra ranks (P the largest power of two below N) first send
+    their whole D to a partner and get the result back at the end (the fold, exercise 1.3), so
+    2(alpha + D/bw) more on the critical path, around the halving and doubling over P ranks:
+    2*log2(P)*alpha + 2(P-1)/P * D/bw. (2 log2 P + 2 = 2 ceil(log2 N) messages either way.)"""
     if n <= 1:
         return 0.0
-    return 2 * math.ceil(math.log2(n)) * alpha + 2 * (n - 1) / n * nbytes / bandwidth
+    p = 1 << (n.bit_length() - 1)                            # largest power of two <= n
+    fold = 0.0 if p == n else 2 * (alpha + nbytes / bandwidth)
+    return 2 * math.log2(p) * alpha + 2 * (p - 1) / p * nbytes / bandwidth + fold
 
 
 def parameter_server_time(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
