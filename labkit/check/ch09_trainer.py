@@ -84,8 +84,9 @@ def _mlp():
 
 def _batch(step: int, rank: int):
     g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(8, DIMS[0], generator=g)                      # (8, 48) cpu: reproducible
-    return x, torch.randn(8, DIMS[2], generator=g) * AMP[step % len(AMP)]   # (8, 48) as above
+    x = torch.randn(8, DIMS[0], generator=g)  # cpu: a CPU generator, the same on every device
+    y = torch.randn(8, DIMS[2], generator=g)  # cpu: as above; both (8, 48)
+    return x, y * AMP[step % len(AMP)]
 
 
 def _factor(step: int, rank: int, overflows: dict, big: dict) -> float:
