@@ -248,3 +248,30 @@ def test_reaped_rank_waits_for_its_status_before_the_folder_goes(tmp_path):
     (tmp_path / "exit0").unlink()
     time.sleep(warm._STATUS_GRACE + 0.1)
     assert rank.poll() == -9  # no status after the grace period: the zygote died
+
+
+def test_run_folders_of_a_killed_launcher_are_swept(tmp_path):
+    # A kernel killed mid-cleanup (a grader's cell timeout) leaves its run folder behind; the
+    # next launch removes folders whose owner is gone, and only those.
+    import subprocess
+    import sys
+    import tempfile
+
+    from labkit.launch import process
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = Path(tempfile.mkdtemp(prefix="labkit-run-"))
+    (orphan / "owner").write_text(str(dead.pid))
+    mine = Path(tempfile.mkdtemp(prefix="labkit-run-"))
+    (mine / "owner").write_text(str(os.getpid()))
+    try:
+        assert run(lambda: 1, 1, echo=False) == [1]
+        assert not orphan.exists()
+        assert mine.exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(mine, ignore_errors=True)
+        shutil.rmtree(orphan, ignore_errors=True)
+    assert process.sweep_orphans() >= 0

@@ -55,9 +55,11 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
     except Exception as err:  # noqa: BLE001
         raise LaunchError(f"could not send the function to the ranks ({err}): it and its "
                           f"arguments must be picklable") from err
+    sweep_orphans()
     rundir = Path(tempfile.mkdtemp(prefix="labkit-run-"))
     procs, outs = [], []
     try:
+        (rundir / "owner").write_text(str(os.getpid()))   # for sweep_orphans
         env = rendezvous.child_env()
         (rundir / "spec.pkl").write_bytes(pickle.dumps(dict(
             world=nprocs, backend=backend, timeout=timeout, parent=os.getpid(), payload=payload,
@@ -81,6 +83,23 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
         for out in outs:
             out.close()
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+def sweep_orphans() -> int:
+    """Remove run folders whose launching process is gone: it was killed while cleaning up (a
+    notebook kernel shut down by a grader's cell timeout, say), so its `finally` never ran.
+    Returns how many were removed. Folders of live processes are left alone."""
+    removed = 0
+    for d in Path(tempfile.gettempdir()).glob("labkit-run-*"):
+        try:
+            pid = int((d / "owner").read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:      # the owner is gone: nobody will read this folder again
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+        except (OSError, ValueError):   # no owner file yet, or another user's live process
+            pass
+    return removed
 
 
 def _wait(procs, rundir: Path, timeout: float, n: int, echo):
