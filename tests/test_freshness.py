@@ -148,3 +148,30 @@ def test_a_failing_notebook_is_left_as_it_was_and_the_run_exits_1(tmp_path, caps
     assert book.main(["run", "43", "--root", str(tmp_path)]) == 1
     assert "FAILED (left as it was)" in capsys.readouterr().out
     assert path.read_bytes() == before
+
+
+def test_a_cell_timeout_gets_one_more_try_then_fails(tmp_path, monkeypatch, capsys):
+    # nbclient sometimes never sees a widget cell's reply (jupyter/nbclient#312): one retry from a
+    # fresh kernel, then the notebook counts as failed. execute() is stubbed: no kernel needed.
+    from nbclient.exceptions import CellTimeoutError
+
+    (tmp_path / "chapters").mkdir()
+    nbformat.write(_notebook("1"), str(tmp_path / "chapters" / "44_x.ipynb"))
+    calls = []
+
+    def flaky(path, timeout, sources):
+        calls.append(path.name)
+        if len(calls) == 1:
+            raise CellTimeoutError("a cell passed the timeout")
+        return 0.5
+    monkeypatch.setattr(book, "execute", flaky)
+    assert book.main(["run", "44", "--root", str(tmp_path)]) == 0
+    assert calls == ["44_x.ipynb"] * 2 and "trying once more" in capsys.readouterr().out
+
+    def stuck(path, timeout, sources):
+        calls.append(path.name)
+        raise CellTimeoutError("a cell passed the timeout")
+    monkeypatch.setattr(book, "execute", stuck)
+    calls.clear()
+    assert book.main(["run", "44", "--root", str(tmp_path)]) == 1
+    assert len(calls) == 2 and "FAILED" in capsys.readouterr().out

@@ -44,17 +44,8 @@ def main(argv=()) -> dict:
     for mode in args.modes:
         pad = (args.pad_ms[0] / 1e3, args.pad_ms[1] / 1e3) if mode == "pad" else None
         for P in args.stages:
-            specs = []
-            for K in args.K:
-                specs += [("gpipe", K, 1), ("1f1b", K, 1)]
-                try:
-                    schedules.make("interleaved", P, K, args.v)
-                    specs.append(("interleaved", K, args.v))
-                except ValueError:
-                    pass
-                # ZB-V: 2 chunks per stage in a V (needs n_layer >= 2P: measure's model has 8)
-                specs += [("zb-h1", K, 1), ("zb-h2", K, 1), ("zb-v", K, 2)]
-            got = measure.measure(P, specs, pad=pad, repeats=args.repeats)
+            got = measure.measure(P, _specs(P, args.K, args.v, gpipe=True), pad=pad,
+                                  repeats=args.repeats)
             gpipe = {r["K"]: r["step_s"] for r in got if r["schedule"] == "gpipe"}
             for r in got:
                 r.pop("timeline")
@@ -66,7 +57,7 @@ def main(argv=()) -> dict:
                                     if pad else " (real compute only)"), flush=True)
             print(measure.table(got), flush=True)
             bad = [m for r in got for m in r["violations"]]
-            print(f"   causality and floor checks (labkit.pipeline.causality): "
+            print("   causality and floor checks (labkit.pipeline.causality): "
                   + ("held in every repeat" if not bad else f"{len(bad)} violations: {bad[0]}"),
                   flush=True)
             for K in args.K:
@@ -78,20 +69,27 @@ def main(argv=()) -> dict:
                                     "peak_bytes": "bytes", "bubble": "fraction of P x step"}}
 
 
+def _specs(P: int, Ks, v: int, gpipe: bool) -> list:
+    """(schedule, K, v) for every schedule at each K: interleaved only where it accepts K;
+    ZB-V has 2 chunks per stage in a V (n_layer >= 2P: measure's models have enough)."""
+    specs = []
+    for K in Ks:
+        specs += ([("gpipe", K, 1)] if gpipe else []) + [("1f1b", K, 1)]
+        try:
+            schedules.make("interleaved", P, K, v)
+            specs.append(("interleaved", K, v))
+        except ValueError:
+            pass
+        specs += [("zb-h1", K, 1), ("zb-h2", K, 1), ("zb-v", K, 2)]
+    return specs
+
+
 def _back_to_back(args) -> dict:
     pad = (args.pad_ms[0] / 1e3, args.pad_ms[1] / 1e3)
     rows = []
     for P in args.stages:
-        specs = []
-        for K in args.K:
-            specs += [("1f1b", K, 1)]
-            try:
-                schedules.make("interleaved", P, K, args.v)
-                specs.append(("interleaved", K, args.v))
-            except ValueError:
-                pass
-            specs += [("zb-h1", K, 1), ("zb-h2", K, 1), ("zb-v", K, 2)]
-        got = back_to_back.measure(P, specs, steps=args.steps, pad=pad, repeats=args.repeats)
+        got = back_to_back.measure(P, _specs(P, args.K, args.v, gpipe=False), steps=args.steps,
+                                   pad=pad, repeats=args.repeats)
         for r in got:
             r.pop("timeline_flush")
             r.pop("timeline_b2b")
