@@ -158,15 +158,12 @@ class Chapter:
         page = self.page
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-        page.locator(".jp-Notebook .jp-Cell").first.click()  # the menu acts on the focused notebook
-        page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
-        page.click("li[data-command='runmenu:run-all']")
+        self._click_run_all()
         # Done when every cell has its number; or when the kernel has sat idle with some cells
         # never run (Run All stops at an error), which the checks on the saved file then report.
         start, idle_since = time.monotonic(), None
         while time.monotonic() - start < RUN_ALL_TIMEOUT_S:
-            prompts = page.evaluate("""() => [...document.querySelectorAll(
-                '.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim())""")
+            prompts = self._prompts()
             if prompts and all(re.fullmatch(r"\[\d+\]:", p) for p in prompts):
                 break
             idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count() > 0
@@ -180,6 +177,30 @@ class Chapter:
         page.wait_for_function("""() => !document.querySelector('.jp-mod-current.jp-mod-dirty')""",
                                timeout=60_000)
         self.saved = json.loads((self.server["book"] / self.name).read_text())
+
+    def _prompts(self) -> list:
+        return self.page.evaluate("""() => [...document.querySelectorAll(
+            '.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim())""")
+
+    def _click_run_all(self) -> None:
+        """Run All from the menu, and see that it took: a cell shows [*] or a number.
+
+        On the first tab of a fresh server the click can land before the notebook panel has
+        wired its kernel, and then nothing runs (CI saw every execution count None). Nothing
+        started means clicking again cannot run a cell twice.
+        """
+        page = self.page
+        for attempt in range(4):
+            page.locator(".jp-Notebook .jp-Cell").first.click()  # the menu acts on the focused notebook
+            page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
+            page.click("li[data-command='runmenu:run-all']")
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                if any(re.fullmatch(r"\[(\*|\d+)\]:", p) for p in self._prompts()):
+                    return
+                time.sleep(0.5)
+            page.keyboard.press("Escape")  # a menu left open
+        raise AssertionError(f"Run All started no cell in {self.name} after 4 clicks")
 
     def shot(self, suffix: str, locator=None) -> None:
         path = SHOTS / f"{self.name[:2]}-{suffix}.png"
