@@ -21,6 +21,6 @@ fi
 workers=${LABKIT_TEST_WORKERS:-2}
 parallel=()
 if [[ "$workers" != 0 ]] && python -c "import xdist" 2>/dev/null; then
-  parallel=(-n "$workers" --dist loadfile)
+  parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
 exec python -m pytest tests "${chapters[@]}" "${parallel[@]}" --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider --durations=25 "$@"

@@ -23,13 +23,13 @@ def _everything():
     out = {"offload": sharded_train(2, TINY, "adamw", stage_kw=dict(max_grad_norm=0.5,
                                                                      offload=True),
                                     **train, **REAL)}
-    # ZeRO-1/2 cast the parameters they are given: a frozen one left out of the groups would
-    # stay fp32, so the bf16 pair trains every parameter
+    # ZeRO-1/2 cast the parameters they are given: weight_decay_groups keeps the frozen one
+    # in (the optimizer skips it), so it is cast to bf16 with the rest and forward runs
     for name, kw in (("bf16", dict(mp_policy=BF16)), ("offload bf16", dict(mp_policy=BF16,
                                                                          offload=True))):
         out[name] = sharded_train(2, TINY, "adamw", stage_kw=dict(max_grad_norm=0.5, **kw),
-                                  unused=True, groups=True, **train)
-    # given every parameter (model.parameters()), a frozen one is cast with the rest
+                                  **train, **REAL)
+    # given model.parameters() instead of groups, the frozen one is cast as well
     out["frozen bf16"] = sharded_train(2, TINY, "adamw", steps=1, freeze=("wpe.weight",),
                                        stage_kw=dict(mp_policy=BF16, offload=True))["losses"]
     for name, kw in (("held", dict(offload=True)), ("held bf16", dict(offload=True,
@@ -66,7 +66,8 @@ def test_offload_bf16_is_bit_identical_to_bf16_on_the_device(runs, world):
         assert _max_diff(a["params"], b["params"]) == 0
         assert _max_diff(a["grads"], b["grads"]) == 0
         assert a["losses"] == b["losses"]
-        assert all(math.isfinite(x) for x in r["frozen bf16"])
+        assert all(math.isfinite(x) for x in r["frozen bf16"] + a["losses"])
+        assert "wpe.weight" not in a["grads"] and "unused_head.weight" not in a["grads"]
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -136,7 +136,9 @@ class DataParallel:
 
 
 class ZeRO1(DataParallel):
-    """A sharded optimizer: wraps any torch.optim class; state only for this rank's shards."""
+    """A sharded optimizer: wraps any torch.optim class; state only for this rank's shards.
+    With mp_policy pass every parameter, frozen ones too (e.g. weight_decay_groups(model, wd)):
+    ZeRO-1/2 cast the parameters they are given to param_dtype, and see no others."""
 
     stage = 1
 

@@ -38,11 +38,13 @@ from labkit.zero.zero1 import DataParallel
 class ZeRO2(DataParallel):
     """Sharded optimizer states and gradients; full parameters on every rank.
 
-    Frozen parameters get no hook, no shard, no state. A parameter unused on a step never fires
-    its hook, so its shard's gradient stays None (the optimizer skips it); which parameters are
-    used must be the same on every rank (find_unused_parameters is accepted and not needed) (as in DDP without find_unused_parameters), or the
-    buckets' collectives would not match. `no_sync()`: accumulate full local gradients over
-    micro-batches and reduce-scatter once, on the last (hook-free) backward."""
+    Frozen parameters get no hook, no shard, no state; with mp_policy pass them too (every
+    parameter, e.g. weight_decay_groups(model, wd)), so they are cast to param_dtype with the
+    rest. A parameter unused on a step never fires its hook, so its shard's gradient stays None
+    (the optimizer skips it); which parameters are used must be the same on every rank, as in
+    DDP without find_unused_parameters (accepted here, and not needed), or the buckets'
+    collectives would not match. `no_sync()`: accumulate full local gradients over micro-batches
+    and reduce-scatter once, on the last (hook-free) backward."""
 
     stage = 2
 
