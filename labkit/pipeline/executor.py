@@ -310,15 +310,28 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
             "peak_live_bytes": meter.peak_live}
 
 
+_PLANS: dict = {}   # schedule's signature -> posting plan (or the ScheduleError it raised)
+
+
 def _layout(s: Schedule, stage: int, nccl: bool) -> list:
     """The NCCL-safe posting plan (labkit.pipeline.posting), on both backends so that they post
-    the same batches. Gloo, which pairs messages by tag, also runs schedules that have none."""
-    try:  # NCCL ignores tags: the plan also posts each pair's receives in the order sent
-        return posting.nccl_plan(s)[stage]
-    except ScheduleError:
+    the same batches. Gloo, which pairs messages by tag, also runs schedules that have none.
+    Worked out once per schedule and process (ZB-V's takes about 50 ms, and every training step
+    calls run_schedule with the same schedule)."""
+    key = (s.P, s.K, s.v, s.placement, tuple(tuple(actions) for actions in s.stages))
+    if key not in _PLANS:
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        try:  # NCCL ignores tags: the plan also posts each pair's receives in the order sent
+            _PLANS[key] = posting.nccl_plan(s)
+        except ScheduleError as e:
+            _PLANS[key] = e
+    got = _PLANS[key]
+    if isinstance(got, ScheduleError):
         if nccl:
-            raise
+            raise got
         return posting.default_plan(s)[stage]
+    return got[stage]
 
 
 def _pad(pad, i: int, v: int, share: float = 1.0) -> None:
