@@ -7,8 +7,10 @@ turn (interleaved, so drifting load hits all alike); the step time is the median
 the slowest rank, reported with its ratio to torch DDP and to FSDP2 (the bf16 rows: to FSDP2
 with the same MixedPrecisionPolicy). ZeRO-3 runs without and with prefetch (labkit.zero.prefetch;
 FSDP2 prefetches in backward by default), with a bf16 policy, and with the optimizer offloaded to
-the CPU (ZeRO-2 too: ZeRO-Offload's own stage); ZeRO-1 with the bf16 policy is the ZeRO paper's 16-byte mixed precision. Bytes are what each rank keeps after a step, by storage (views once), on the device and
-(offload) in CPU memory, next to labkit.costs.memory's prediction for the recipe the variant runs
+the CPU (ZeRO-2 too: ZeRO-Offload's own stage); ZeRO-1 with the bf16 policy is the ZeRO paper's
+16-byte mixed precision. ZeRO-2 runs with its 64 KB buckets and with one bucket (what its buckets'
+latency costs where, as on a CPU, backward leaves nothing to overlap them with). Bytes are what
+each rank keeps after a step, by storage (views once), on the device and (offload) in CPU memory, next to labkit.costs.memory's prediction for the recipe the variant runs
 (RECIPE). On CPU/Gloo the ratios show the cost of our collectives and of ZeRO-3's recomputation,
 not what NCCL would do on GPUs.
 """
@@ -20,13 +22,16 @@ import statistics
 from labkit.launch import run
 from labkit.table import table as format_table
 
-VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 offload", "ZeRO-3",
+VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 1 bucket", "ZeRO-2 offload", "ZeRO-3",
             "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16", "ZeRO-3 bf16",
             "torch FSDP2 bf16")
 # keyword arguments of the labkit variants beyond their stage's defaults
 STAGE_KW = {"ZeRO-3 prefetch": dict(prefetch=True), "ZeRO-1 bf16": dict(bf16=True),
             "ZeRO-3 offload": dict(prefetch=True, offload=True),
             "ZeRO-2 offload": dict(offload=True),
+            # all gradients in one reduce-scatter: how much of ZeRO-2's time is its buckets'
+            # per-message latency (64 KB each by default), with no backward to overlap on a CPU
+            "ZeRO-2 1 bucket": dict(bucket_bytes=1 << 40),
             "ZeRO-3 bf16": dict(prefetch=True, bf16=True)}
 # (stage, bytes/param of weights, gradients, optimizer state, offload) as the variant keeps them:
 # fp32 shards, gradients and Adam's m and v; bf16 compute keeps fp32 shards too (FSDP2's way);
@@ -39,6 +44,7 @@ RECIPE = {"torch DDP": (0, 4, 4, 8, False), "torch FSDP2": (3, 4, 4, 8, False),
           "ZeRO-2 offload": (2, 4, 4, 12, True),
           "ZeRO-1 bf16": (1, 2, 2, 12, False),
           **{n: (3, 4, 4, 8, False) for n in ("ZeRO-3 prefetch", "ZeRO-3 bf16")},
+          "ZeRO-2 1 bucket": (2, 4, 4, 8, False),
           **{f"ZeRO-{s}": (s, 4, 4, 8, False) for s in range(4)}}
 PEER = {"ZeRO-3 bf16": "torch FSDP2 bf16", "torch FSDP2 bf16": "torch FSDP2 bf16",
         "ZeRO-1 bf16": "torch FSDP2 bf16"}
