@@ -173,10 +173,20 @@ class Chapter:
                 break
             time.sleep(1)
         page.wait_for_timeout(1500)  # last outputs (plots, widget views) settle
-        page.keyboard.press("Control+s")
-        page.wait_for_function("""() => !document.querySelector('.jp-mod-current.jp-mod-dirty')""",
-                               timeout=60_000)
-        self.saved = json.loads((self.server["book"] / self.name).read_text())
+        # Save until the file holds what the page shows: the dirty mark can clear while a save
+        # (or an autosave from before the last cell ran) is still the one on disk.
+        for _ in range(30):
+            page.keyboard.press("Control+s")
+            page.wait_for_function(
+                """() => !document.querySelector('.jp-mod-current.jp-mod-dirty')""", timeout=60_000)
+            shown = [int(m.group(1)) if (m := re.fullmatch(r"\[(\d+)\]:", p)) else None
+                     for p in self._prompts()]
+            self.saved = json.loads((self.server["book"] / self.name).read_text())
+            if [c["execution_count"] for c in self.saved["cells"] if c["cell_type"] == "code"] \
+                    == shown:
+                break
+            page.wait_for_timeout(1000)
+        self.shown_prompts = shown   # for the failure message: what the page showed
 
     def _prompts(self) -> list:
         return self.page.evaluate("""() => [...document.querySelectorAll(
@@ -213,7 +223,7 @@ class Chapter:
         self.context.close()
 
 
-def check_ran_top_to_bottom(nb: dict) -> None:
+def check_ran_top_to_bottom(nb: dict, shown=None) -> None:
     """Every code cell ran once, in order; an error only in a cell tagged raises-exception."""
     counts, problems = [], []
     for i, cell in enumerate(c for c in nb["cells"] if c["cell_type"] == "code"):
@@ -222,7 +232,8 @@ def check_ran_top_to_bottom(nb: dict) -> None:
             if out["output_type"] == "error" and "raises-exception" not in cell["metadata"].get("tags", []):
                 problems.append(f"code cell {i}: {out['ename']}: {out['evalue'][:300]}")
     assert not problems, "cells failed in the browser:\n" + "\n".join(problems)
-    assert counts == list(range(1, len(counts) + 1)), f"execution counts {counts}"
+    assert counts == list(range(1, len(counts) + 1)), \
+        f"execution counts {counts}; the page's prompts showed {shown}"
 
 
 NBVAL_SKIP_KEYS = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
@@ -315,7 +326,7 @@ def first_chapter(browser, server):
 
 
 def test_chapter00_runs_top_to_bottom_in_a_real_browser(first_chapter):
-    check_ran_top_to_bottom(first_chapter.saved)
+    check_ran_top_to_bottom(first_chapter.saved, first_chapter.shown_prompts)
     assert check_outputs_like_nbval(first_chapter.saved, FIRST) >= 1
     check_plots_rendered(first_chapter)
 
@@ -366,7 +377,7 @@ def test_every_chapter_runs_with_live_plots_and_widgets(browser, server, name):
     try:
         ch.run_all_and_save()
         ch.shot("after-run-all")
-        check_ran_top_to_bottom(ch.saved)
+        check_ran_top_to_bottom(ch.saved, ch.shown_prompts)
         assert check_outputs_like_nbval(ch.saved, name) >= 1, f"{name} checks no output"
         check_plots_rendered(ch)
         assert check_widgets_respond(ch) >= 1, f"{name} has no calculator"
@@ -443,7 +454,7 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
     page.screenshot(path=str(SHOTS / "door-landing.png"))
 
     def follow(href: str, tab: str) -> None:
-        page.locator(f".lm-TabBar-tab:has-text('START_HERE.ipynb')").first.click()
+        page.locator(".lm-TabBar-tab:has-text('START_HERE.ipynb')").first.click()
         page.locator(f".jp-RenderedMarkdown a[href*='{href}']").first.click()  # Lab resolves hrefs
         page.locator(f".lm-TabBar-tab.jp-mod-current:has-text('{tab}')").wait_for(timeout=60_000)
         # The notebook opened is that one: JupyterLab puts the current document's path in the URL.
