@@ -48,6 +48,9 @@ LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     # No "get Jupyter news?" pop-up over the page (and no request for it on a closed network).
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
+    # The test saves when the run is done; an autosave 120 s in raced that save once (chapter
+    # 05: the file read back was the autosave, from before the last cell had run).
+    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
 }
 
 
