@@ -2,17 +2,17 @@
 
     labkit bench zero [--ranks 4] [--steps 6] [--n-embd 64] [--n-layer 4]
 
-All variants train the same GPT (AdamW) on the same ranks in the same run, one step of each in
-turn (interleaved, so drifting load hits all alike); the step time is the median over steps of
-the slowest rank, reported with its ratio to torch DDP and to FSDP2 (the bf16 rows: to FSDP2
-with the same MixedPrecisionPolicy). ZeRO-3 runs without and with prefetch (labkit.zero.prefetch;
-FSDP2 prefetches in backward by default), with a bf16 policy, and with the optimizer offloaded to
-the CPU (ZeRO-2 too: ZeRO-Offload's own stage); ZeRO-1 with the bf16 policy is the ZeRO paper's
-16-byte mixed precision. ZeRO-2 runs with its 64 KB buckets and with one bucket (what its buckets'
-latency costs where, as on a CPU, backward leaves nothing to overlap them with). Bytes are what
-each rank keeps after a step, by storage (views once), on the device and (offload) in CPU memory, next to labkit.costs.memory's prediction for the recipe the variant runs
-(RECIPE). On CPU/Gloo the ratios show the cost of our collectives and of ZeRO-3's recomputation,
-not what NCCL would do on GPUs.
+All variants train the same GPT (AdamW) on the same ranks in the same run, one step of each in turn
+(interleaved, so drifting load hits all alike); the step time is the median over steps of the
+slowest rank, reported with its ratio to torch DDP and to FSDP2 (the bf16 rows: to FSDP2 with the
+same MixedPrecisionPolicy). ZeRO-3 runs without and with prefetch (labkit.zero.prefetch; FSDP2
+prefetches in backward by default), with a bf16 policy, and with the optimizer offloaded to the CPU
+(ZeRO-2 too: ZeRO-Offload's own stage); ZeRO-1 with the bf16 policy is the ZeRO paper's 16-byte
+mixed precision. ZeRO-2 runs with its 64 KB buckets and with one bucket (what its buckets' latency
+costs where, as on a CPU, backward leaves nothing to overlap them with). Bytes are what each rank
+keeps after a step, by storage (views once), on the device and (offload) in CPU memory, next to
+labkit.costs.memory's prediction for the recipe the variant runs (RECIPE). On CPU/Gloo the ratios
+show the cost of our collectives and of ZeRO-3's recomputation, not what NCCL would do on GPUs.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import statistics
 from labkit.launch import run
 from labkit.table import table as format_table
 
-VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 1 bucket", "ZeRO-2 offload", "ZeRO-3",
-            "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16", "ZeRO-3 bf16",
+VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 1 bucket", "ZeRO-2 offload",
+            "ZeRO-3", "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16", "ZeRO-3 bf16",
             "torch FSDP2 bf16")
 # keyword arguments of the labkit variants beyond their stage's defaults
 STAGE_KW = {"ZeRO-3 prefetch": dict(prefetch=True), "ZeRO-1 bf16": dict(bf16=True),
