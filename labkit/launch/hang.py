@@ -16,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+from labkit.launch import source
 from labkit.launch.errors import HangError
 
 NOTE_BYTES = 512
@@ -46,30 +47,31 @@ def attach(rundir: Path, rank: int) -> None:
 
 
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_HIDDEN = re.compile(r"labkit[/\\]launch[/\\]|c10d_logger\.py$")  # the launcher's own frames
 
 
-def format_stack(raw: str) -> str:
-    """faulthandler's dump (innermost first) -> a Python-style traceback with source lines."""
+def format_stack(raw: str, names: dict | None = None) -> str:
+    """faulthandler's dump (innermost first) -> a Python-style traceback with source lines.
+    names: {file: "Cell In[5]"}, the reader's names for notebook cells (labkit.launch.source)."""
     frames = []
     for line in raw.splitlines():
         m = _FRAME.match(line)
         if not m:
             continue
         file, lineno, func = m["file"], int(m["line"]), m["func"]
-        if _HIDDEN.search(file) or file.startswith("<frozen"):
+        if source.hidden(file):
             continue
         frames.append((file, lineno, func))
     out = []
     for file, lineno, func in reversed(frames):
-        out.append(f'  File "{file}", line {lineno}, in {func}')
+        out.append(source.frame_line(file, lineno, func, names or {}))
         src = linecache.getline(file, lineno).strip()
         if src:
             out.append(f"    {src}")
     return "\n".join(out) if out else "  (no Python frame: the rank was starting or exiting)"
 
 
-def hang_error(procs, rundir: Path, timeout: float, done, starting=False) -> HangError:
+def hang_error(procs, rundir: Path, timeout: float, done, names: dict | None = None,
+               starting=False) -> HangError:
     """Ask every live rank for its stack, then build the report (notes, stacks, finished ranks)."""
     notes_raw = (rundir / "notes.bin").read_bytes()
     for p in procs:
@@ -86,7 +88,7 @@ def hang_error(procs, rundir: Path, timeout: float, done, starting=False) -> Han
             stacks[r] = "(finished)"
         else:
             raw = (rundir / f"stack{r}.txt").read_text() if (rundir / f"stack{r}.txt").exists() else ""
-            stacks[r] = format_stack(raw)
+            stacks[r] = format_stack(raw, names)
         head = f"rank {r}: " + ("finished" if done[r] else "stuck")
         if notes[r]:
             head += f" (last note: {notes[r]})"

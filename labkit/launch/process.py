@@ -8,6 +8,7 @@ HangError when the run outlives its timeout, counted from the moment every rank 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from labkit.launch import hang, rendezvous, transport, warm
+from labkit.launch import hang, rendezvous, source, transport, warm
 from labkit.launch.errors import LaunchError
 from labkit.launch.torchrun import run_under_torchrun, under_torchrun
 
@@ -46,12 +47,8 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
     if timeout is None or timeout <= 0:
         raise LaunchError(f"timeout must be a positive number of seconds, got {timeout!r}")
     backend = rendezvous.resolve_backend(backend, nprocs)
-    import pickle
-
-    import cloudpickle
-
     try:
-        payload = cloudpickle.dumps((fn, tuple(args), kwargs))
+        payload, sources = source.dumps((fn, tuple(args), kwargs))
     except Exception as err:  # noqa: BLE001
         raise LaunchError(f"could not send the function to the ranks ({err}): it and its "
                           f"arguments must be picklable") from err
@@ -63,6 +60,7 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
         env = rendezvous.child_env()
         (rundir / "spec.pkl").write_bytes(pickle.dumps(dict(
             world=nprocs, backend=backend, timeout=timeout, parent=os.getpid(), payload=payload,
+            sources=sources,
             sys_path=list(sys.path), env=env, cwd=os.getcwd())))
         hang.create_notes(rundir, nprocs)
         zygote = warm.get()
@@ -77,7 +75,8 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                 cwd=os.getcwd()))
         echoer = transport.Echo(rundir, nprocs) if echo else None
-        return _wait(procs, rundir, timeout, nprocs, echoer)
+        names = {file: name for file, (name, _) in sources.items() if name}
+        return _wait(procs, rundir, timeout, nprocs, echoer, names)
     finally:
         _kill_all(procs)
         for out in outs:
@@ -102,7 +101,7 @@ def sweep_orphans() -> int:
     return removed
 
 
-def _wait(procs, rundir: Path, timeout: float, n: int, echo):
+def _wait(procs, rundir: Path, timeout: float, n: int, echo, names: dict):
     started = time.monotonic()
     deadline = None  # set once every rank is up: a slow start on a busy machine is not a hang
     first_failure = None
@@ -126,9 +125,9 @@ def _wait(procs, rundir: Path, timeout: float, n: int, echo):
                 if rendezvous.all_ready(rundir, n):
                     deadline = now + timeout
                 elif now - started > STARTUP_TIMEOUT:
-                    raise hang.hang_error(procs, rundir, STARTUP_TIMEOUT, done, starting=True)
+                    raise hang.hang_error(procs, rundir, STARTUP_TIMEOUT, done, names, starting=True)
             elif now > deadline:
-                raise hang.hang_error(procs, rundir, timeout, done)
+                raise hang.hang_error(procs, rundir, timeout, done, names)
             time.sleep(0.005 if now - started < 1 else 0.02)
     finally:
         if echo:

@@ -13,10 +13,9 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
-from labkit.launch import hang, rendezvous, transport
+from labkit.launch import hang, rendezvous, source, transport
 
 
 def device():
@@ -66,12 +65,13 @@ def main(rundir: str, rank: int, parent_pid: int | None = None) -> None:
     try:
         import cloudpickle
 
+        source.install(spec.get("sources", {}))
         fn, args, kwargs = cloudpickle.loads(spec["payload"])
         rendezvous.join(rundir, rank, world, backend, timeout)
         result = fn(*args, **kwargs)
         transport.send_result(rundir, rank, result)
     except BaseException:  # noqa: BLE001 - everything is reported to the parent
-        transport.send_error(rundir, rank, traceback.format_exc())
+        transport.send_error(rundir, rank, source.format_exception(sys.exc_info()[1]))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

@@ -5,8 +5,8 @@ rank's value, gathered, so a lab's code is the same on a laptop, a workstation a
 from __future__ import annotations
 
 import os
-import traceback
 
+from labkit.launch import source
 from labkit.launch.errors import LaunchError, RankError
 from labkit.launch.rendezvous import resolve_backend
 from labkit.launch.transport import to_cpu
@@ -32,7 +32,7 @@ def run_under_torchrun(fn, nprocs, args, kwargs, backend):
     try:
         result = to_cpu(fn(*args, **kwargs))
     except Exception as err:  # noqa: BLE001 - reported like a local rank's failure
-        text = traceback.format_exc()
+        text = source.format_exception(err)
         raise RankError(rank, f"rank {rank} failed: {text.strip().splitlines()[-1]}\n\n"
                               f"--- traceback from rank {rank} ---\n{text.rstrip()}", text) from err
     gathered = [None] * world
