@@ -15,10 +15,18 @@ introduced before it (a heading `## Exercise 6.2 ...` or a bold `**Exercise 6.2.
 regions of one exercise share its number; with no such markdown, M counts regions.
 Outputs and execution counts are dropped. `labkit exercises` writes the files;
 `labkit exercises --check` (and the tests) fail when exercises/ is out of date.
+
+exercises/ is also where the reader writes their answers, so the reader's work is never
+overwritten: each generated notebook carries the hash of its generated cells
+(metadata.labkit.generated), and `labkit exercises` replaces a notebook only while its cells still
+hash to that (nobody edited it). A notebook with the reader's edits is kept; the freshly generated
+one goes to exercises/fresh/ (ignored by git) and the command says so.
 """
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -89,16 +97,55 @@ def exercise_notebook(solution_path: Path):
     if counter[0] == 0:
         raise ExerciseError(f"{solution_path}: no ### BEGIN SOLUTION region found")
     out.metadata.pop("widgets", None)
-    out.metadata.pop("labkit", None)  # the solution run's stamp (labkit.book): exercises carry no outputs
+    # the solution run's stamp (labkit.book) goes: exercises carry no outputs. Ours comes instead.
+    out.metadata["labkit"] = {"generated": cells_hash(out)}
     return out
 
 
-def generate(solutions: Path = Path("solutions"), exercises: Path = Path("exercises")) -> list:
+FRESH = "fresh"   # exercises/fresh/: freshly generated copies of notebooks the reader has edited
+
+
+def cells_hash(nb) -> str:
+    """What the reader can change: every cell's type and source (not outputs or metadata, which
+    running and saving a notebook rewrite)."""
+    cells = [[c.cell_type, c.source] for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()[:16]
+
+
+def edited_by_reader(path: Path) -> bool:
+    """Has someone changed this exercise notebook's cells since it was generated?"""
+    nb = nbformat.read(str(path), as_version=4)
+    stamp = nb.metadata.get("labkit", {}).get("generated")
+    return stamp is None or stamp != cells_hash(nb)
+
+
+def write_notebook(nb, path: Path) -> None:
+    nbformat.write(nb, str(path))
+
+
+def generate(solutions: Path = Path("solutions"), exercises: Path = Path("exercises"),
+             echo=print) -> list:
+    """Write every exercise notebook that is missing or untouched; never one the reader edited
+    (its fresh copy goes to exercises/fresh/). Returns the paths written."""
+    exercises = Path(exercises)
     exercises.mkdir(parents=True, exist_ok=True)
     written = []
     for src in sorted(Path(solutions).glob("*.ipynb")):
-        dst = Path(exercises) / src.name
-        nbformat.write(exercise_notebook(src), str(dst))
+        dst = exercises / src.name
+        nb = exercise_notebook(src)
+        have = nbformat.read(str(dst), as_version=4) if dst.exists() else None
+        if have is not None and cells_hash(have) == cells_hash(nb):
+            if have.metadata.get("labkit", {}).get("generated") == cells_hash(nb):
+                continue   # already what we would write (keep the reader's outputs, if any)
+        elif have is not None and edited_by_reader(dst):
+            fresh = exercises / FRESH / src.name
+            fresh.parent.mkdir(exist_ok=True)
+            write_notebook(nb, fresh)
+            echo(f"kept {dst}: it has your edits, and labkit never overwrites them. A freshly "
+                 f"generated copy is at {fresh}")
+            written.append(fresh)
+            continue
+        write_notebook(nb, dst)
         written.append(dst)
     return written
 
@@ -116,7 +163,12 @@ def out_of_sync(solutions: Path = Path("solutions"), exercises: Path = Path("exe
             continue
         want = [c.source for c in exercise_notebook(src).cells]
         have = [c.source for c in nbformat.read(str(ex[name]), as_version=4).cells]
-        if want != have:
-            problems.append(f"exercises/{name} differs from what solutions/{name} generates: "
-                            f"run `labkit exercises` (never edit exercises by hand)")
+        if want == have:
+            continue
+        if edited_by_reader(ex[name]):
+            problems.append(f"exercises/{name} has edits (a reader's answers?): labkit exercises "
+                            f"keeps them and writes a fresh copy to exercises/{FRESH}/{name}")
+        else:
+            problems.append(f"exercises/{name} is older than solutions/{name}: run "
+                            f"`labkit exercises` (it replaces only notebooks nobody edited)")
     return problems

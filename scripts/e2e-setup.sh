@@ -15,7 +15,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 [ -x .venv/bin/python ] || { echo "e2e-setup: run ./test.sh or ./book.sh once first (.venv)"; exit 1; }
 if ! .venv/bin/python -c "import playwright" 2>/dev/null; then
-  .venv/bin/python -m pip install --quiet "playwright>=1.40" || {
+  .venv/bin/python -m pip install --quiet $(grep -i -E '^(playwright|greenlet|pyee)==' requirements.lock) || {
     echo "e2e-setup: could not install playwright; the browser test will skip"; exit 1; }
 fi
 echo "e2e-setup: $(/usr/bin/chromium --version 2>/dev/null | head -1), playwright installed"

@@ -1,0 +1,77 @@
+"""The reader's work in exercises/ is never overwritten: `labkit exercises` replaces only notebooks
+nobody edited, and puts a fresh copy of an edited one in exercises/fresh/."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from labkit import exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMES = ["00_why_distribute.ipynb", "08_mixture_of_experts.ipynb"]
+
+
+def _labkit(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "labkit", "exercises", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _tree(tmp_path):
+    for d in ("solutions", "exercises"):
+        (tmp_path / d).mkdir()
+        for name in NAMES:
+            shutil.copy(ROOT / d / name, tmp_path / d / name)
+    return tmp_path
+
+
+def test_an_edited_exercise_is_kept_and_a_fresh_copy_is_written(tmp_path):
+    root = _tree(tmp_path)
+    mine = root / "exercises" / NAMES[1]
+    nb = nbformat.read(str(mine), as_version=4)
+    stub = next(c for c in nb.cells if c.cell_type == "code" and "NotImplementedError" in c.source)
+    stub.source = stub.source.replace('raise NotImplementedError(', 'answer = 42  # mine\n#(', 1)
+    nbformat.write(nb, str(mine))
+    before = mine.read_bytes()
+
+    check = _labkit("--check", cwd=root)
+    assert check.returncode == 1
+    assert f"exercises/{NAMES[1]} has edits" in check.stdout and "exercises/fresh/" in check.stdout
+
+    out = _labkit(cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert mine.read_bytes() == before                       # the reader's work, byte for byte
+    assert f"kept exercises/{NAMES[1]}: it has your edits" in out.stdout
+    fresh = root / "exercises" / "fresh" / NAMES[1]
+    assert not exercises.edited_by_reader(fresh)             # a clean, generated copy
+    assert "answer = 42  # mine" not in fresh.read_text()
+    # the untouched notebook is left as it was (it was already current)
+    assert not exercises.edited_by_reader(root / "exercises" / NAMES[0])
+
+
+def test_an_untouched_exercise_follows_its_solution(tmp_path):
+    root = _tree(tmp_path)
+    sol = root / "solutions" / NAMES[0]
+    nb = nbformat.read(str(sol), as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("A new closing remark by the author."))
+    nbformat.write(nb, str(sol))
+    check = _labkit("--check", cwd=root)
+    assert check.returncode == 1 and f"exercises/{NAMES[0]} is older than" in check.stdout
+
+    out = _labkit(cwd=root)
+    assert out.returncode == 0 and f"wrote exercises/{NAMES[0]}" in out.stdout, out.stdout
+    assert "A new closing remark" in (root / "exercises" / NAMES[0]).read_text()
+    assert not (root / "exercises" / "fresh").exists()
+    assert _labkit("--check", cwd=root).returncode == 0
+
+
+def test_a_notebook_run_and_saved_but_not_edited_is_not_the_readers_work(tmp_path):
+    # running cells adds outputs and execution counts; that is not an edit of the exercise
+    root = _tree(tmp_path)
+    path = root / "exercises" / NAMES[0]
+    nb = nbformat.read(str(path), as_version=4)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.execution_count, code.outputs = 1, [nbformat.v4.new_output("stream", text="hi\n")]
+    nbformat.write(nb, str(path))
+    assert not exercises.edited_by_reader(path)
