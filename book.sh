@@ -8,7 +8,9 @@ source scripts/env.sh
 python -m labkit.landing . >/dev/null   # the table of contents, from the chapters that exist
 extra=()
 [ "$(id -u)" = "0" ] && extra+=(--allow-root)  # containers often run as root
+# The terminal runs bash with scripts/terminal-rc.sh, so `labkit` is on its PATH.
 exec jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. \
+  --ServerApp.terminado_settings="shell_command=['bash','--rcfile','$PWD/scripts/terminal-rc.sh','-i']" \
   --LabApp.user_settings_dir="$PWD/jupyterlab/user-settings" \
   --LabApp.workspaces_dir="$PWD/build/jupyterlab-workspaces" \
   --LabApp.default_url=/lab/tree/START_HERE.ipynb \
