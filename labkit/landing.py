@@ -31,7 +31,9 @@ and every number in the prose is printed by a cell beneath it.
 **Each chapter comes in three notebooks**, all openable from the file browser on the left:
 
 * `chapters/` — the chapter: prose, labs, figures and calculators, saved with its outputs;
-* `exercises/` — the same chapter with parts of the code removed for you to write;
+* `exercises/` — the same chapter with parts of the code removed: **this is where you work**.
+  Write your answers there; nothing in the book ever overwrites them (an updated exercise
+  you have edited arrives beside it, in `exercises/fresh/`);
 * `solutions/` — the worked answers (the exercises are generated from them).
 """
 
@@ -41,7 +43,8 @@ HOW = """\
 * In a notebook, run cells top to bottom (**Run ▸ Run All Cells**, or Shift+Enter cell by
   cell). A lab cell starts N processes and prints what each rank did.
 * From a terminal (**File ▸ New ▸ Terminal**): `labkit list` shows the labs by chapter;
-  `labkit run ring --nproc 4` runs one; `labkit bench` runs the benchmarks.
+  `labkit run ring --nproc 4` runs one; `labkit bench` runs the benchmarks. (In a terminal
+  outside JupyterLab, first `source .venv/bin/activate` in the book's folder.)
 * Nothing needs a GPU; on a machine with GPUs the same cells pick NCCL when N is at most the
   number of GPUs.
 
