@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from labkit.launch import hang, rendezvous, source, transport, warm
-from labkit.launch.errors import LaunchError
+from labkit.launch.errors import HangError, LaunchError, RankError
 from labkit.launch.torchrun import run_under_torchrun, under_torchrun
 
 DEFAULT_TIMEOUT = 60.0  # seconds a run may take, once every rank is up, before it is a hang
@@ -35,6 +35,7 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
     echo: show what the ranks print, each line marked with its rank.
     Raises RankError when a rank raises, HangError on a hang, LaunchError on bad input.
     """
+    __tracebackhide__ = True   # IPython shows the rank's traceback, not the launcher's frames
     kwargs = dict(kwargs or {})
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise LaunchError(f"nprocs must be a positive integer, got {nprocs!r}")
@@ -76,7 +77,11 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
                 cwd=os.getcwd()))
         echoer = transport.Echo(rundir, nprocs) if echo else None
         names = {file: name for file, (name, _) in sources.items() if name}
-        return _wait(procs, rundir, timeout, nprocs, echoer, names)
+        try:
+            return _wait(procs, rundir, timeout, nprocs, echoer, names)
+        except (RankError, HangError) as err:
+            raise err.with_traceback(None) from None   # the report is the ranks', not ours
+
     finally:
         _kill_all(procs)
         for out in outs:
@@ -102,6 +107,7 @@ def sweep_orphans() -> int:
 
 
 def _wait(procs, rundir: Path, timeout: float, n: int, echo, names: dict):
+    __tracebackhide__ = True
     started = time.monotonic()
     deadline = None  # set once every rank is up: a slow start on a busy machine is not a hang
     first_failure = None
