@@ -20,7 +20,10 @@ norm/residual regions are divided by tp. So are the inputs of the column-paralle
 as Megatron-LM does (regather=True, the default), each keeps only its sequence chunk for
 backward and all-gathers it again there: then every activation a block saves is / tp (measured
 with saved-tensor hooks: exactly 1/tp of the one-process block), for two more all-gathers a
-layer in backward (1.25x TP's bytes; Megatron hides them behind the reduce-scatter of dx).
+layer in backward (1.25x TP's bytes). Megatron launches that all-gather before the dX = dY W
+product and overlaps it with it; the reduce-scatter of dX then overlaps the dW product
+(megatron/core/tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication).
+regather=False keeps TP's bytes and the whole (B, T, h) column inputs: not both.
 On Gloo the reduce-scatter is labkit's ring (labkit.zero.shard.reduce_scatter_sum): Gloo's own
 moves all-reduce bytes.
 

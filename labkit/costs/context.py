@@ -12,9 +12,11 @@ rank, a reduce-scatter or an all-gather (N-1)/N D):
   TP + SP forward 2 all-gathers + 2 reduce-scatters, backward the same: an all-reduce IS a
           reduce-scatter then an all-gather, so the bytes equal TP's. (Plus, once per step, the
           gradients of the norm weights and row-parallel biases, 6h elements a layer: tiny.)
-          Megatron-LM keeps only the sequence chunk of each column-parallel input and
-          all-gathers it again in backward (regather=True: 2 more all-gathers a layer, hidden
-          behind the reduce-scatter of dx); that is what makes its activations exactly / t.
+          That holds if each column-parallel layer keeps its gathered input (regather=False,
+          the default here): activations s*b*h*(4 + 30/t + 5*a*s/(h*t)). Megatron-LM keeps only
+          the sequence chunk of each column-parallel input and all-gathers it again in backward
+          (regather=True: 2 more all-gathers a layer, 1.25x TP's bytes, each overlapped with the
+          dX = dY W product); that is what makes its activations exactly / t.
   CP ring forward cp - 1 hops, each sending this rank's K and V chunk, 2 * b*(s/cp)*kv*e;
           backward cp - 1 hops of K/V again plus cp hops of dK/dV (the accumulators go one hop
           further, home): (2cp - 1) chunk pairs. About twice the forward.
@@ -27,7 +29,8 @@ Activations saved for backward per layer, 16-bit, GPT block with a 4h GELU MLP a
 (Korthikanti et al., 2022, table 2):
   none            s*b*h*(34 + 5*a*s/h)
   TP t            s*b*h*(10 + 24/t + 5*a*s/(h*t))     (norms, dropouts, residuals not split)
-  TP t + SP       s*b*h*(34 + 5*a*s/h) / t
+  TP t + SP       s*b*h*(34 + 5*a*s/h) / t             (Megatron's re-gather; keeping the
+                                                       gathered inputs: 4 + 30/t + 5as/(ht))
   selective       drops the 5*a*s/h term (recompute softmax/dropout of the scores)
   full recompute  2*s*b*h (the layer input; / t with SP)
   CP cp           every term / cp: each rank holds s/cp tokens, and its scores are (s/cp) x s

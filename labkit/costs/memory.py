@@ -220,7 +220,9 @@ def activation_bytes(spec, *, seq_len: int, micro_batch: int, tp: int = 1, pp: i
 
 
 # ----------------------------------------------------------------------------- one GPU's plan
-GPUS = {  # capacity in bytes; the marketing "GB" of HBM are GiB
+# capacity in bytes; the marketing "GB" of HBM are GiB: exact for the A100 80GB (nvidia-smi: 81,920
+# MiB); the H100 80GB shows 81,559 MiB (85.5 GB), so its 80 GiB here is 0.4 GB generous
+GPUS = {
     "A100 40GB": 40 * GiB,
     "A100 80GB": 80 * GiB,
     "H100 80GB": 80 * GiB,

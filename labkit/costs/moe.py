@@ -71,7 +71,10 @@ def check(n_expert: int, k: int, ep: int = 1, factor: float | None = None) -> No
 def dropped_fraction(n_expert: int, k: int, tokens: int, factor: float | None) -> float:
     """Expected share of assignments dropped when each of the tokens*k assignments lands on an
     expert uniformly at random (a router that has not learned anything yet): the load of one
-    expert is Binomial(m = tokens*k, 1/E) and it keeps min(load, C). Exact sum, no sampling."""
+    expert is Binomial(m = tokens*k, 1/E) and it keeps min(load, C). Exact sum, no sampling.
+    An approximation for top-k routing: its k experts per token are distinct, so with random
+    logits the load is Binomial(tokens, k/E), same mean, smaller variance; this one overstates
+    the drops a little (E=8, k=2, 512 tokens, factor 1: 3.30% against 3.05%)."""
     check(n_expert, k, 1, factor)
     cap = capacity(tokens, k, n_expert, factor)
     m = tokens * k

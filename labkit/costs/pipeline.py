@@ -24,10 +24,10 @@ chunk, t/v, so the idle time is divided by v:
     bubble time  = (P - 1)(t_f + t_b) / v
     bubble       = (P - 1) / (v K + P - 1)          of the step, interleaved, K >= P
 
-paid for with v times as many point-to-point sends. With fewer micro-batches than stages
-(K < P) interleaving cannot shrink the ramp that much: micro-batch 0 alone must cross all v P
-chunk-stages forward and back, P (t_f + t_b), and the other K - 1 queue behind it one chunk
-each, so the step takes (P + (K - 1)/v)(t_f + t_b) and
+paid for with (vP - 1)/(P - 1) times as many point-to-point sends (about v). With fewer
+micro-batches than stages (K < P) interleaving cannot shrink the ramp that much: micro-batch 0
+alone must cross all v P chunk-stages forward and back, P (t_f + t_b), and the other K - 1 queue
+behind it one chunk each, so the step takes (P + (K - 1)/v)(t_f + t_b) and
 
     bubble       = (v (P - K) + K - 1) / (v P + K - 1)          interleaved, K < P
 

@@ -14,6 +14,8 @@ from labkit.costs import memory
 
 BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
+# fp8_weights is labkit's illustration of what fp8 storage changes, not a published recipe:
+# DeepSeek-V3 (report section 3.3) keeps fp32 master weights and gradients and bf16 AdamW moments.
 FP8_RECIPES = {
     "fp8_weights": memory.Precision(
         "fp8_weights", 1, 2, 12,

@@ -12,6 +12,11 @@ With one GPU there is nothing to all-reduce (E = 1). Times in seconds (any unit 
 compute and comm share it). The bandwidth part of `comm` for a ring is 2(N-1)/N * D / bw: it
 approaches 2D/bw and does not grow with N (labkit.costs.comm).
 
+The hidden part of comm is counted as free. On a GPU it is not: NCCL's kernels take SMs and memory
+bandwidth, so the overlapped compute slows by a fraction s (18.9% on average in Lee et al.,
+arXiv:2507.03114), which would add s * overlap * comm to T. This model keeps s = 0: its
+efficiencies are optimistic.
+
 A common claim computes the efficiency as `(compute / N) / (compute + comm)` (11.4% for 100 ms,
 10 ms, 8 GPUs) beside a speedup of 7.27x: the first divides a strong-scaling ideal by a
 weak-scaling step and contradicts the second. `common_claim_efficiency` keeps that formula only

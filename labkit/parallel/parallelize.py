@@ -6,7 +6,9 @@
     par = parallelize(GPT(cfg, seed=0).to(dev), mesh, plan, optimizer="adamw")
     loss = par.train_step(x, y)        # x, y: the whole global batch (B, T), the same on every rank
 
-The transforms, in a fixed order (torchtitan's parallelize_* order), each over its mesh dimension:
+The transforms, in a fixed order (labkit's choice; torchtitan splits into pipeline stages first
+and then applies TP and FSDP to each stage, which gives the same shards), each over its mesh
+dimension:
 
   1. tp  labkit.tp.apply_tp: every block's attention (by heads) and MLP (column then row, with
          Megatron's f and g) keep this rank's slice; embeddings, norms and the head stay whole.
