@@ -204,6 +204,8 @@ def execute(path: Path, timeout: int = 1800, sources: Sources | None = None) -> 
     import nbformat
     from nbclient import NotebookClient
 
+    from labkit import nbfile
+
     sources = sources or Sources()
     nb = nbformat.read(str(path), as_version=4)
     before = dependencies(nb, sources)
@@ -216,7 +218,7 @@ def execute(path: Path, timeout: int = 1800, sources: Sources | None = None) -> 
         print(f"  warning: {', '.join(k for k in after if after[k] != before.get(k))} changed "
               f"during the run of {path.name}; it will show as stale", flush=True)
     stamp(nb, before, seconds)
-    nbformat.write(nb, str(path))
+    nbfile.write(nb, path)  # as JupyterLab saves it: opening it later changes nothing
     return seconds
 
 

@@ -120,7 +120,9 @@ def edited_by_reader(path: Path) -> bool:
 
 
 def write_notebook(nb, path: Path) -> None:
-    nbformat.write(nb, str(path))
+    from labkit import nbfile
+
+    nbfile.write(nb, path)  # as JupyterLab saves it, so that opening it is not editing it
 
 
 def generate(solutions: Path = Path("solutions"), exercises: Path = Path("exercises"),
