@@ -179,6 +179,26 @@ def test_scaling_calculator_worked_example():
         scaling.efficiency(100, 10, 8, overlap=1.5)
 
 
+
+def test_overlap_costs_the_compute_it_overlaps():
+    """The contention term: hidden comm slows the overlapped compute by s (Lee et al.'s 18.9%)."""
+    from labkit.costs import scaling
+
+    assert scaling.OVERLAP_SLOWDOWN == 0.189
+    s = scaling.OVERLAP_SLOWDOWN
+    # 100 ms compute, 10 ms comm all hidden: the ideal 100 ms becomes 100 + 0.189 * 10
+    assert scaling.step_time(100, 10, 8, overlap=1.0, slowdown=s) == pytest.approx(101.89)
+    assert scaling.efficiency(100, 10, 8, overlap=1.0, slowdown=s) == pytest.approx(100 / 101.89)
+    # half hidden: T = 100 + s*5 + 5; still better than not overlapping at all while s < 1
+    half = scaling.step_time(100, 10, 8, overlap=0.5, slowdown=s)
+    assert half == pytest.approx(100 + s * 5 + 5) and half < scaling.step_time(100, 10, 8)
+    # comm longer than compute: only the compute there is can be slowed
+    assert scaling.step_time(10, 100, 8, overlap=0.5, slowdown=0.5) == pytest.approx(10 + 5 + 50)
+    assert scaling.step_time(100, 10, 1, overlap=1.0, slowdown=s) == 100     # nothing to hide
+    assert scaling.table(100, 10, (8,), 1.0, 1, s)[0]["step"] == pytest.approx(101.89)
+    with pytest.raises(ValueError, match="OVERLAP_SLOWDOWN"):
+        scaling.step_time(100, 10, 8, overlap=0.5, slowdown=-0.1)
+
 def test_step_model_sends_the_sizes_each_version_sends():
     from labkit.ddp.stepmodel import message_sizes
 

@@ -90,13 +90,17 @@ def sweep_figure(rows, predicted=None):
 
 
 def scaling_figure(compute: float = 100.0, comm: float = 10.0, overlap: float = 0.0,
-                   ns=(1, 2, 4, 8, 16, 32, 64), accum: int = 1):
-    """Efficiency vs N without overlap and with the chosen overlap (labkit.costs.scaling)."""
+                   ns=(1, 2, 4, 8, 16, 32, 64), accum: int = 1, slowdown: float = 0.0):
+    """Efficiency vs N: no overlap; the chosen overlap as if free; and, when slowdown > 0, the
+    same overlap paying for contention (labkit.costs.scaling)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for f, name in ((0.0, "no overlap"), (overlap, f"{overlap:.0%} of comm hidden")):
-        rows = scaling.table(compute, comm, ns, f, accum)
+    curves = [(0.0, 0.0, "no overlap"), (overlap, 0.0, f"{overlap:.0%} of comm hidden, free")]
+    if slowdown > 0 and overlap > 0:
+        curves.append((overlap, slowdown, f"{overlap:.0%} hidden, compute {slowdown:.0%} slower"))
+    for f, s, name in curves:
+        rows = scaling.table(compute, comm, ns, f, accum, s)
         fig.add_trace(go.Scatter(x=[r["n"] for r in rows], y=[r["efficiency"] for r in rows],
                                  mode="lines+markers", name=name))
     fig.update_layout(xaxis_type="log", xaxis_title="GPUs (N)", yaxis_title="scaling efficiency",
@@ -106,18 +110,22 @@ def scaling_figure(compute: float = 100.0, comm: float = 10.0, overlap: float = 
 
 
 def calculator():
-    """Sliders: compute ms, comm ms, N, overlap fraction, accumulation -> efficiency, speedup."""
+    """Sliders: compute ms, comm ms, N, overlap fraction, accumulation, and the slowdown of
+    overlapped compute (default: Lee et al.'s measured average) -> efficiency, speedup."""
     import ipywidgets as w
     from IPython.display import display
 
-    def show(compute_ms, comm_ms, n, overlap, accum):
-        display(scaling_figure(compute_ms, comm_ms, overlap, accum=accum))
-        e = scaling.efficiency(compute_ms, comm_ms, n, overlap, accum)
-        print(f"N={n}: step {scaling.step_time(compute_ms, comm_ms, n, overlap, accum):.1f} ms, "
-              f"efficiency {e:.1%}, speedup {scaling.speedup(compute_ms, comm_ms, n, overlap, accum):.2f}x")
+    def show(compute_ms, comm_ms, n, overlap, accum, slowdown):
+        display(scaling_figure(compute_ms, comm_ms, overlap, accum=accum, slowdown=slowdown))
+        for s, label in ((0.0, "overlap free"), (slowdown, f"overlapped compute {slowdown:.0%} slower")):
+            args = (compute_ms, comm_ms, n, overlap, accum, s)
+            print(f"N={n}, {label}: step {scaling.step_time(*args):.1f} ms, efficiency "
+                  f"{scaling.efficiency(*args):.1%}, speedup {scaling.speedup(*args):.2f}x")
 
     return w.interactive(show, compute_ms=w.FloatSlider(value=100, min=5, max=500, step=5),
                          comm_ms=w.FloatSlider(value=10, min=0, max=200, step=1),
                          n=w.IntSlider(value=8, min=1, max=256),
                          overlap=w.FloatSlider(value=0.0, min=0, max=1, step=0.05),
-                         accum=w.IntSlider(value=1, min=1, max=16))
+                         accum=w.IntSlider(value=1, min=1, max=16),
+                         slowdown=w.FloatSlider(value=scaling.OVERLAP_SLOWDOWN, min=0, max=0.5,
+                                                step=0.01, description="slowdown s"))
