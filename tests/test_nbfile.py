@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import nbformat
@@ -108,14 +109,18 @@ def _as_browser_sends(path: Path) -> dict:
     nb["metadata"]["language_info"]["version"] = "3.13.1"
     nb["metadata"]["kernelspec"]["display_name"] = "Python 3 (my env)"
     nb["cells"][0]["outputs"][0]["data"]["image/png"] = "iVBORw0KGgo="
+    nb["cells"][0]["metadata"]["trusted"] = True  # never written by nbformat
     return nb
 
 
-def test_saving_an_unedited_notebook_keeps_its_bytes(book):
+def test_saving_an_unedited_notebook_keeps_its_bytes(book, caplog):
     path, cm = book
     before = path.read_bytes()
-    cm.save({"type": "notebook", "format": "json", "content": _as_browser_sends(path)}, "ch.ipynb")
+    cm.log = logging.getLogger("test-labsave")
+    with caplog.at_level(logging.INFO, logger="test-labsave"):
+        cm.save({"type": "notebook", "format": "json", "content": _as_browser_sends(path)}, "ch.ipynb")
     assert path.read_bytes() == before
+    assert "unchanged by the reader" in caplog.text  # kept because equal, not by luck
 
 
 def test_a_real_edit_is_saved_without_the_plotly_png(book):
@@ -127,3 +132,12 @@ def test_a_real_edit_is_saved_without_the_plotly_png(book):
     assert saved["cells"][0]["source"] == ["x = 2"]
     assert "image/png" not in saved["cells"][0]["outputs"][0]["data"]
     assert saved["metadata"]["language_info"]["version"] == "3.13.1"  # an edit saves it all
+
+
+def test_book_sh_leaves_start_here_as_committed():
+    """./book.sh regenerates START_HERE.ipynb (labkit.landing) before JupyterLab starts: the
+    committed file must be what it writes, or starting the book edits it."""
+    from labkit import landing
+
+    assert nbfile.dumps(landing.landing_notebook(ROOT)) == (ROOT / "START_HERE.ipynb").read_text(), \
+        "START_HERE.ipynb is out of date: run python -m labkit.landing ."
