@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 import nbformat
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbformat.v4.rwbase import rejoin_lines
 
 # Past this, a JavaScript number is no longer an exact integer.
@@ -88,8 +89,6 @@ def kernelspec(name: str):
     """{name, display_name, language} as JupyterLab writes it for the kernel `name`, or None when
     no such kernel is installed here (then the notebook's own kernelspec stays)."""
     if name not in _SPECS:
-        from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
         try:
             spec = KernelSpecManager().get_kernel_spec(name)
             _SPECS[name] = {"name": name, "display_name": spec.display_name,

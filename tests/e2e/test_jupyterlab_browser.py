@@ -391,8 +391,8 @@ def test_every_chapter_runs_with_live_plots_and_widgets(browser, server, name):
 
 # ---- One door: ./book.sh opens START_HERE.ipynb, which leads to every notebook ------------------
 
-BOOK_FILES = ["book.sh", "scripts/env.sh", "requirements.txt", "pyproject.toml", "jupyterlab",
-              "chapters", "exercises", "solutions", "START_HERE.ipynb"]
+BOOK_FILES = ["book.sh", "scripts/env.sh", "requirements.txt", "requirements.lock", "pyproject.toml",
+              "jupyterlab", "chapters", "exercises", "solutions", "START_HERE.ipynb"]
 
 
 @pytest.fixture(scope="module")
