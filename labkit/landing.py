@@ -137,7 +137,7 @@ def landing_notebook(root: Path, link_ext: str = ".ipynb"):
 def write(root: Path) -> Path:
     """Write ROOT/START_HERE.ipynb if its content changed; return its path."""
     path = Path(root) / NAME
-    text = nbfile.dumps(landing_notebook(root))  # as JupyterLab saves it: opening it changes nothing
+    text = nbfile.dumps(landing_notebook(root))  # as JupyterLab saves it: opening changes nothing
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path

@@ -139,4 +139,5 @@ def write(nb, path) -> None:
 def is_canonical(path) -> bool:
     """True when the file at `path` is already what JupyterLab would save for it."""
     data = Path(path).read_bytes()
-    return dumps(nbformat.reads(data.decode("utf-8"), as_version=nbformat.NO_CONVERT)).encode() == data
+    nb = nbformat.reads(data.decode("utf-8"), as_version=nbformat.NO_CONVERT)
+    return dumps(nb).encode("utf-8") == data
