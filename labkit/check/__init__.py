@@ -13,21 +13,25 @@ exercise notebook's checker cell with the reader's function. A checker is a list
         return c.finish()
 
 A case fails on an AssertionError (its message is the hint), on a rank's exception (the rank's
-last traceback lines), or on a hang (where each rank was stuck). A stub that still raises
-NotImplementedError fails every case at once. `finish()` prints the table and, when the notebook
-runs under `labkit grade`, records the score in the file named by $LABKIT_GRADE_FILE.
+last traceback lines), on a hang (where each rank was stuck), or on sys.exit or an interrupt
+inside the answer (an interrupt also skips the cases left). A stub that still raises
+NotImplementedError fails every case at once. `finish()` prints the table.
+
+Each checker is registered under its exercise id (`@graded("1.3")`, labkit.check.answers): under
+`labkit grade` a checker cell hands in its answer instead, and the grader runs the checker in a
+process of its own; the score is never computed in the student's kernel.
 """
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
+import traceback
 
+from labkit.check.answers import graded  # noqa: F401 - every checker's decorator, re-exported
 from labkit.launch import HangError, RankError, run
+from labkit.launch.source import cell_name, frame_line
 from labkit.testing import tensors_close  # noqa: F401 - the checkers' comparison, re-exported
 
-GRADE_FILE_ENV = "LABKIT_GRADE_FILE"
 CHECK_TIMEOUT = 30.0  # seconds per launched case before it is called a hang
 
 
@@ -50,7 +54,7 @@ class Checker:
             record["message"] = self._stop_reason  # launch() refuses at once; nothing counts
             try:
                 yield
-            except Exception:  # noqa: BLE001
+            except BaseException:  # noqa: BLE001 - a skipped case counts for nothing, whatever it raised
                 pass
             return
         start = time.perf_counter()
@@ -74,6 +78,14 @@ class Checker:
                 self._stop_reason = "skipped: the exercise is not implemented yet"
         except Exception as err:  # noqa: BLE001 - any other failure of the reader's code
             record["message"] = f"{type(err).__name__}: {err}"
+        except SystemExit as err:  # the answer's own exit ends this case, not the checker
+            code = "" if err.code is None else repr(err.code)
+            record["message"] = f"the answer called sys.exit({code}){_where(err)}"
+            record["stopped"] = True
+        except KeyboardInterrupt as err:  # the Stop button: end quickly, with the table so far
+            record["message"] = f"interrupted (KeyboardInterrupt){_where(err)}"
+            record["stopped"] = True
+            self._stop_reason = "skipped after an interrupt"
         record["seconds"] = round(time.perf_counter() - start, 2)
 
     def launch(self, fn, nprocs: int, args=(), kwargs=None, timeout: float = CHECK_TIMEOUT):
@@ -111,10 +123,6 @@ class Checker:
     def finish(self) -> "Result":
         result = Result(self.exercise, self.title, self.score, self.points, list(self.cases))
         print(result.table())
-        path = os.environ.get(GRADE_FILE_ENV)
-        if path:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(result.as_dict()) + "\n")
         return result
 
 
@@ -144,6 +152,16 @@ class Result:
 
     def __repr__(self):
         return f"<Result {self.exercise}: {self.score:g}/{self.points:g}>"
+
+
+def _where(err: BaseException) -> str:
+    """' (Cell In[5], line 6, in predict)': the line that raised, as the reader names it."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return ""
+    f = frames[-1]
+    name = cell_name(f.filename)
+    return f" ({frame_line(f.filename, f.lineno, f.name, {f.filename: name} if name else None).strip()})"
 
 
 def _rank_failure(err: RankError) -> str:

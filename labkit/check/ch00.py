@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.check import Checker, fail, tensors_close
+from labkit.check import Checker, fail, tensors_close, graded
 
 EXERCISES = {
     "0.1": ("predict a model's training-state bytes, then measure them", 3),
@@ -116,6 +116,7 @@ def _state_hint(key, got, measured, n, weights, grads, master, optimizer) -> str
     return said + "total = weights + grads + optimizer"
 
 
+@graded("0.1")
 def state_bytes(fn, cases=None):
     """Exercise 0.1: fn(n_params, weights, grads, master, optimizer) -> {"weights", "grads",
     "optimizer", "total"} in bytes."""
@@ -177,6 +178,7 @@ def _shift_job(fn, shapes):
     return out
 
 
+@graded("0.2")
 def shift_right(fn, worlds=SHIFT_WORLDS):
     """Exercise 0.2: fn(x) -> the tensor of rank (rank - 1) mod N, by point-to-point messages."""
     c = Checker("0.2", *EXERCISES["0.2"])
@@ -203,6 +205,7 @@ def shift_right(fn, worlds=SHIFT_WORLDS):
 
 
 # ----------------------------------------------------------------------------- 0.3
+@graded("0.3")
 def data_parallel(cls, worlds=None):
     """Exercise 0.3 (labkit.check.ch00_trainer): cls(model, optimizer, loss_fn, group=None,
     accumulation=1, max_norm=None) with .step(x, y) -> loss, at 2, 3 and 4 real ranks."""

@@ -29,7 +29,7 @@ rank job and byte bound, and 1.4's measurement fits alpha and beta in the same r
 """
 from __future__ import annotations
 
-from labkit.check import Checker, fail
+from labkit.check import Checker, fail, graded
 
 EXERCISES = {
     "1.1": ("ring reduce-scatter", 3),
@@ -181,16 +181,19 @@ def _check(exercise, kind, fn, cases=CASES, helpers=()):
     return c.finish()
 
 
+@graded("1.1")
 def ring_reduce_scatter(fn, cases=CASES):
     """Exercise 1.1: fn(x) -> this rank's chunk of the sum over ranks."""
     return _check("1.1", "reduce_scatter", fn, cases)
 
 
+@graded("1.2")
 def ring_all_gather(fn, cases=CASES):
     """Exercise 1.2: fn(chunk, sizes) -> every rank's chunk concatenated in rank order."""
     return _check("1.2", "all_gather", fn, cases)
 
 
+@graded("1.3")
 def halving_doubling_all_reduce(fn, **kwargs):
     """Exercise 1.3 (labkit.check.ch01_halving): fn(x) sums x over ranks in place in O(log N)
     rounds, for any N."""
@@ -289,6 +292,7 @@ def _predict_hint(key, got, want, algorithm, n) -> str:
                    "1/bandwidth)? Bytes, not elements; seconds, not milliseconds.")
 
 
+@graded("1.4")
 def predict_all_reduce(fn, cases=PREDICT_CASES):
     """Exercise 1.4: fn(algorithm, nbytes, n, alpha, bandwidth) -> {"bytes_sent", "seconds"}."""
     from labkit.costs.comm import fit_alpha_beta

@@ -26,7 +26,7 @@ Long because: the notebook imports one checker module per chapter; 2.2's wrapper
 """
 from __future__ import annotations
 
-from labkit.check import Checker, fail
+from labkit.check import Checker, fail, graded
 
 EXERCISES = {
     "2.1": ("assign gradients to buckets", 2),
@@ -62,6 +62,7 @@ def _ids(buckets):
     return [[id(p) for p in b] for b in buckets]
 
 
+@graded("2.1")
 def assign_buckets(fn):
     """Check the reader's bucket assignment against the rules (and labkit's, on the same input)."""
     from labkit import ddp
@@ -157,6 +158,7 @@ def _assert_same_everywhere(reports) -> None:
 DDP_CASES = [(2, 6), (3, 10), (4, 9)]        # (world, global batch); 3 and 4 do not divide it
 
 
+@graded("2.2")
 def bucketed_ddp(cls, cases=DDP_CASES, configs=None):
     """Run the reader's DDP class on real ranks; compare with one process; count all-reduces and
     the bytes on the wire."""
@@ -286,6 +288,7 @@ def _predict_hint(key, got, measured, world, accum, no_sync) -> str:
                    f"all-reduce over {world} ranks, and how many times per step?")
 
 
+@graded("2.3")
 def predict_ddp_step(fn, cases=PREDICT_CASES):
     """Exercise 2.3: fn(param_bytes, bucket_mb, world, accum, no_sync) -> {"all_reduces",
     "bytes_sent"} for one optimizer step, per rank."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from labkit.check import Checker, fail, tensors_close
+from labkit.check import Checker, fail, tensors_close, graded
 
 EXERCISES = {
     "3.1": ("model-state bytes per GPU under ZeRO", 2),
@@ -87,6 +87,7 @@ def assert_held_bytes(held: dict, numel: int, n_tensors: int, stage: int, world:
 
 
 # ----------------------------------------------------------------------------- 3.1
+@graded("3.1")
 def model_state_bytes(fn):
     """fn(n_params, stage, dp, weights, grads, optimizer) -> bytes per GPU."""
     from labkit.costs import memory
@@ -134,6 +135,7 @@ def assert_optimal_traffic(results, world: int, numels) -> None:
 
 
 # ----------------------------------------------------------------------------- 3.2
+@graded("3.2")
 def zero2_optimizer(cls, launched=None):
     """Exercise 3.2 (labkit.check.ch03_zero2): the reader's ZeRO-2 optimizer at 2, 3, 4 ranks."""
     from labkit.check.ch03_zero2 import zero2_optimizer as check
@@ -185,6 +187,7 @@ def _held_hint(key, ratio, stage, world) -> str:
     return f"How many bytes per parameter are {key} in fp32 AdamW, and which stage splits them?"
 
 
+@graded("3.3")
 def held_and_sent(fn):
     """Exercise 3.3: fn(n_params, stage, world) -> {"params", "grads", "optimizer", "sent"}:
     bytes one rank holds after a step (fp32 AdamW) and sends per step."""

@@ -14,7 +14,7 @@ always on Gloo: the kernel counts TCP, never NCCL's NVLink or InfiniBand.
 """
 from __future__ import annotations
 
-from labkit.check import Checker, fail, tensors_close
+from labkit.check import Checker, fail, tensors_close, graded
 
 EXERCISES = {
     "4.1": ("Megatron's f operator (identity forward, all-reduce backward)", 1),
@@ -169,6 +169,7 @@ def assert_pairs(results, what: str = "", rtol: float = 1e-5, atol: float = 1e-5
 
 
 # ----------------------------------------------------------------------------- checkers
+@graded("4.1")
 def f_operator(f):
     """Exercise 4.1: f(x, group) against its definition at 2 and 3 ranks."""
     c = Checker("4.1", *EXERCISES["4.1"])
@@ -178,6 +179,7 @@ def f_operator(f):
     return c.finish()
 
 
+@graded("4.2")
 def g_operator(g):
     """Exercise 4.2: g(x, group) against its definition at 2 and 3 ranks."""
     c = Checker("4.2", *EXERCISES["4.2"])
@@ -203,6 +205,7 @@ def _hint_bias(res, tp):
 
 
 # ----------------------------------------------------------------------------- 4.3
+@graded("4.3")
 def tp_block(mlp_cls, attn_cls):
     """Exercise 4.3 (labkit.check.ch04_block): the reader's TP MLP and attention at tp = 2, 3, 4."""
     from labkit.check.ch04_block import tp_block as check
@@ -238,6 +241,7 @@ def _wire_hint(ratio, tp) -> str:
             "and what share of each does a ring rank send?")
 
 
+@graded("4.4")
 def tp_bytes(fn):
     """Exercise 4.4: fn(b, s, h, n_layer, tp, bytes_per_element) -> bytes one rank sends in one
     forward + backward of labkit's TP GPT (fp32 on the CPU, so bytes_per_element = 4)."""

@@ -23,7 +23,7 @@ a prediction of the bubble and the memory measured against a real run.
 from __future__ import annotations
 
 from labkit import costs
-from labkit.check import Checker, fail
+from labkit.check import Checker, fail, graded
 
 EXERCISES = {
     "5.1": ("the 1F1B order of actions", 4),
@@ -82,6 +82,7 @@ def _run_job(s, cfg, batch_size):
     return schedules_job([s], cfg, batch_size)[0]
 
 
+@graded("5.1")
 def one_f_one_b(fn):
     """Exercise 5.1: check the reader's 1F1B order, on paper and on real processes."""
     from labkit.model import GPTConfig
@@ -137,6 +138,7 @@ def assert_zb_h1_schedule(s) -> None:
              f"W could run")
 
 
+@graded("5.2")
 def zb_h1(fn):
     """Exercise 5.2: the reader's ZB-H1 order, on paper and on real processes."""
     from labkit.model import GPTConfig
@@ -247,6 +249,7 @@ def _check_prediction(fn, case, measured=None) -> str:
             f"predicted {[round(float(x)) for x in peaks]}, {what} {[round(x) for x in want]}")
 
 
+@graded("5.4")
 def predict_then_measure(fn, run: bool = True):
     """Exercise 5.4: the reader's predict() against labkit's simulator and a real run."""
     from labkit.pipeline import measure

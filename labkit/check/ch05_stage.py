@@ -8,7 +8,7 @@ the checker that compares them are one idea (a correct stage, watched from outsi
 """
 from __future__ import annotations
 
-from labkit.check import Checker, fail
+from labkit.check import Checker, fail, graded
 
 STAGE_CASES = {  # P: [(schedule, K)]; one launch per P, a batch of STAGE_BATCH rows (K need not divide it)
     2: [("1f1b", 3), ("zb-h2", 4)],
@@ -350,6 +350,7 @@ def collectives_in_source(fn) -> list:
                    and isinstance(n.func, ast.Attribute) and n.func.attr in public})
 
 
+@graded("5.3")
 def pipeline_stage(fn, Ps=None):
     """Exercise 5.3: the reader's run_stage on real processes. Ps: the world sizes to run
     (default all of STAGE_CASES; the tests pick one to stay quick)."""

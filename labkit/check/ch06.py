@@ -32,7 +32,7 @@ import tempfile
 import numpy as np
 import torch
 
-from labkit.check import Checker, fail
+from labkit.check import Checker, fail, graded
 
 EXERCISES = {"6.1": ("save and restore the random state for an exact resume", 4),
              "6.2": ("a sharded checkpoint that reshards N -> M ranks, saved atomically", 6),
@@ -84,6 +84,7 @@ def assert_resume_matches(first: list, later: list, world: int, expect_equal: bo
             fail(f"rank {r}: without the random state the resume should diverge, but it did not")
 
 
+@graded("6.1")
 def exact_resume(capture, restore, worlds=(1, 2)):
     from labkit.checkpoint.resume import RunConfig, resume_jobs
 
@@ -298,6 +299,7 @@ def _resave_case(c, save, load, folder):
              f"of the last committed save?\n(what went wrong: {err})")
 
 
+@graded("6.2")
 def resharding(save, load):
     """Exercise 6.2: save(shard, shapes, folder, rank, world) on N ranks, then
     load(folder, rank, world) -> {name: this rank's run} on M ranks."""
@@ -415,6 +417,7 @@ def _size_hint(key, got, measured, recipe, stage, world) -> str:
                    "(labkit.costs.memory.RECIPES), and which of it goes into a checkpoint?")
 
 
+@graded("6.3")
 def checkpoint_size(fn):
     """Exercise 6.3: fn(n_params, recipe, stage, world) -> {"total": bytes of all the
     checkpoint's files, "largest_file": bytes of the largest one}."""

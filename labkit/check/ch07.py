@@ -14,7 +14,7 @@ only slices (forgets to sum over ranks) is caught. 7.3 and 7.4 live in labkit.ch
 """
 from __future__ import annotations
 
-from labkit.check import Checker, fail
+from labkit.check import Checker, fail, graded
 
 EXERCISES = {
     "7.1": ("log-sum-exp merge of two partial attention results", 3),
@@ -64,6 +64,7 @@ def _merge_case(fn, seed, B, H, T, d, split, kind):
              "weight does block 1's output get in the whole softmax (use lse1 and the new lse)?")
 
 
+@graded("7.1")
 def merge(fn):
     """Exercise 7.1: fn(out1, lse1, out2, lse2) -> (out, lse)."""
     c = Checker("7.1", *EXERCISES["7.1"])
@@ -120,6 +121,7 @@ SP_HINTS = {
 }
 
 
+@graded("7.2", answers=("gather_fn", "scatter_fn"))
 def sp_pair(gather_fn, scatter_fn=None):
     """Exercise 7.2: gather_fn(x, group) all-gathers the sequence forward and reduce-scatters the
     gradient backward; scatter_fn(x, group) the reverse (None: labkit's own,
@@ -146,6 +148,7 @@ def sp_pair(gather_fn, scatter_fn=None):
 
 
 # ----------------------------------------------------------------------------- 7.3, 7.4
+@graded("7.3")
 def ring_attention(fn):
     """Exercise 7.3 (labkit.check.ch07_ring): ring attention forward and backward."""
     from labkit.check.ch07_ring import ring_attention as check
@@ -153,6 +156,7 @@ def ring_attention(fn):
     return check(fn)
 
 
+@graded("7.4")
 def ring_bytes(fn):
     """Exercise 7.4 (labkit.check.ch07_ring): predict ring attention's bytes, then measure."""
     from labkit.check.ch07_ring import ring_bytes as check

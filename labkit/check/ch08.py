@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-from labkit.check import Checker, fail, tensors_close
+from labkit.check import Checker, fail, tensors_close, graded
 
 EXERCISES = {
     "8.1": ("top-k routing with capacity (GShard priority)", 2),
@@ -60,6 +60,7 @@ def _kept_by_loops(expert, n_expert: int, cap) -> list:
     return kept
 
 
+@graded("8.1")
 def routing_with_capacity(keep):
     """keep(expert (n, k) int64, n_expert, cap) -> (n, k) bool."""
     import torch
@@ -301,6 +302,7 @@ def _judge_layer(res: list, ep: int) -> None:
                      f"get only the kept rows for its own experts, once?")
 
 
+@graded("8.2")
 def expert_parallel_layer(cls):
     """Exercise 8.2: cls(router, experts, k, capacity_factor, group) -> an nn.Module."""
     c = Checker("8.2", *EXERCISES["8.2"])
@@ -476,6 +478,7 @@ def _bytes_hint(got: float, measured: float, routing, E, ep, h, nbytes, rank) ->
                    "combine, and their gradients)? Which stay, which were dropped?")
 
 
+@graded("8.3")
 def alltoall_bytes(predict):
     """Exercise 8.3: predict(routing, n_expert, ep, h, dtype_bytes) -> [bytes sent, per rank]."""
     import torch

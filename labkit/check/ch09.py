@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.check import Checker, fail
+from labkit.check import Checker, fail, graded
 
 EXERCISES = {
     "9.1": ("a dynamic loss scaler (grow, skip, back off)", 2),
@@ -75,6 +75,7 @@ PATTERNS = {
 }
 
 
+@graded("9.1")
 def loss_scaler(cls):
     c = Checker("9.1", EXERCISES["9.1"][0], EXERCISES["9.1"][1])
     for name, pattern in PATTERNS.items():
@@ -101,6 +102,7 @@ def _cases():
             ("3x200 with an outlier, blocks 1x128 (edge block of 72)", x3, (1, 128))]
 
 
+@graded("9.2")
 def block_quantizer(quantize, dequantize):
     from labkit.precision import fp8
 
@@ -130,6 +132,7 @@ def block_quantizer(quantize, dequantize):
 
 
 # ----------------------------------------------------------------------------- 9.3
+@graded("9.3")
 def mixed_precision_trainer(cls):
     """Exercise 9.3 (labkit.check.ch09_trainer): the reader's data-parallel mixed-precision
     trainer on 2 and (hidden) 3 ranks, fp16 and bf16, against one fp32 process."""
@@ -215,6 +218,7 @@ def _state_hint(key: str, got: float, measured: float, recipe: str) -> str:
                    f"and which of it is the optimizer's?")
 
 
+@graded("9.4")
 def state_bytes(predict):
     """Exercise 9.4: predict(n_params, recipe) -> {"weights", "grads", "optimizer"} in bytes."""
     from labkit.costs import memory

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 
-from labkit.check import Checker, fail
+from labkit.check import Checker, fail, graded
 from labkit.costs import planner as P
 from labkit.costs.plan_inputs import Cluster, Config, Job
 
@@ -151,6 +151,7 @@ def _estimate_hint(key: str, got: float, want: float, est) -> str:
     return said + " Which of your parts differs?"
 
 
+@graded("10.1")
 def estimator(estimate):
     """Exercise 10.1: estimate(config, job, cluster) -> {"memory": bytes, "step_s": seconds}."""
     c = Checker("10.1", *EXERCISES["10.1"])
@@ -214,6 +215,7 @@ def judge(config, job: Job, cluster: Cluster, margin: float = MARGIN) -> P.Estim
     return est
 
 
+@graded("10.2")
 def search_plans(search, estimate):
     """Exercise 10.2: search(job, cluster, estimate) -> Config, judged on every scenario and a
     hidden one, with YOUR estimate passed in."""
@@ -291,6 +293,7 @@ def _bytes_hint(got, measured, wire: dict, rows, batch, tp, dp, zero) -> str:
                    f"parameters this rank holds; what a ring sends of each.")
 
 
+@graded("10.3")
 def hybrid_bytes(predict):
     """Exercise 10.3: predict(cfg, dp, tp, zero, rows, local_params) -> bytes one rank sends in
     one training step (ring collectives; the loss's own tiny reduction left out)."""
