@@ -52,6 +52,7 @@ def test_every_file_gets_a_row_with_the_right_scores(graded):
         assert rows[crashed]["scores"] == {"0.1": 3, "0.2": 0, "0.3": 0}, rows[crashed]
     bob = rows["bob/00_why_distribute.ipynb"]["error"]
     assert "kernel died" in bob and "code cell 4 ('import os')" in bob, bob
+    assert "exit status 1" in bob, bob   # os._exit(1), said
     carol = rows["carol_00_why_distribute.ipynb"]["error"]
     assert "longer than 20 s" in carol and "code cell 4 ('import time')" in carol, carol
     assert rows["dave_00_why_distribute.ipynb"]["scores"] == {"0.1": 0, "0.2": 0, "0.3": 0}

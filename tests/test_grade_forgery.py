@@ -15,6 +15,8 @@ NAME = "00_why_distribute.ipynb"
 SOLUTION, EXERCISE = ROOT / "solutions" / NAME, ROOT / "exercises" / NAME
 ZERO = {"0.1": 0, "0.2": 0, "0.3": 0}
 FULL = {"0.1": 3, "0.2": 2, "0.3": 5}
+DOC = '    """Bytes of a training state on one GPU'   # the first line of 0.1's answer
+SHIFT = "def shift_right(x):"                      # 0.2's answer
 
 # Every record a kernel could hope the grader reads: the old $LABKIT_GRADE_FILE, each answer
 # file, and a reply line on stdout, each claiming full marks.
@@ -76,11 +78,10 @@ SUBMISSIONS = {
                            'ch00.EXERCISES["0.1"] = ("x", 100)\nch00.EXERCISES["0.4"] = ("y", 50)'),
                           ("after", "ch00.state_bytes(", "print('x' * 3_000_000)"),
                           ("after", "ch00.shift_right(", "raise KeyboardInterrupt")]),
-    "exits": (SOLUTION, [("replace", '    """Bytes of a training state on one GPU',
-                          '    import sys\n    sys.exit(3)\n    """Bytes of a training state on one GPU'),
-                         ("replace", "def shift_right(x):", "import sys\nsys.exit(1)\ndef shift_right(x):")]),
-    "osexit": (SOLUTION, [("replace", '    """Bytes of a training state on one GPU',
-                           '    import os\n    os._exit(7)\n    """Bytes of a training state on one GPU')]),
+    "exits": (SOLUTION, [("replace", DOC, "    import sys\n    sys.exit(3)\n" + DOC),
+                         ("replace", SHIFT, "import sys\nsys.exit(1)\n" + SHIFT)]),
+    "osexit": (SOLUTION, [("replace", DOC, "    import os\n    os._exit(7)\n" + DOC)]),
+    "helper": (SOLUTION, []),   # 0.1's answer imported from a module beside the notebook
 }
 
 
@@ -91,6 +92,10 @@ def graded(tmp_path_factory):
     for who, (base, edits) in SUBMISSIONS.items():
         notebooks[who] = _edited(base, edits)
         nbformat.write(notebooks[who], str(sub / f"{who}_{NAME}"))
+    cell = next(c for c in notebooks["helper"].cells if c.source.startswith("def predict_state"))
+    (sub / "helper_answer.py").write_text("import torch\n\n" + cell.source + "\n")
+    cell.source = "from helper_answer import predict_state_bytes"
+    nbformat.write(notebooks["helper"], str(sub / f"helper_{NAME}"))
     rows = grade([sub], csv_path=sub / "scores.csv", cell_timeout=60, echo=lambda *a, **k: None)
     with open(sub / "scores.csv") as f:
         table = {r["notebook"]: r for r in csv.DictReader(f)}
@@ -149,9 +154,13 @@ def test_a_checker_process_that_dies_is_reported_and_the_rest_still_graded(grade
             f"checker's process exited with status 7") in row["error"], row["error"]
 
 
+def test_an_answer_from_a_module_beside_the_notebook_is_found(graded):
+    rows, _, _ = graded
+    assert rows["helper"]["scores"] == FULL, rows["helper"]
+
+
 def test_a_hung_answer_is_stopped_and_the_next_exercises_graded(tmp_path):
-    nb = _edited(SOLUTION, [("replace", '    """Bytes of a training state on one GPU',
-                             '    while True:\n        pass\n    """Bytes of a training state')])
+    nb = _edited(SOLUTION, [("replace", DOC, "    while True:\n        pass\n" + DOC)])
     path = tmp_path / f"hang_{NAME}"
     nbformat.write(nb, str(path))
     row = grade_notebook(path, checker_timeout=20)

@@ -54,7 +54,7 @@ class Checker:
             record["message"] = self._stop_reason  # launch() refuses at once; nothing counts
             try:
                 yield
-            except BaseException:  # noqa: BLE001 - a skipped case counts for nothing, whatever it raised
+            except BaseException:  # noqa: BLE001 - a skipped case counts for nothing anyway
                 pass
             return
         start = time.perf_counter()
@@ -161,7 +161,8 @@ def _where(err: BaseException) -> str:
         return ""
     f = frames[-1]
     name = cell_name(f.filename)
-    return f" ({frame_line(f.filename, f.lineno, f.name, {f.filename: name} if name else None).strip()})"
+    line = frame_line(f.filename, f.lineno, f.name, {f.filename: name} if name else None)
+    return f" ({line.strip()})"
 
 
 def _rank_failure(err: RankError) -> str:

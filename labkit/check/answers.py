@@ -68,7 +68,8 @@ def graded(exercise: str, answers: tuple | None = None):
 def record(folder: Path, exercise: str, answers: dict, ignored=()) -> None:
     """Write one checker call's answers for the grader (atomically: a reader sees the old or the
     new answer, never half of one)."""
-    entry = {"exercise": exercise, "cell": _execution_count(), "ignored": list(ignored)}
+    entry = {"exercise": exercise, "cell": _execution_count(), "ignored": list(ignored),
+             "cwd": os.getcwd(), "sys_path": list(sys.path)}   # where the answer's imports live
     try:
         payload, sources = dumps(answers)
         entry["payload"] = base64.b64encode(payload).decode("ascii")
@@ -90,6 +91,9 @@ def load(entry: dict) -> dict:
     the reader's code (unpickling may), so the checker must be picked before it is called."""
     if entry.get("error"):
         raise ValueError(entry["error"])
+    # a helper module next to the notebook travels by reference: see the folders the kernel saw
+    os.chdir(entry.get("cwd") or ".")
+    sys.path += [p for p in entry.get("sys_path", []) if isinstance(p, str) and p not in sys.path]
     install({file: (name, lines) for file, (name, lines) in entry["sources"].items()})
     return cloudpickle.loads(base64.b64decode(entry["payload"]))
 

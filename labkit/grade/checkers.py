@@ -1,13 +1,12 @@
 """The grader's checker process, seen from the grader: send an answer, get case records back.
 
-    checkers = Checkers(chapter)       # starts `python -m labkit.check.worker CHAPTER` at once
-    ... run the notebook ...
+    checkers = Checkers(chapter)       # starts `python -m labkit.check.worker CHAPTER`
     outcome = checkers.check("8.1", answer, timeout)   # Outcome(cases, stop, printed, seconds)
     checkers.close()
 
-The process starts while the notebook runs (it imports torch and the chapter's checkers, and
-starts launch's warm zygote, once), and forks a fresh child per answer (labkit.check.worker
-says how). It leads a session of its own, and each child leads its own: on a timeout the child's
+The grader starts it once the notebook's kernel is gone. It imports torch and the chapter's
+checkers, and starts launch's warm zygote, once, then forks a fresh child per answer
+(labkit.check.worker says how). It leads a session of its own, and each child leads its own: on a timeout the child's
 group is killed (its ranks end with it), and close() kills everything that is left. The only
 channel back is this process's stdout pipe, which the notebook never sees; whatever the reader's
 code prints arrives on stderr, drained here, counted, and kept only as a tail.
@@ -98,9 +97,9 @@ class Checkers:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.proc.stdin.close()
+            self.proc.stdin.close()   # a ready process ends at once; one still starting is killed
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=5 if self.ready else 0)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)   # the process, its zygote and ranks
         self.proc.wait()

@@ -61,6 +61,8 @@ class _Client(NotebookClient):
         return super().output(outs, msg, display_id, cell_index)
 
     async def _async_cleanup_kernel(self) -> None:
+        if self.km is None:   # cleaned up already (nbclient's own SIGTERM handler does)
+            return
         provisioner = getattr(self.km, "provisioner", None)
         process = getattr(provisioner, "process", None)
         if process is not None and process.poll() is not None:
