@@ -7,23 +7,38 @@ S overflows to inf, so S is found at run time:
 
     scale the loss by S, backward, unscale the gradients by 1/S (in fp32)
     any inf/NaN?   skip this step, S <- S * backoff (0.5), reset the count of good steps
-    otherwise      step; after `growth_interval` good steps in a row, S <- S * growth (2)
+    otherwise      step; after `growth_interval` good steps in a row, S <- S * growth (2),
+                   unless that product is not a finite fp32 number (then S stays)
 
-These are torch.amp.GradScaler's rules, with its defaults (2^16, 2, 0.5, 2000); the tests check
-that both make the same decisions on the same gradients. bf16 has fp32's 8 exponent bits and
-needs no scaling.
+These are torch.amp.GradScaler's rules, with its defaults (2^16, 2, 0.5, 2000), down to the bits:
+S is an fp32 number (GradScaler keeps it in an fp32 tensor; here a Python float that always holds
+an fp32 value), each update computes S * factor in float64 and rounds once to fp32 (the C++ of
+torch._amp_update_scale_), 1/S is the fp32 rounding of the float64 reciprocal, and the inf/NaN
+check looks at the gradients before they are unscaled. The tests compare both step for step.
+GradScaler refuses fp16 gradients ("Attempting to unscale FP16 gradients."): the optimizer should
+step fp32 master weights. So does this class, unless allow_fp16=True (as torch's
+ShardedGradScaler, for FSDP's low-precision gradients): then each value is unscaled in fp32 and
+rounded once to fp16, never multiplied by an fp16 copy of 1/S (2^-25 is 0 in fp16). bf16 has
+fp32's 8 exponent bits and needs no scaling.
 """
 from __future__ import annotations
 
 import torch
 
 
+def fp32(x: float) -> float:
+    """x rounded once to the nearest fp32 value (inf beyond fp32's range), as a Python float."""
+    return torch.tensor(float(x), dtype=torch.float64).float().item()
+
+
 class DynamicLossScaler:
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000):
-        self.scale = float(init_scale)
+                 backoff_factor: float = 0.5, growth_interval: int = 2000,
+                 allow_fp16: bool = False):
+        self.scale = fp32(init_scale)   # GradScaler: torch.full((), init_scale, dtype=float32)
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval = growth_interval
+        self.allow_fp16 = allow_fp16
         self.good_steps = 0           # finite steps since the last change of scale
         self.history: list[dict] = []  # one record per update(): scale used, skipped or not
 
@@ -31,26 +46,36 @@ class DynamicLossScaler:
         return loss * self.scale
 
     def unscale_(self, grads) -> bool:
-        """Divide the gradients in place by the scale (in fp32); True when any is inf or NaN."""
-        inv = torch.tensor(1.0 / self.scale, dtype=torch.float32)   # as GradScaler: fp32 1/S
+        """Divide the gradients in place by the scale; True when any is inf or NaN."""
+        # GradScaler: inv_scale = scale.double().reciprocal().float()
+        inv = torch.tensor(1.0 / self.scale if self.scale else float("inf"),
+                           dtype=torch.float64).float()
         found_inf = False
         for g in grads:
             if g is None:
                 continue
-            g.mul_(inv.to(g.dtype))
+            if g.dtype == torch.float16 and not self.allow_fp16:
+                raise ValueError("Attempting to unscale FP16 gradients (torch.amp.GradScaler "
+                                 "refuses them too): keep fp32 master weights and step those, "
+                                 "or pass allow_fp16=True")
+            # checked before unscaling, as GradScaler's kernel does: 1/S cannot hide an inf
             found_inf |= not bool(torch.isfinite(g).all())
+            # the product in fp32, rounded once to g's dtype (fp32 math, as the kernel's opmath)
+            g.copy_(g.float() * inv)
         return found_inf
 
     def update(self, found_inf: bool) -> bool:
         """Adjust the scale after a step; returns True when the step should be taken."""
         self.history.append({"scale": self.scale, "skipped": bool(found_inf)})
         if found_inf:
-            self.scale *= self.backoff_factor
+            self.scale = fp32(self.scale * self.backoff_factor)   # float64 product, one rounding
             self.good_steps = 0
             return False
         self.good_steps += 1
         if self.good_steps == self.growth_interval:
-            self.scale *= self.growth_factor
+            grown = fp32(self.scale * self.growth_factor)
+            if grown != float("inf"):   # GradScaler keeps S where S * growth overflows fp32
+                self.scale = grown
             self.good_steps = 0
         return True
 

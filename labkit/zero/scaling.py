@@ -8,7 +8,8 @@
     scaler.step(zero)           # unscale, agree on overflow, step or skip; then zero.zero_grad()
 
 The rules are labkit.precision.DynamicLossScaler's (torch.amp.GradScaler's: start at 2^16,
-halve and skip on inf/NaN, double after 2000 good steps). What sharding adds: a rank sees only
+halve and skip on inf/NaN, double after 2000 good steps; S an fp32 number, never grown past fp32's
+range). fp16 gradients are accepted, as ShardedGradScaler accepts them, and unscaled in fp32. What sharding adds: a rank sees only
 its chunk of each gradient, so an overflow may show on one rank and not on another. Each rank
 unscales what it holds and one all-reduce (MAX of a 0/1 flag, 4 bytes) tells every rank whether
 any found inf/NaN, so all skip or all step and the scales stay equal (torch's
@@ -39,6 +40,9 @@ class ShardedLossScaler(DynamicLossScaler):
     """DynamicLossScaler whose step() agrees over the group on whether to skip."""
 
     def __init__(self, group=None, **kw):
+        # fp16 gradients are allowed, as torch's ShardedGradScaler allows them (ZeRO-0/1 with an
+        # fp16 param_dtype hold fp16 p.grad before the step); unscaled in fp32, rounded once
+        kw.setdefault("allow_fp16", True)
         super().__init__(**kw)
         self.group = group
 
