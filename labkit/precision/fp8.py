@@ -6,6 +6,10 @@ and x ~ q / s. e4m3 (max 448, eps 1/8) carries weights and activations forward; 
 eps 1/4) carries gradients backward, whose range is wider (the recipe of Micikevicius et al.,
 "FP8 Formats for Deep Learning", 2022).
 
+s is computed as Transformer Engine computes it (`tensor_scale`): correctly rounded to fp32, the
+previous scale (1 at first) where amax is 0, inf or NaN, and an inf or NaN amax never enters the
+delayed-scaling history.
+
 Two ways to choose s:
 * per tensor, delayed: s from the largest amax of the last H steps (amax history), known before
   the tensor is computed, as NVIDIA's Transformer Engine does. A value beyond it saturates.
@@ -36,10 +40,18 @@ def dequantize(q: torch.Tensor, scale) -> torch.Tensor:
     return q.float() / scale
 
 
-def tensor_scale(amax, fmt: str) -> torch.Tensor:
-    """s = max / amax (1 when amax is 0), as fp32."""
+def tensor_scale(amax, fmt: str, previous=1.0) -> torch.Tensor:
+    """s = max / amax as fp32, Transformer Engine's rule (its delayed-scaling kernel):
+    - correctly rounded: the quotient in float64, rounded once to fp32 (torch's `scalar / tensor`
+      is `reciprocal(tensor) * scalar`, two roundings, 1 ulp off for about a quarter of amaxes);
+    - where amax is 0, inf or NaN: the previous scale (1 at the start), so one inf in a tensor
+      does not turn the scale into 0 and every value into NaN;
+    - where max / amax overflows fp32 (a tiny amax): fp32's largest number."""
     amax = torch.as_tensor(amax, dtype=torch.float32)
-    return torch.where(amax > 0, info(fmt).max / amax.clamp(min=1e-30), torch.ones_like(amax))
+    q = (torch.tensor(info(fmt).max, dtype=torch.float64) / amax.double()).float()
+    q = q.clamp(max=torch.finfo(torch.float32).max)
+    ok = torch.isfinite(amax) & (amax > 0)
+    return torch.where(ok, q, torch.as_tensor(previous, dtype=torch.float32))
 
 
 def fake_tensor(x: torch.Tensor, fmt: str, amax=None) -> torch.Tensor:
@@ -77,7 +89,9 @@ def fake_blocks(x: torch.Tensor, fmt: str, block=(1, 128)) -> torch.Tensor:
 
 class AmaxHistory:
     """Delayed scaling: the scale for this step comes from the amaxes of the last `length` steps;
-    this step's amax is recorded after use."""
+    this step's amax is recorded after use. A non-finite amax (an inf or NaN in the tensor) is
+    never recorded, as in Transformer Engine: one overflow must not spoil the next `length`
+    steps' scales."""
 
     def __init__(self, length: int = 16):
         self.length, self.values = length, []
@@ -85,7 +99,8 @@ class AmaxHistory:
     def amax(self, x: torch.Tensor) -> torch.Tensor:
         now = x.detach().abs().max().float()
         past = max(self.values) if self.values else now   # first step: no history, use its own
-        self.values = (self.values + [now])[-self.length:]
+        if torch.isfinite(now):
+            self.values = (self.values + [now])[-self.length:]
         return torch.as_tensor(past)
 
 
