@@ -64,7 +64,7 @@ class MoE(nn.Module):
                     y = expert(xg[tok]) * r.weight[tok, slot].unsqueeze(-1)   # (m, h)
                     yg = yg.index_add(0, tok, y)
             out.append(yg)
-            aux = aux + switch_loss(r, self.n_expert) * (xg.shape[0] / flat.shape[0])
+            aux = aux + switch_loss(r, self.n_expert) * (xg.shape[0] / max(flat.shape[0], 1))
             load = load + r.load
             dropped += int((~r.kept).sum())
         y = torch.cat(out)                                           # (n, h)

@@ -80,7 +80,11 @@ def keep_within_capacity(expert: torch.Tensor, n_expert: int, cap: int | None) -
 
 
 def switch_loss(r: Routing, n_expert: int) -> torch.Tensor:
-    """E * sum_i f_i * P_i (Fedus et al. 2021, eq. 4), f over all k choices, before dropping."""
+    """E * sum_i f_i * P_i (Fedus et al. 2021, eq. 4), f over all k choices, before dropping.
+    An empty token group (a rank or capacity group with no tokens) has nothing to balance: 0,
+    still attached to the router's graph (0/0 would make the whole step's loss NaN)."""
+    if r.expert.numel() == 0:
+        return r.probs.sum() * 0.0
     f = r.load.to(r.probs.dtype) / r.expert.numel()                     # (E,) fraction routed
     P = r.probs.mean(0)                                                 # (E,) mean probability
     return n_expert * (f * P).sum()
