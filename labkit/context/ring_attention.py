@@ -118,17 +118,31 @@ def _pad_to(t, n):                                           # (B, H, m, d) -> (
     return torch.nn.functional.pad(t, (0, 0, 0, n - t.shape[2]))
 
 
+def _pack(k, v, m):
+    """k (B, H, n, dk) and v (B, H, n, dv), each padded to m tokens, flat in one buffer: one
+    all-gather for both, whatever their head sizes (stacking them would need dk == dv)."""
+    return torch.cat([_pad_to(k, m).reshape(-1), _pad_to(v, m).reshape(-1)])
+
+
+def _unpack(flat, B, H, m, dk, dv, n):
+    """_pack's inverse, cut back to the n real tokens: (B, H, n, dk), (B, H, n, dv)."""
+    cut = B * H * m * dk
+    return (flat[:cut].view(B, H, m, dk)[:, :, :n], flat[cut:].view(B, H, m, dv)[:, :, :n])
+
+
 class _AllGatherKV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, T, layout, block):
         rank, cp = dist.get_rank(group), dist.get_world_size(group)
         n = sizes(T, cp, layout)
         m = max(n)                                           # pad: equal pieces for all-gather
-        mine = torch.stack([_pad_to(k, m), _pad_to(v, m)])   # (2, B, H, m, d)
-        flat = all_gather_flat(mine.reshape(-1), group, "all-gather k/v")  # (cp * 2*B*H*m*d,)
-        kv = flat.view(cp, *mine.shape)                      # (cp, 2, B, H, m, d)
-        K = torch.cat([kv[r, 0, :, :, :n[r]] for r in range(cp)], dim=2)  # (B, H, T, d) rank order
-        V = torch.cat([kv[r, 1, :, :, :n[r]] for r in range(cp)], dim=2)
+        B, H, _, dk = k.shape
+        dv = v.shape[-1]
+        mine = _pack(k, v, m)                                # (B*H*m*(dk+dv),)
+        flat = all_gather_flat(mine, group, "all-gather k/v").view(cp, -1)  # (cp, B*H*m*(dk+dv))
+        pieces = [_unpack(flat[r], B, H, m, dk, dv, n[r]) for r in range(cp)]
+        K = torch.cat([kr for kr, _ in pieces], dim=2)       # (B, H, T, dk) rank order
+        V = torch.cat([vr for _, vr in pieces], dim=2)       # (B, H, T, dv)
         k_pos = torch.cat([positions(T, r, cp, layout) for r in range(cp)])  # cpu
         q_pos = positions(T, rank, cp, layout)
         out, lse = attend(q, K, V, q_pos, k_pos, block=block)
@@ -144,13 +158,13 @@ class _AllGatherKV(torch.autograd.Function):
         rank = dist.get_rank(group)
         dq, dK, dV = attend_backward(q, K, V, out, lse, dout.contiguous(), *ctx.pos,
                                      block=ctx.block)
-        pieces = []                                          # every owner's piece, padded
-        for dt in (dK, dV):
-            pieces.append(torch.stack([_pad_to(p, m) for p in dt.split(n, dim=2)]))
-        both = torch.stack(pieces, dim=1)                    # (cp, 2, B, H, m, d)
-        mine = reduce_scatter_sum(both.reshape(-1), group, "reduce-scatter dk/dv")
-        mine = mine.view(*both.shape[1:])                    # (2, B, Hk, m, d) summed over ranks
-        return dq, mine[0, :, :, :n[rank]], mine[1, :, :, :n[rank]], None, None, None, None
+        # every owner's piece of dK and dV, padded and packed as forward packed them
+        both = torch.stack([_pack(a, b, m) for a, b in zip(dK.split(n, dim=2),
+                                                           dV.split(n, dim=2))])  # (cp, L)
+        mine = reduce_scatter_sum(both.reshape(-1), group, "reduce-scatter dk/dv")  # (L,) summed
+        B, H, _, dk = K.shape
+        dk_mine, dv_mine = _unpack(mine, B, H, m, dk, V.shape[-1], n[rank])
+        return dq, dk_mine, dv_mine, None, None, None, None
 
 
 def _prepare(q, k, v, group, layout, seq_len):
