@@ -121,7 +121,7 @@ def main(argv=()) -> int:
               + ("held in every repeat" if not bad else f"{len(bad)} violations, first: {bad[0]}"))
         print("bubble: measured idle share of P x step time (median of repeats); sim: the simulator "
               "fed the measured durations and latency; floor: the critical path of the measured "
-              "durations (no causal run goes below it); formula: labkit.costs.pipeline's closed "
-              "form, (P-1)/(vK+P-1) for gpipe, 1f1b and interleaved ('-' where a zero-bubble "
-              "schedule has none). peak mb / KiB: activations held on stage 0.")
+              "durations (no causal run goes below it); formula (P-1)/(vK+P-1) for gpipe, 1f1b "
+              "and interleaved, labkit.costs.pipeline's closed form for the zero-bubble ones "
+              "('-' where it has none). peak mb / KiB: activations held on stage 0.")
     return 0
