@@ -1,15 +1,18 @@
 """The grader's checker process: each exercise's checker, run on the answer a notebook handed in,
 in a child forked for that exercise from a clean parent that never loads an answer.
 
-    python -m labkit.check.worker CHAPTER      (started by labkit.grade.checkers)
+    python -m labkit.check.worker CHAPTER FD   (started by labkit.grade.checkers)
 
-The parent imports the chapter's checkers and starts labkit.launch's warm zygote once (while the
-notebook still runs), says {"ready": true}, then serves requests on stdin, one at a time:
+FD is the parent's end of a socket pair with the grader: a socket, unlike a pipe, cannot be
+opened by another process through /proc/PID/fd, so the notebook's kernel, which runs while this
+process starts, cannot write to it. The parent imports the chapter's checkers and starts
+labkit.launch's warm zygote once, says {"ready": true}, then serves requests, one at a time:
 "EXERCISE NBYTES\\n" and NBYTES of the recorded call (labkit.check.answers). For each it forks a
-child and says {"pid": n}; the child leads a session of its own (the grader kills that group on
-a timeout), takes the exercise's checker from REGISTRY before it loads the answer (loading runs
-the reader's code), calls it, and writes its case records (name, passed, message) on a pipe only
-the parent reads. Everything the reader's code prints goes to stderr, which the grader drains.
+child and says {"pid": n}; the child closes the grader's socket, leads a session of its own (the
+grader kills that group on a timeout), takes the exercise's checker from REGISTRY before it
+loads the answer (loading runs the reader's code), calls it, and writes its case records (name,
+passed, message) on a socket only the parent reads. Everything printed goes to stdout and
+stderr, which the grader drains.
 When the child is gone the parent ends whatever the child left (ranks of the shared zygote, its
 session) and says {"status": exit status, "reply": the child's JSON or ""}. The score is made
 by the grader, from its own table.
@@ -23,6 +26,7 @@ import os
 import re
 import select
 import signal
+import socket
 import sys
 
 import psutil
@@ -44,13 +48,18 @@ def stopped(err: BaseException) -> str:
 
 def main(argv) -> None:
     importlib.import_module(f"labkit.check.ch{int(argv[0]):02d}")
+    grader = socket.socket(fileno=int(argv[1]))
+    requests = grader.makefile("rb")
     zygote = warm.get()   # one warm zygote for every exercise's ranks: torch imported once
+
+    def say(message: dict) -> None:
+        grader.sendall((json.dumps(message) + "\n").encode())
+
     say({"ready": True})
-    stdin = sys.stdin.buffer
-    while line := stdin.readline():
+    while line := requests.readline():
         exercise, size = line.decode().split()
-        answer = stdin.read(int(size))
-        reply, status = serve(exercise, answer, zygote)
+        answer = requests.read(int(size))
+        reply, status = serve(exercise, answer, zygote, say, grader.fileno())
         if zygote is not None:
             end_children(zygote.proc.pid)   # ranks of a child killed mid-run
             if status != 0 or not zygote.alive():
@@ -58,31 +67,27 @@ def main(argv) -> None:
         say({"status": status, "reply": reply})
 
 
-def say(message: dict) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-def serve(exercise: str, answer: bytes, zygote=None) -> tuple[str, int]:
+def serve(exercise: str, answer: bytes, zygote, say, grader: int) -> tuple[str, int]:
     """Fork the child that grades one answer; (its reply, its exit status) once it is gone."""
-    r, w = os.pipe()
+    mine, theirs = socket.socketpair()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:   # the child: never returns
         try:
-            os.close(r)
+            os.close(grader)   # the reader's code never holds the grader's socket
+            mine.close()
             os.setsid()
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            os.dup2(2, 1)   # the protocol's stdout is the parent's alone; prints go to stderr
             if zygote is not None:
                 share(zygote)
-            with os.fdopen(w, "w") as channel:
+            with theirs, theirs.makefile("w") as channel:
                 channel.write(json.dumps(grade(exercise, answer)) + "\n")
         finally:
             os._exit(0)   # no atexit: the warm zygote is the parent's to end
-    os.close(w)
+    theirs.close()
     say({"pid": pid})
+    r = mine.fileno()
     reply, status = bytearray(), None
     while status is None:
         ready, _, _ = select.select([r], [], [], 0.2)
@@ -93,7 +98,7 @@ def serve(exercise: str, answer: bytes, zygote=None) -> tuple[str, int]:
             status = os.waitstatus_to_exitcode(raw)
     while select.select([r], [], [], 0)[0] and (chunk := os.read(r, 1 << 16)):
         reply += chunk   # written before the child exited
-    os.close(r)
+    mine.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)   # whatever the child started in its session
     return reply.decode(errors="replace").strip(), status

@@ -13,14 +13,14 @@ instead of grading it. Once the kernel and its processes are gone, for each exer
 grader's own table (imported here before any student code runs) the checker registered for it
 runs on the last answer handed in, in a child forked for that exercise from a clean process of
 the grader's that never loads an answer (labkit.grade.checkers, labkit.check.worker), and sends
-its cases (name, passed, message) back on a pipe the notebook never saw; the score is this
+its cases (name, passed, message) back on a socket the notebook cannot open; the score is this
 table's points times the fraction of cases passed. Nothing the notebook writes, patches or
 prints is read as a score: a forged record, a patched checker or an edited points table counts
 for nothing.
 
 Not guaranteed: the student's code runs with the grader's privileges, in the kernel and in the
 checker's process, where the answer is loaded and called. An answer written to attack the
-grader there (patch the checker in that process's memory, write to its pipe) is not stopped,
+grader there (patch the checker in that process's memory, write to its socket) is not stopped,
 nor is a notebook that turns those privileges on the grader from outside (edits labkit's files,
 leaves a process behind outside its kernel's process group): grade untrusted submissions inside
 a container or VM.
@@ -88,12 +88,10 @@ def grade_notebook(path: Path, cell_timeout: int = CELL_TIMEOUT, name: str | Non
         return row
     timeout = checker_timeout or cell_timeout + CHECKER_SLACK
     start = time.perf_counter()
-    run = kernel.run(path, cell_timeout, list(expected))
-    stops = list(run.stops)
-    # Started only now, with the kernel's process group gone: a process the notebook runs
-    # beside it could open its pipes through /proc.
-    checkers = Checkers(chapter) if run.answers else None
+    checkers = Checkers(chapter)   # imports while the notebook runs; its channel is a socket
     try:
+        run = kernel.run(path, cell_timeout, list(expected))
+        stops = list(run.stops)
         if run.nb is not None:
             for ex in expected:
                 score, failures, stop = _check_one(checkers, chapter, ex, row["points"][ex], run,
@@ -103,8 +101,7 @@ def grade_notebook(path: Path, cell_timeout: int = CELL_TIMEOUT, name: str | Non
                     stops.append(f"{ex}: {stop}")
             row["failures"] = {ex: f for ex, f in row["failures"].items() if f}
     finally:
-        if checkers is not None:
-            checkers.close()
+        checkers.close()
     row["error"], row["stopped"] = "; ".join(stops), run.stopped
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row

@@ -4,12 +4,14 @@
     outcome = checkers.check("8.1", answer, timeout)   # Outcome(cases, stop, printed, seconds)
     checkers.close()
 
-The grader starts it once the notebook's kernel is gone. It imports torch and the chapter's
-checkers, and starts launch's warm zygote, once, then forks a fresh child per answer
-(labkit.check.worker says how). It leads a session of its own, and each child leads its own: on a timeout the child's
-group is killed (its ranks end with it), and close() kills everything that is left. The only
-channel back is this process's stdout pipe, which the notebook never sees; whatever the reader's
-code prints arrives on stderr, drained here, counted, and kept only as a tail.
+The grader starts it beside the notebook's kernel, so that it imports torch and the chapter's
+checkers and starts launch's warm zygote while the notebook runs; then it forks a fresh child
+per answer (labkit.check.worker says how). Requests and replies travel on a socket pair, which
+no other process can open through /proc/PID/fd (a pipe can be): the only channel back. The
+process leads a session of its own, and so does each child: on a timeout the child's group is
+killed, and close() kills everything left (the process, its zygote, the ranks). Whatever the
+reader's code prints arrives on the process's stdout and stderr, drained here, counted, and
+kept only as a tail.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -47,10 +50,13 @@ class Checkers:
 
     def _start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != ANSWERS_ENV}   # grade, never record
+        self.sock, theirs = socket.socketpair()
         self.proc = subprocess.Popen([sys.executable, "-m", "labkit.check.worker",
-                                      str(self.chapter)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env, start_new_session=True)
+                                      str(self.chapter), str(theirs.fileno())],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     pass_fds=(theirs.fileno(),))
+        theirs.close()
         self.ready, self.buffer, self.printed = False, b"", _Tail()
         threading.Thread(target=self._drain, args=(self.proc, self.printed), daemon=True).start()
 
@@ -68,14 +74,14 @@ class Checkers:
         start, printed = time.perf_counter(), self.printed.total
         out, done, pid = Outcome(), None, None
         try:
-            self.proc.stdin.write(f"{exercise} {len(answer)}\n".encode() + answer)
-            self.proc.stdin.flush()
+            self.sock.sendall(f"{exercise} {len(answer)}\n".encode() + answer)
             pid = (self._read(GRACE) or {}).get("pid")
             done = self._read(timeout)
         except OSError:
             pass
-        out.seconds = round(time.perf_counter() - start, 1)
-        if done is None and out.seconds >= timeout and isinstance(pid, int):
+        elapsed = time.perf_counter() - start
+        out.seconds = round(elapsed, 1)
+        if done is None and elapsed >= timeout and isinstance(pid, int):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)   # the child's group (close() ends its ranks)
             out.stop = (f"the checker was still running after {timeout:g} s and was stopped "
@@ -97,18 +103,19 @@ class Checkers:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.proc.stdin.close()   # a ready process ends at once; one still starting is killed
+            self.sock.shutdown(socket.SHUT_WR)   # a ready process ends; a starting one is killed
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5 if self.ready else 0)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)   # the process, its zygote and ranks
         self.proc.wait()
+        self.sock.close()
         self.ready = False
 
     def _read(self, timeout: float) -> dict | None:
         """The next JSON line on the process's stdout; None after `timeout` seconds or at EOF."""
         end = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
+        fd = self.sock.fileno()
         while b"\n" not in self.buffer:
             left = end - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
@@ -127,7 +134,7 @@ class Checkers:
     @staticmethod
     def _drain(proc, printed) -> None:
         with contextlib.suppress(OSError, ValueError):
-            while chunk := proc.stderr.read1(1 << 16):
+            while chunk := proc.stdout.read1(1 << 16):
                 printed.add(chunk)
 
 
