@@ -42,18 +42,27 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_run = sub.add_parser("run", help="run a lab", add_help=False)
-    p_run.add_argument("lab")
-    p_bench = sub.add_parser("bench", help="run benchmarks", add_help=False)
-    p_bench.add_argument("names", nargs="*")
-    p_ex = sub.add_parser("exercises", help="generate exercises/ from solutions/")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    p_run = sub.add_parser("run", help="run a lab (labkit run LAB --help: its options)",
+                           add_help=False)
+    p_run.add_argument("lab", help="the lab's name (labkit list shows them)")
+    p_bench = sub.add_parser("bench", help="run benchmarks (labkit bench NAME --help: options)",
+                             add_help=False)
+    p_bench.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    # here, not in _bench: so that `labkit bench --json FILE` does not read FILE as a name
+    p_bench.add_argument("--json", default="bench-results.json",
+                         help="where to write the results (default: bench-results.json)")
+    p_ex = sub.add_parser("exercises", help="generate exercises/ from solutions/",
+                          formatter_class=fmt)
     p_ex.add_argument("--check", action="store_true", help="only check they are in sync")
-    p_ex.add_argument("--solutions", default="solutions")
-    p_ex.add_argument("--exercises", default="exercises")
-    p_grade = sub.add_parser("grade", help="execute and score exercise notebooks")
-    p_grade.add_argument("paths", nargs="+")
-    p_grade.add_argument("--csv", default=None)
-    p_grade.add_argument("--cell-timeout", type=int, default=300)
+    p_ex.add_argument("--solutions", default="solutions", help="folder of solution notebooks")
+    p_ex.add_argument("--exercises", default="exercises", help="folder to write exercises to")
+    p_grade = sub.add_parser("grade", help="execute and score exercise notebooks",
+                             formatter_class=fmt)
+    p_grade.add_argument("paths", nargs="+", help="notebooks, or folders of them, to grade")
+    p_grade.add_argument("--csv", default=None, help="also write the scores to this CSV file")
+    p_grade.add_argument("--cell-timeout", type=int, default=300,
+                         help="seconds one cell may run before the grader stops it")
     sub.add_parser("list", help="list labs and benchmarks")
     sub.add_parser("book", help="re-execute notebooks, stamped; --check: which are stale", add_help=False)
     sub.add_parser("site", help="build the book's static website (site build --out DIR)", add_help=False)
@@ -62,7 +71,7 @@ def main(argv=None) -> int:
     if args.cmd == "run":
         return _run_lab(args.lab, rest)
     if args.cmd == "bench":
-        return _bench(args.names, rest)
+        return _bench(args.names, rest, args.json)
     if args.cmd == "exercises":
         from labkit import exercises
 
@@ -206,13 +215,16 @@ def _finish_torchrun_rank(code: int = 0) -> None:
     os._exit(code)
 
 
-def _bench(names, rest) -> int:
+def _bench(names, rest, json_path: str = "bench-results.json") -> int:
     import os
 
-    parser = argparse.ArgumentParser(prog="labkit bench")
-    parser.add_argument("--json", default="bench-results.json", help="where to write the results")
-    opts, rest = parser.parse_known_args(rest)
-    names = names or _names("labkit.bench")
+    known = _names("labkit.bench")
+    unknown = [n for n in names if n not in known]
+    if unknown:  # before the first benchmark starts its processes
+        print(f"labkit: no benchmark named {unknown[0]!r}; available: {', '.join(known)}",
+              file=sys.stderr)
+        return 2
+    names = names or known
     results = {}
     for name in names:
         print(f"== benchmark: {name}", flush=True)
@@ -223,8 +235,8 @@ def _bench(names, rest) -> int:
                 raise
             print(f"labkit: bench {name}: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
             return 2
-    Path(opts.json).write_text(json.dumps(results, indent=2))
-    print(f"wrote {opts.json}")
+    Path(json_path).write_text(json.dumps(results, indent=2))
+    print(f"wrote {json_path}")
     return 0
 
 

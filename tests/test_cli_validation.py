@@ -4,6 +4,7 @@ never called."""
 from __future__ import annotations
 
 import importlib
+import re
 
 import pytest
 
@@ -69,3 +70,108 @@ def test_grade_refuses_nonpositive_cell_timeout(capsys, tmp_path):
 def test_site_without_a_book_folder(capsys, tmp_path):
     _one_line_error(capsys, cli.main(["site", "build", "--root", str(tmp_path), "--out", str(tmp_path / "o")]),
                     "chapters/")
+
+
+# ----------------------------------------------------------------------------- every lab, bad options
+# lab -> option sets that must be refused: exit 2, one line naming a flag, before any process
+BAD = {
+    "intro": [["--nproc", "1"], ["--repeats", "0"], ["--sizes-kib", "4", "4"], ["--nope"]],
+    "ring": [["--sizes-mib", "0"], ["--bandwidth-mbs", "-1"], ["--repeats", "x"]],
+    "ddp": [["--steps", "0"], ["--bucket-mb", "0"], ["--versions", "nope"]],
+    "zero": [["--stages", "5"], ["--batch", "-1"], ["--steps", "0"]],
+    "tp": [["--nproc", "3"], ["--n-head", "0"]],
+    "pipeline": [["--nproc", "1"], ["--K", "9", "--schedules", "interleaved"],
+                 ["--nproc", "5", "--K", "5", "--batch", "5", "--schedules", "zb-v"],
+                 ["--K", "4", "--batch", "2"], ["--v", "0"], ["--schedules", "zb-h9"]],
+    "checkpoint": [["--nosuch"], ["--folder", "/nonexistent/labkit"]],
+    "train_ft": [["--kill-rank", "5"], ["--save-every", "0"], ["--kill-step", "-3"]],
+    "hybrid": [["--zero", "4"], ["--nproc", "2", "--dp", "3", "--tp", "2"], ["--cp", "0"]],
+    "context": [["--nproc", "3"], ["--seq", "33"], ["--seq", "30", "--nproc", "3"],
+                ["--cp-layout", "ring"], ["--tp", "1", "--cp", "4", "--seq", "2",
+                                          "--cp-layout", "plain"]],
+    "sequence": [["--cp", "2"], ["--nproc", "3"]],
+    "moe": [["--nproc", "3"], ["--top-k", "9"], ["--capacity-factor", "0"]],
+    "precision": [["--steps", "0"], ["--nproc", "0"]],
+}
+
+
+@pytest.fixture
+def no_process_starts(monkeypatch):
+    """labkit.launch.run (and the copy the pipeline measurement imported) fail the test."""
+    import labkit.launch
+    import labkit.pipeline.measure
+
+    def refuse(*a, **k):
+        pytest.fail("a process was started before the options were checked")
+
+    monkeypatch.setattr(labkit.launch, "run", refuse)
+    monkeypatch.setattr(labkit.pipeline.measure, "run", refuse)
+
+
+def test_every_lab_has_bad_option_cases():
+    assert set(BAD) == set(cli._names("labkit.labs"))
+
+
+@pytest.mark.parametrize("lab,args", [(lab, a) for lab, sets in BAD.items() for a in sets],
+                         ids=lambda x: x if isinstance(x, str) else " ".join(x))
+def test_bad_options_refused_before_any_process(lab, args, capsys, no_process_starts):
+    err = _one_line_error(capsys, cli.main(["run", lab, *args]), f"labkit: {lab}:")
+    assert "--" in err, err                                 # it names the flag to change
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [["ddp", "--ranks", "0"], ["nosuch"], ["pipeline", "--K", "0"],
+                                  ["context", "--seq", "x"]])
+def test_bench_bad_options_refused(args, capsys, no_process_starts, tmp_path):
+    out = tmp_path / "r.json"
+    _one_line_error(capsys, cli.main(["bench", *args, "--json", str(out)]), "labkit:")
+    assert not out.exists()
+
+
+def test_messages_name_a_value_that_works(capsys, no_process_starts):
+    cases = {("context", "--seq", "33"): "--seq 32",
+             ("context", "--nproc", "3"): "--tp 1 or 2 or 4",
+             ("moe", "--nproc", "3"): "--nproc 2 or 4 or 8",
+             ("pipeline", "--K", "9", "--schedules", "interleaved"): "K that work",
+             ("pipeline", "--nproc", "5", "--K", "5", "--batch", "5", "--schedules", "zb-v"):
+                 "--nproc 4"}
+    for argv, want in cases.items():
+        err = _one_line_error(capsys, cli.main(["run", *argv]))
+        assert want in err, (argv, err)
+
+
+def test_every_lab_option_has_help_with_its_default(capsys):
+    import contextlib
+
+    for lab in cli._names("labkit.labs"):
+        with contextlib.suppress(SystemExit):
+            cli.main(["run", lab, "--help"])
+        text = capsys.readouterr().out.split("options:", 1)[1]
+        for entry in re.split(r"\n(?=  -)", text.strip("\n")):
+            words = re.sub(r"\(default: [^)]*\)", "", entry).split()[1:]
+            described = [w for w in words if re.search(r"[a-z]{2}", w)]
+            assert described, f"{lab}: {entry.split()[0]} has no description"
+        assert "(default:" in text, lab
+
+
+def test_bench_json_form_of_the_readme(tmp_path, monkeypatch, capsys):
+    import labkit.bench.launch as bl
+
+    monkeypatch.setattr(bl, "main", lambda argv=(): {"rows": []})
+    out = tmp_path / "results.json"
+    assert cli.main(["bench", "launch", "--json", str(out)]) == 0
+    assert out.exists()
+    assert cli.main(["bench", "--json", str(out), "launch"]) == 0
+
+
+def test_no_run_folder_when_a_lab_refuses(tmp_path):
+    """As a user runs it: a subprocess, TMPDIR empty before, and no labkit-run-* after."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-m", "labkit", "run", "context", "--seq", "30",
+                          "--nproc", "3"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not list(tmp_path.glob("labkit-run-*"))

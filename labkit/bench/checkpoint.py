@@ -8,11 +8,11 @@ checkpoint saved at N = 4 (so N = 2 and 1 reshard, both for labkit and for DCP).
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
 
+from labkit.cliargs import ArgParser, positive
 from labkit.table import table
 
 
@@ -64,8 +64,8 @@ def main(argv=None) -> dict:
     from labkit.checkpoint.async_save import measure_stall
     from labkit.launch import run
 
-    p = argparse.ArgumentParser(prog="labkit bench checkpoint")
-    p.add_argument("--mbytes", type=float, default=64.0, help="state size in MB (1e6 bytes)")
+    p = ArgParser(prog="labkit bench checkpoint")
+    p.add_argument("--mbytes", type=positive, default=64.0, help="state size in MB (1e6 bytes)")
     p.add_argument("--folder", default=None, help="where to write (default: a temp folder)")
     a, _ = p.parse_known_args(argv)
     root = tempfile.mkdtemp(prefix="labkit-bench-ckpt-", dir=a.folder)

@@ -8,8 +8,7 @@ notebook of chapter 01 calls `measure` directly.
 """
 from __future__ import annotations
 
-import argparse
-
+from labkit.cliargs import ArgParser, count, positive
 from labkit.costs import comm
 from labkit.launch import run
 from labkit.table import table as format_table
@@ -93,10 +92,12 @@ def table(rows) -> str:
 
 
 def main(argv=()) -> dict:
-    p = argparse.ArgumentParser(prog="labkit bench collectives")
-    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 4, 16, 64])
-    p.add_argument("--repeats", type=int, default=5)
+    p = ArgParser(prog="labkit bench collectives")
+    p.add_argument("--ranks", type=count, nargs="+", default=[2, 4],
+                   help="rank counts to measure (one launch each)")
+    p.add_argument("--sizes-mib", type=positive, nargs="+", default=[1, 4, 16, 64],
+                   help="buffer sizes, MiB")
+    p.add_argument("--repeats", type=count, default=5, help="timed repeats (median)")
     args = p.parse_args(list(argv))
     rows = []
     for n in args.ranks:

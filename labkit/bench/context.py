@@ -33,11 +33,12 @@ Every measurement runs real processes (labkit.launch.run, Gloo), one thread each
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 
 import torch
+
+from labkit.cliargs import ArgParser, count
 
 LAYOUT = "zigzag"
 FORWARD_WHERE = "ring attention k/v"                       # labkit.context.ring_attention's labels
@@ -305,12 +306,13 @@ def _print_ranks(ranks: list) -> None:
 
 
 def main(argv=()) -> dict:
-    p = argparse.ArgumentParser(prog="labkit bench context")
-    p.add_argument("--cp", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--seq", type=int, default=1024, help="whole sequence length T")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--dim", type=int, default=32, help="head dimension d")
-    p.add_argument("--repeats", type=int, default=10)
+    p = ArgParser(prog="labkit bench context")
+    p.add_argument("--cp", type=count, nargs="+", default=[2, 4],
+                   help="context-parallel degrees to measure")
+    p.add_argument("--seq", type=count, default=1024, help="whole sequence length T")
+    p.add_argument("--heads", type=count, default=4, help="attention heads")
+    p.add_argument("--dim", type=count, default=32, help="head dimension d")
+    p.add_argument("--repeats", type=count, default=10, help="timed repeats (median)")
     a = p.parse_args(list(argv))
     res = measure(a.cp, a.seq, a.heads, a.dim, a.repeats)
     _print(res)

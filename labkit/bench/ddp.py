@@ -7,8 +7,7 @@ to `torch.nn.parallel.DistributedDataParallel` measured in the same run (lower i
 """
 from __future__ import annotations
 
-import argparse
-
+from labkit.cliargs import ArgParser, count, positive
 from labkit.launch import run
 from labkit.table import table as format_table
 
@@ -52,14 +51,15 @@ def table(rows) -> str:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="labkit bench ddp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--batch", type=int, default=8, help="rows per rank per step")
-    p.add_argument("--bucket-mb", type=float, default=25.0)
-    p.add_argument("--n-layer", type=int, default=2)
-    p.add_argument("--n-embd", type=int, default=64)
-    p.add_argument("--steps", type=int, default=5, help="steps per timed block")
-    p.add_argument("--rounds", type=int, default=5, help="timed blocks per version (median)")
+    p = ArgParser(prog="labkit bench ddp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=count, nargs="+", default=[2, 4],
+                   help="rank counts to measure (one launch each)")
+    p.add_argument("--batch", type=count, default=8, help="rows per rank per step")
+    p.add_argument("--bucket-mb", type=positive, default=25.0, help="gradient bucket size, MiB")
+    p.add_argument("--n-layer", type=count, default=2, help="transformer blocks")
+    p.add_argument("--n-embd", type=count, default=64, help="hidden size")
+    p.add_argument("--steps", type=count, default=5, help="steps per timed block")
+    p.add_argument("--rounds", type=count, default=5, help="timed blocks per version (median)")
     args = p.parse_args(argv)
     from labkit.ddp.timing import BENCH
 

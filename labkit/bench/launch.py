@@ -8,11 +8,11 @@ rendezvous and the collective. Target: under 5 s for 4 ranks.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 
+from labkit.cliargs import ArgParser, count
 from labkit.table import table
 
 _PROBE = """
@@ -43,9 +43,10 @@ def measure(n: int) -> dict:
 
 
 def main(argv=()) -> dict:
-    p = argparse.ArgumentParser(prog="labkit bench launch")
-    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
-    p.add_argument("--repeats", type=int, default=3)
+    p = ArgParser(prog="labkit bench launch")
+    p.add_argument("--ranks", type=count, nargs="+", default=[2, 4, 8],
+                   help="rank counts to measure (one launch each)")
+    p.add_argument("--repeats", type=count, default=3, help="timed repeats (median)")
     args = p.parse_args(list(argv))
     rows = []
     for n in args.ranks:

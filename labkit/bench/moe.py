@@ -9,8 +9,7 @@ for a buffer of S bytes per rank. Reported as a ratio to the built-in measured i
 """
 from __future__ import annotations
 
-import argparse
-
+from labkit.cliargs import ArgParser, count, positive
 from labkit.table import table
 
 
@@ -18,10 +17,11 @@ def main(argv=()) -> dict:
     from labkit.launch import run
     from labkit.moe.alltoall import bench_job
 
-    p = argparse.ArgumentParser(prog="labkit bench moe")
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--mib", type=float, default=4.0, help="buffer per rank, MiB")
-    p.add_argument("--repeats", type=int, default=5)
+    p = ArgParser(prog="labkit bench moe")
+    p.add_argument("--ranks", type=count, default=4,
+                   help="rank counts to measure (one launch each)")
+    p.add_argument("--mib", type=positive, default=4.0, help="buffer per rank, MiB")
+    p.add_argument("--repeats", type=count, default=5, help="timed repeats (median)")
     a = p.parse_args(list(argv))
     n = a.ranks
     per_peer = max(1, int(a.mib * 2**20 / 4 / n))                 # float32 elements per peer

@@ -12,8 +12,9 @@ communication and the sharing cost here, not what a GPU cluster would see.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
+
+from labkit.cliargs import ArgParser, count
 
 PLANS = [dict(), dict(dp=2, tp=2), dict(dp=2, pp=2), dict(tp=2, pp=2), dict(dp=2, tp=2, pp=2),
          dict(dp=2, tp=2, sp=True), dict(dp=2, cp=2), dict(tp=2, cp=2)]
@@ -27,11 +28,11 @@ def main(argv=()) -> dict:
     from labkit.parallel.job import train
     from labkit.table import table
 
-    p = argparse.ArgumentParser(prog="labkit bench parallel")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-embd", type=int, default=64)
+    p = ArgParser(prog="labkit bench parallel")
+    p.add_argument("--steps", type=count, default=6, help="timed steps")
+    p.add_argument("--batch", type=count, default=8, help="sequences per step")
+    p.add_argument("--n-layer", type=count, default=4, help="transformer blocks")
+    p.add_argument("--n-embd", type=count, default=64, help="hidden size")
     a = p.parse_args(list(argv))
     cfg_kw = dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=4, block_size=32)
     cfg = GPTConfig(**cfg_kw)

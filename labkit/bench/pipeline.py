@@ -18,23 +18,25 @@ run's own action times and the formula, and the bubble each schedule sheds witho
 """
 from __future__ import annotations
 
-import argparse
-
+from labkit.cliargs import ArgParser, count
 from labkit.pipeline import back_to_back, measure, schedules
 
 
 def main(argv=()) -> dict:
-    p = argparse.ArgumentParser(prog="labkit bench pipeline")
-    p.add_argument("--stages", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--K", type=int, nargs="+", default=[4, 8, 16])
-    p.add_argument("--v", type=int, default=2)
+    p = ArgParser(prog="labkit bench pipeline")
+    p.add_argument("--stages", type=count, nargs="+", default=[2, 4],
+                   help="pipeline stages P to measure")
+    p.add_argument("--K", type=count, nargs="+", default=[4, 8, 16],
+                   help="micro-batches per step to measure")
+    p.add_argument("--v", type=count, default=2, help="chunks per stage (interleaved)")
     p.add_argument("--pad-ms", type=float, nargs=2, default=None,
                    help="ms slept per forward and backward (default 5 10; 8 16 with --back-to-back)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--modes", nargs="+", default=["pad", "compute"], choices=["pad", "compute"])
+    p.add_argument("--repeats", type=count, default=3, help="timed repeats (median)")
+    p.add_argument("--modes", nargs="+", default=["pad", "compute"], choices=["pad", "compute"],
+                   help="pad: sleeps stand in for each stage's compute; compute: real compute only")
     p.add_argument("--back-to-back", action="store_true",
                    help="steps with a flush vs back to back (no flush), padded")
-    p.add_argument("--steps", type=int, default=4, help="steps per run with --back-to-back")
+    p.add_argument("--steps", type=count, default=4, help="steps per run with --back-to-back")
     args = p.parse_args(list(argv))
     if args.back_to_back:
         args.pad_ms = args.pad_ms or [8.0, 16.0]

@@ -9,8 +9,7 @@ overhead of TP, not its speed-up: ranks share cores, Gloo goes through the kerne
 """
 from __future__ import annotations
 
-import argparse
-
+from labkit.cliargs import ArgParser, count
 from labkit.costs import tensor_parallel as tpc
 from labkit.table import table
 
@@ -18,13 +17,14 @@ from labkit.table import table
 def main(argv=()) -> dict:
     from labkit.tp.measure import count_layer_comm, time_layers
 
-    p = argparse.ArgumentParser(prog="labkit bench tp")
-    p.add_argument("--tps", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=10)
+    p = ArgParser(prog="labkit bench tp")
+    p.add_argument("--tps", type=count, nargs="+", default=[1, 2, 4],
+                   help="tensor-parallel degrees to measure")
+    p.add_argument("--hidden", type=count, default=256, help="hidden size")
+    p.add_argument("--heads", type=count, default=8, help="attention heads")
+    p.add_argument("--batch", type=count, default=8, help="sequences per step")
+    p.add_argument("--seq", type=count, default=64, help="tokens per sequence")
+    p.add_argument("--repeats", type=count, default=10, help="timed repeats (median)")
     a = p.parse_args(list(argv))
     b, s, h = a.batch, a.seq, a.hidden
     rows = time_layers(tuple(a.tps), b=b, s=s, h=h, n_head=a.heads, repeats=a.repeats)

@@ -16,9 +16,9 @@ show the cost of our collectives and of ZeRO-3's recomputation, not what NCCL wo
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 
+from labkit.cliargs import ArgParser, at_least_zero, count
 from labkit.launch import run
 from labkit.table import table as format_table
 
@@ -179,12 +179,13 @@ def table(rows) -> str:
 def main(argv=()) -> dict:
     from labkit.model import GPTConfig
 
-    p = argparse.ArgumentParser(prog="labkit bench zero")
-    p.add_argument("--ranks", type=int, nargs="+", default=[4])
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--n-embd", type=int, default=64)
-    p.add_argument("--n-layer", type=int, default=4)
+    p = ArgParser(prog="labkit bench zero")
+    p.add_argument("--ranks", type=count, nargs="+", default=[4],
+                   help="rank counts to measure (one launch each)")
+    p.add_argument("--steps", type=count, default=6, help="timed steps")
+    p.add_argument("--warmup", type=at_least_zero, default=2, help="untimed steps first")
+    p.add_argument("--n-embd", type=count, default=64, help="hidden size")
+    p.add_argument("--n-layer", type=count, default=4, help="transformer blocks")
     args = p.parse_args(list(argv))
     cfg = GPTConfig(block_size=32, n_layer=args.n_layer, n_head=4, n_embd=args.n_embd,
                     tie_weights=False)

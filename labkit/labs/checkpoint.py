@@ -12,10 +12,11 @@ bit-for-bit equal resumes need the CPU's deterministic kernels and RNG, and chec
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
+
+from labkit.cliargs import ArgParser, count
 
 BACKEND = "gloo"  # a CPU lesson (see above): Gloo, even where there are GPUs
 
@@ -56,10 +57,15 @@ def main(argv=None) -> int:
     from labkit.launch import run, under_torchrun as _under_torchrun
     from labkit.progress import Progress
 
-    p = argparse.ArgumentParser(prog="labkit run checkpoint")
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--folder", default=None, help="scratch folder shared by the ranks")
-    a, _ = p.parse_known_args(argv)
+    p = ArgParser(prog="labkit run checkpoint")
+    p.add_argument("--nproc", type=count, default=2,
+                   help="ranks (under torchrun: its world size)")
+    p.add_argument("--folder", default=None, help="scratch folder shared by the ranks "
+                   "(default: the system's temporary directory)")
+    a = p.parse_args(argv)
+    if a.folder is not None and not os.path.isdir(a.folder):
+        raise ValueError(f"--folder {a.folder}: no such folder; make it first, or leave "
+                         f"--folder out (the system's temporary directory)")
     world = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else a.nproc
     prog = Progress("checkpoint", total=(0 if _under_torchrun() else 1) + 1
                     + (world >= 2) + (world >= 2 and not _under_torchrun()))

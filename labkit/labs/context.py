@@ -14,13 +14,16 @@ for) train through labkit.parallel and are compared with the one-process referen
 step's gradients, parameters), with the bytes each mesh dimension moved (the comm log's payload
 and the kernel's socket count) beside labkit.costs.parallel.
 
-Bad input (a sequence that 2*cp or tp does not divide, a degree below 1) is a one-line error
-naming the factors, exit status 2.
+Bad input (a --seq that 2*cp or tp does not divide, a tp that does not divide the 4 heads, a
+degree below 1) is a one-line error naming the flags and values that work, exit status 2, before
+any process starts.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
+import math
+
+from labkit.cliargs import ArgParser, count
 
 BACKEND = "auto"
 CASES = ("none", "TP", "TP + SP", "selective", "full")
@@ -157,18 +160,31 @@ def parallel_runs(plans: list, cfg_kwargs: dict, steps: int = 2, batch: int = 4)
     return out
 
 
-def check_sizes(seq: int, tp: int, cp: int) -> None:
-    """The sizes a run needs, checked before any process starts (one line naming the factors)."""
-    from labkit.context.layout import check_layout
-    from labkit.context.sequence_parallel import check_sequence
-
+def check_sizes(seq: int, tp: int, cp: int, layout: str = "zigzag", n_head: int = 4) -> None:
+    """The sizes a run needs, checked before any process starts: one line naming the flags and
+    values that work."""
     for name, v in (("tp", tp), ("cp", cp), ("seq", seq)):
         if v < 1:
-            raise ValueError(f"--{name}={v} must be at least 1")
-    if tp > 1:
-        check_sequence(seq, tp)
-    if cp > 1:
-        check_layout(seq, cp, "zigzag")
+            raise ValueError(f"--{name} {v} must be at least 1")
+    if tp > 1 and n_head % tp:
+        fit = [d for d in range(1, n_head + 1) if n_head % d == 0]
+        raise ValueError(f"--tp {tp} must divide the model's {n_head} attention heads (tensor "
+                         f"parallelism splits them); use --tp {' or '.join(map(str, fit))} "
+                         f"(--nproc sets --tp and --cp where they are not given)")
+    # SP cuts the sequence into tp pieces; zig-zag CP into 2*cp chunks
+    step = math.lcm(tp if tp > 1 else 1, 2 * cp if cp > 1 and layout == "zigzag" else 1)
+    if seq % step:
+        lo, hi = seq // step * step, (seq // step + 1) * step
+        why = " and ".join(w for w in (f"--tp {tp} (sequence parallelism)" if tp > 1 else "",
+                                       f"2*cp = {2 * cp} (zig-zag layout, --cp {cp})"
+                                       if cp > 1 and layout == "zigzag" else "") if w)
+        raise ValueError(f"--seq {seq} must be a multiple of {step}: {why} cut it evenly; use "
+                         f"--seq {lo or hi}" + (f" or {hi}" if lo else "")
+                         + (", or --cp-layout plain" if cp > 1 and layout == "zigzag"
+                            and seq % max(tp, 1) == 0 else ""))
+    if cp > seq:
+        raise ValueError(f"--seq {seq} is shorter than --cp {cp}: a rank would hold no tokens; "
+                         f"use --seq {2 * cp} or more")
 
 
 def main(argv=()):
@@ -180,31 +196,36 @@ def run_lab(argv, name: str):
     import os
 
     from labkit.model import GPTConfig
-    from labkit.parallel import Plan
+    from labkit.parallel import Plan, check_plan
     from labkit.progress import Progress
     from labkit.table import table
 
-    p = argparse.ArgumentParser(prog=f"labkit run {name}")
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)),
+    p = ArgParser(prog=f"labkit run {name}")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
                    help="the default of --tp and --cp")
-    p.add_argument("--tp", type=int, default=None)
-    p.add_argument("--cp", type=int, default=None)
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--tp", type=count, default=None,
+                   help="tensor/sequence-parallel degree (default: --nproc; 1: no SP run)")
+    p.add_argument("--cp", type=count, default=None,
+                   help="context-parallel degree (default: --nproc; 1: no CP run)")
+    p.add_argument("--cp-layout", choices=("zigzag", "plain"), default="zigzag",
+                   help="how CP cuts the sequence (zigzag: 2*cp divides --seq)")
+    p.add_argument("--seq", type=count, default=32, help="sequence length T")
+    p.add_argument("--batch", type=count, default=2, help="sequences per rank group and step")
+    p.add_argument("--steps", type=count, default=2, help="SGD steps")
     a = p.parse_args(list(argv))
     a.tp = a.nproc if a.tp is None else a.tp
     a.cp = a.nproc if a.cp is None else a.cp
-    check_sizes(a.seq, a.tp, a.cp)
-    prog = Progress(name, total=2)
     cfg = dict(n_layer=2, n_embd=32, n_head=4, block_size=a.seq)
-    GPTConfig(**cfg)
+    check_sizes(a.seq, a.tp, a.cp, a.cp_layout, cfg["n_head"])
+    plans = [Plan(tp=a.tp, sp=True)] if a.tp > 1 else []
+    plans += [Plan(cp=a.cp, cp_layout=a.cp_layout)] if a.cp > 1 else []
+    for plan in plans:                         # every plan's own checks, before any process
+        check_plan(plan, GPTConfig(**cfg), world=plan.world, batch_size=2 * a.batch)
+    prog = Progress(name, total=2)
     rows = []
     if a.tp > 1:
         rows = activation_rows(cfg, a.batch, a.tp)
     prog.done(f"activation bytes of one block measured ({len(rows)} cases)")
-    plans = [Plan(tp=a.tp, sp=True)] if a.tp > 1 else []
-    plans += [Plan(cp=a.cp)] if a.cp > 1 else []
     runs = parallel_runs(plans, cfg, a.steps, 2 * a.batch)
     prog.done(f"{len(runs)} plans trained against the one-process reference")
     ok = all(r["ok"] for r in runs)

@@ -8,8 +8,9 @@ per rank; rank 0 prints, per version, the largest parameter difference from one 
 on the whole batch, the all-reduces launched per step and how many started before backward
 produced its last gradient.
 """
-import argparse
 import os
+
+from labkit.cliargs import ArgParser, count, positive
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 FROZEN = ("blocks.0.attn.q_proj.bias",)
@@ -29,17 +30,16 @@ def main(argv=()):
     from labkit.launch import run
     from labkit.progress import Progress
 
-    p = argparse.ArgumentParser(prog="labkit run ddp")
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch", type=int, default=7, help="global batch (rows); need not divide")
-    p.add_argument("--bucket-mb", type=float, default=0.01)
+    p = ArgParser(prog="labkit run ddp")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
+                   help="ranks (processes; under torchrun: its world size)")
+    p.add_argument("--steps", type=count, default=3, help="SGD steps")
+    p.add_argument("--batch", type=count, default=7, help="global batch (rows); need not divide")
+    p.add_argument("--bucket-mb", type=positive, default=0.01,
+                   help="bucket size of the bucketed and torch versions, MiB")
     p.add_argument("--versions", nargs="+", choices=KINDS, default=list(KINDS),
                    help="which DDP versions to train (default: all)")
     args = p.parse_args(list(argv))
-    if args.steps < 1 or args.batch < 1 or args.bucket_mb <= 0:
-        raise ValueError(f"--steps ({args.steps}) and --batch ({args.batch}) must be >= 1 and "
-                         f"--bucket-mb ({args.bucket_mb:g}) > 0")
     prog = Progress("ddp", total=len(args.versions) + 1)
     ref = reference_train(steps=args.steps, batch=args.batch, frozen=FROZEN)
     prog.done(f"one process, whole batch: {args.steps} steps")

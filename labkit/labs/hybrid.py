@@ -17,8 +17,10 @@ prediction, and where the step's time went. It exits 1 when any difference is ov
 """
 from __future__ import annotations
 
-import argparse
 import os
+import re
+
+from labkit.cliargs import ArgParser, count
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
@@ -51,37 +53,44 @@ def main(argv=()):
     from labkit.progress import Progress
     from labkit.reference import reference_train
 
-    p = argparse.ArgumentParser(prog="labkit run hybrid")
-    p.add_argument("--nproc", type=int, default=None, help="processes (default: dp*tp*pp when "
-                   "all three are given, else WORLD_SIZE or 4)")
-    p.add_argument("--dp", type=int, default=None, help="data-parallel replicas")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel shards")
-    p.add_argument("--pp", type=int, default=None, help="pipeline stages")
-    p.add_argument("--zero", type=int, default=0, help="ZeRO stage over dp (0-3)")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks (ring attention)")
-    p.add_argument("--cp-layout", choices=("zigzag", "plain"), default="zigzag")
+    p = ArgParser(prog="labkit run hybrid")
+    p.add_argument("--nproc", type=count, default=None, help="processes (default: dp*tp*pp*cp "
+                   "when dp, tp and pp are given, else WORLD_SIZE or 4)")
+    p.add_argument("--dp", type=count, default=None, help="data-parallel replicas (default: what "
+                   "is left of --nproc)")
+    p.add_argument("--tp", type=count, default=None, help="tensor-parallel shards (default: 2 "
+                   "where it divides)")
+    p.add_argument("--pp", type=count, default=None, help="pipeline stages (default: 1)")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="ZeRO stage over dp")
+    p.add_argument("--cp", type=count, default=1, help="context-parallel ranks (ring attention)")
+    p.add_argument("--cp-layout", choices=("zigzag", "plain"), default="zigzag",
+                   help="how the sequence is cut over cp (zigzag: --cp*2 divides it)")
     p.add_argument("--sp", action="store_true", help="sequence parallelism inside tp")
-    p.add_argument("--K", type=int, default=None, help="micro-batches per pipeline step "
+    p.add_argument("--K", type=count, default=None, help="micro-batches per pipeline step "
                    "(default: pp)")
-    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch", type=int, default=5, help="global batch (sequences); need not "
+    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b",
+                   help="pipeline schedule over pp")
+    p.add_argument("--steps", type=count, default=3, help="optimizer steps")
+    p.add_argument("--batch", type=count, default=5, help="global batch (sequences); need not "
                    "divide by dp")
-    p.add_argument("--optim", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--optim", choices=("adamw", "sgd"), default="adamw", help="optimizer")
     a = p.parse_args(list(argv))
-    if a.cp < 1:
-        raise ValueError(f"--cp must be a positive integer, got {a.cp}")
     if a.nproc is None:
         given = [a.dp, a.tp, a.pp]
         a.nproc = (a.dp * a.tp * a.pp * a.cp if None not in given
                    else int(os.environ.get("WORLD_SIZE", 4)))
     if a.nproc % a.cp:
-        raise ValueError(f"--cp {a.cp} does not divide --nproc {a.nproc}")
+        raise ValueError(f"--cp {a.cp} does not divide --nproc {a.nproc}; use --nproc "
+                         f"{a.nproc // a.cp * a.cp or a.cp} or a --cp that divides {a.nproc}")
     dp, tp, pp = default_dims(a.nproc // a.cp, a.dp, a.tp, a.pp)
     plan = Plan(dp=dp, tp=tp, pp=pp, zero=a.zero, micro_batches=a.K, schedule=a.schedule,
                 cp=a.cp, cp_layout=a.cp_layout, sp=a.sp)
     cfg = GPTConfig(**DEFAULT_CFG)
-    check_plan(plan, cfg, world=a.nproc, batch_size=a.batch)   # before any process starts
+    try:                                                       # before any process starts
+        check_plan(plan, cfg, world=a.nproc, batch_size=a.batch)
+    except ValueError as err:                                  # in the flags the reader types
+        raise ValueError(re.sub(r"\b(dp|tp|pp|cp)=(\d+)", r"--\1 \2", str(err))) from None
     prog = Progress("hybrid", total=2)
     prog.say(f"{plan.describe()} on {a.nproc} ranks, {a.steps} {a.optim} steps")
     results = run(train, a.nproc, args=(plan, DEFAULT_CFG, a.steps, a.batch, a.optim))

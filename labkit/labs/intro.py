@@ -15,8 +15,9 @@ Three parts, as in chapter 00:
 """
 from __future__ import annotations
 
-import argparse
 import os
+
+from labkit.cliargs import ArgParser, count, positive
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 SIZES_KIB = (4, 16, 64, 256, 1024, 4096, 16384)  # float32 buffers, KiB: latency- to bandwidth-bound
@@ -154,11 +155,12 @@ def main(argv=()) -> int:
     from labkit.launch import run
     from labkit.progress import Progress
 
-    p = argparse.ArgumentParser(prog="labkit run intro")
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 4)))
-    p.add_argument("--sizes-kib", type=float, nargs="+", default=list(SIZES_KIB),
+    p = ArgParser(prog="labkit run intro")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
+                   help="ranks (processes; under torchrun: its world size)")
+    p.add_argument("--sizes-kib", type=positive, nargs="+", default=list(SIZES_KIB),
                    help="all-reduce sizes in KiB of float32 (at least two different ones)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=count, default=5, help="timed repeats per size (median)")
     a = p.parse_args(list(argv))
     n = a.nproc
     if n < 2:
@@ -167,7 +169,8 @@ def main(argv=()) -> int:
     numels = sorted({max(1, int(k * 1024) // 4) for k in a.sizes_kib})
     if len(numels) < 2 or a.repeats < 1:
         raise ValueError(f"--sizes-kib needs at least two different sizes to fit alpha and the "
-                         f"bandwidth (got {a.sizes_kib}) and --repeats >= 1 (got {a.repeats})")
+                         f"bandwidth (got {' '.join(f'{k:g}' for k in a.sizes_kib)}); use "
+                         f"--sizes-kib 4 256")
     prog = Progress("intro", total=2 + len(numels))
 
     ranks = run(hello, n, echo=False)

@@ -14,8 +14,9 @@ The jobs below are what chapter 08 runs too:
 """
 from __future__ import annotations
 
-import argparse
 import os
+
+from labkit.cliargs import ArgParser, count, positive
 
 BACKEND = "auto"
 
@@ -139,14 +140,25 @@ def main(argv=()):
     from labkit.reference import reference_train
     from labkit.table import table
 
-    p = argparse.ArgumentParser(prog="labkit run moe")
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 4)))
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch", type=int, default=5)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--capacity-factor", type=float, default=1.0)
+    p = ArgParser(prog="labkit run moe")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
+                   help="ranks: the expert-parallel degree (and DP); it divides --experts")
+    p.add_argument("--steps", type=count, default=3, help="SGD steps")
+    p.add_argument("--batch", type=count, default=5, help="global batch (sequences)")
+    p.add_argument("--experts", type=count, default=8, help="experts per MoE layer")
+    p.add_argument("--top-k", type=count, default=2, help="experts each token is routed to")
+    p.add_argument("--capacity-factor", type=positive, default=1.0,
+                   help="expert capacity, in multiples of an even share of the assignments")
     a = p.parse_args(list(argv))
+    if a.experts % a.nproc:
+        fit = [d for d in range(1, a.experts + 1) if a.experts % d == 0]
+        raise ValueError(f"--nproc {a.nproc} ranks cannot share --experts {a.experts} evenly "
+                         f"(expert parallelism: each rank holds experts/nproc); use --nproc "
+                         f"{' or '.join(map(str, fit[1:] or fit))}, or --experts "
+                         f"{a.experts // a.nproc * a.nproc or a.nproc}")
+    if a.top_k > a.experts:
+        raise ValueError(f"--top-k {a.top_k} is more than the {a.experts} experts; use --top-k "
+                         f"{min(2, a.experts)}")
     cfg = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, n_expert=a.experts,
                expert_top_k=a.top_k, capacity_factor=a.capacity_factor, aux_loss_coef=0.01,
                expert_ffn_mult=2)

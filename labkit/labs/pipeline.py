@@ -16,8 +16,9 @@ line instead, and the others run.
 """
 from __future__ import annotations
 
-import argparse
 import os
+
+from labkit.cliargs import ArgParser, count
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
@@ -41,7 +42,7 @@ def why_not(name: str, P: int, K: int, v: int, n_layer: int) -> str | None:
     try:
         schedules.make(name, P, K, v)
     except ValueError as err:
-        return " ".join(str(err).split())
+        return f"--schedules {name} at --nproc {P} --K {K}: " + " ".join(str(err).split())
     return None
 
 
@@ -49,13 +50,12 @@ def parse(argv):
     """The lab's options, checked (ValueError: one line, exit 2, before any process starts)."""
     from labkit.pipeline import measure
 
-    p = argparse.ArgumentParser(prog="labkit run pipeline",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 4)),
+    p = ArgParser(prog="labkit run pipeline")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
                    help="pipeline stages P (processes; under torchrun: its world size)")
-    p.add_argument("--K", type=int, default=8, help="micro-batches per step")
-    p.add_argument("--v", type=int, default=2, help="chunks per stage for the interleaved run")
-    p.add_argument("--batch", type=int, default=16, help="rows in the global batch (>= K)")
+    p.add_argument("--K", type=count, default=8, help="micro-batches per step")
+    p.add_argument("--v", type=count, default=2, help="chunks per stage for the interleaved run")
+    p.add_argument("--batch", type=count, default=16, help="rows in the global batch (>= K)")
     p.add_argument("--pad-ms", type=float, nargs=2, default=[5.0, 10.0], metavar=("F", "B"),
                    help="stand-in compute slept per forward/backward (0 0: real compute only)")
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=None,

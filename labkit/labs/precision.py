@@ -17,8 +17,9 @@ numerics and says nothing about speed.
 """
 from __future__ import annotations
 
-import argparse
 import os
+
+from labkit.cliargs import ArgParser, count
 
 BACKEND = "auto"  # the launcher picks it; the experiments themselves compute on the CPU
 
@@ -56,12 +57,12 @@ def main(argv=()) -> int:
     from labkit.launch import run
     from labkit.progress import Progress
 
-    p = argparse.ArgumentParser(prog="labkit run precision")
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
-    p.add_argument("--steps", type=int, default=30)
+    p = ArgParser(prog="labkit run precision")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
+                   help="ranks the experiments are shared out over")
+    p.add_argument("--steps", type=count, default=30,
+                   help="training steps of the master-weight runs (the scaler run: twice)")
     a = p.parse_args(list(argv))
-    if a.nproc < 1 or a.steps < 1:
-        raise ValueError(f"--nproc {a.nproc} and --steps {a.steps} must be at least 1")
     rounds = range(0, len(TASKS), a.nproc)
     prog = Progress("precision", total=len(rounds))
     res = {}

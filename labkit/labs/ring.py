@@ -11,10 +11,10 @@ bytes. With --bandwidth-mbs every rank's link is limited to that many MB/s each 
 (labkit.shaped: emulated by pacing, since one host's loopback has no per-link limit), and the
 formula's time is printed beside the measured one. The chapter's notebook calls `sweep`.
 """
-import argparse
 import os
 import statistics
 
+from labkit.cliargs import ArgParser, count, positive
 from labkit.costs import comm
 from labkit.labs import ran_on
 
@@ -157,17 +157,15 @@ def size_sweep(n, sizes_bytes, repeats=5, algorithms=("builtin", "ring")) -> lis
 def main(argv=()):
     from labkit.progress import Progress
 
-    p = argparse.ArgumentParser(prog="labkit run ring")
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 4)))
-    p.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 16])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--bandwidth-mbs", type=float, default=None,
+    p = ArgParser(prog="labkit run ring")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
+                   help="ranks (processes; under torchrun: its world size)")
+    p.add_argument("--sizes-mib", type=positive, nargs="+", default=[1, 16],
+                   help="buffer sizes to all-reduce, MiB of float32")
+    p.add_argument("--repeats", type=count, default=3, help="timed repeats per size (median)")
+    p.add_argument("--bandwidth-mbs", type=positive, default=None,
                    help="limit each rank's link to this many MB/s (1e6 bytes/s), each way")
     args = p.parse_args(list(argv))
-    bad = [s for s in args.sizes_mib if s <= 0]
-    if bad or args.repeats < 1 or (args.bandwidth_mbs is not None and args.bandwidth_mbs <= 0):
-        raise ValueError(f"--sizes-mib must be positive (got {bad}), --repeats >= 1 (got "
-                         f"{args.repeats}) and --bandwidth-mbs positive (got {args.bandwidth_mbs})")
     bandwidth = args.bandwidth_mbs * comm.MB if args.bandwidth_mbs else None
     prog = Progress("ring", total=len(args.sizes_mib))
     rows = []

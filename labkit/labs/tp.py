@@ -10,8 +10,9 @@ collective of one step as the comm log saw it (op, shape, bytes vs the formula b
 and the bytes each rank's sockets sent in that step, counted by the kernel (labkit.netcount),
 next to labkit.costs.tensor_parallel's n_layer * 4 * 2(N-1)/N * b*s*h*4.
 """
-import argparse
 import os
+
+from labkit.cliargs import ArgParser, count
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
@@ -25,17 +26,27 @@ def main(argv=()):
     from labkit.tp.gpt import check_tp_sizes
     from labkit.tp.measure import train_side_by_side
 
-    p = argparse.ArgumentParser(prog="labkit run tp")
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--n-layer", type=int, default=2)
-    p.add_argument("--n-embd", type=int, default=32)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--block-size", type=int, default=32)
+    p = ArgParser(prog="labkit run tp")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
+                   help="the tensor-parallel degree (processes; under torchrun: its world size)")
+    p.add_argument("--steps", type=count, default=2, help="SGD steps")
+    p.add_argument("--batch", type=count, default=4, help="sequences per step")
+    p.add_argument("--n-layer", type=count, default=2, help="transformer blocks")
+    p.add_argument("--n-embd", type=count, default=32, help="hidden size (a multiple of --n-head)")
+    p.add_argument("--n-head", type=count, default=4, help="attention heads (--nproc divides it)")
+    p.add_argument("--block-size", type=count, default=32, help="tokens per sequence")
     a = p.parse_args(list(argv))
     cfg = dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, block_size=a.block_size)
-    check_tp_sizes(GPTConfig(**cfg), a.nproc)     # before any process starts: one clear line
+    if a.n_embd % a.n_head:
+        raise ValueError(f"--n-embd {a.n_embd} must be a multiple of --n-head {a.n_head}; use "
+                         f"--n-embd {a.n_embd // a.n_head * a.n_head or a.n_head}")
+    model_cfg = GPTConfig(**cfg)
+    try:                                          # before any process starts: one clear line
+        check_tp_sizes(model_cfg, a.nproc)
+    except ValueError as err:
+        fit = [d for d in range(1, a.n_head + 1) if _divides(model_cfg, d)]
+        raise ValueError(f"--nproc {a.nproc}, the TP degree: {err} Use --nproc "
+                         f"{' or '.join(map(str, fit))}, or another --n-head") from None
     prog = Progress("tp", total=1)
     prog.say(f"TP={a.nproc}: the tensor-parallel GPT and the one-process GPT, {a.steps} SGD "
              f"steps side by side")
@@ -72,3 +83,14 @@ def main(argv=()):
         print(f"the excess, {(max(sent) - wire) / steps:.0f} bytes per ring step, is Gloo's "
               f"message headers (a fixed cost per message: it does not grow with b*s*h)")
     return 0
+
+
+def _divides(cfg, tp: int) -> bool:
+    """Whether TP degree `tp` splits the model's heads and MLP evenly."""
+    from labkit.tp.gpt import check_tp_sizes
+
+    try:
+        check_tp_sizes(cfg, tp)
+    except ValueError:
+        return False
+    return True

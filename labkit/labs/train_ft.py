@@ -22,11 +22,12 @@ checkpoints are files; the lesson (kill, restart, resume) is the same on a GPU.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 
 import torch
+
+from labkit.cliargs import ArgParser, at_least_zero, count
 
 BACKEND = "gloo"  # a CPU lesson (see above): Gloo, even where there are GPUs
 
@@ -103,20 +104,29 @@ def main(argv=None) -> int:
     from labkit.launch import RankError, run, under_torchrun as _under_torchrun
     from labkit.progress import Progress
 
-    p = argparse.ArgumentParser(prog="labkit run train_ft")
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--save-every", type=int, default=3)
-    p.add_argument("--kill-rank", type=int, default=1)
-    p.add_argument("--kill-step", type=int, default=7, help="-1: never kill")
+    p = ArgParser(prog="labkit run train_ft")
+    p.add_argument("--nproc", type=count, default=2,
+                   help="ranks (without torchrun; under it: its world size)")
+    p.add_argument("--steps", type=count, default=12, help="training steps")
+    p.add_argument("--save-every", type=count, default=3, help="steps between checkpoints")
+    p.add_argument("--kill-rank", type=at_least_zero, default=1,
+                   help="the rank that kills itself (below --nproc)")
+    p.add_argument("--kill-step", type=int, default=7,
+                   help="the step at whose start it does (-1: never kill)")
     p.add_argument("--ckpt", default=None, help="checkpoint folder (empty at the first start); "
                    "default: a fresh folder in the system's temporary directory, removed at the "
                    "end")
     p.add_argument("--out", default=None, help="rank 0 writes the final parameters here")
-    p.add_argument("--max-restarts", type=int, default=1, help="without torchrun only")
+    p.add_argument("--max-restarts", type=at_least_zero, default=1,
+                   help="restarts after a dead rank (without torchrun; under it, torchrun's own)")
     a = p.parse_args(argv)
-    if a.save_every < 1 or a.steps < 1:
-        raise ValueError(f"--steps ({a.steps}) and --save-every ({a.save_every}) must be >= 1")
+    world = int(os.environ.get("WORLD_SIZE", a.nproc)) if _under_torchrun() else a.nproc
+    if a.kill_step >= 0 and a.kill_rank >= world:
+        raise ValueError(f"--kill-rank {a.kill_rank} is not one of the {world} ranks; use "
+                         f"--kill-rank {world - 1} (or --kill-step -1: no kill)")
+    if a.kill_step < -1:
+        raise ValueError(f"--kill-step {a.kill_step}: use a step from 0 to {a.steps - 1}, or -1 "
+                         f"(never kill)")
     ckpt, temporary = (a.ckpt, False) if a.ckpt else _default_ckpt()
     prog = Progress("train_ft")
     prog.say(f"checkpoints in {ckpt}" + (" (temporary: removed at the end; --ckpt DIR keeps "

@@ -9,8 +9,9 @@ optimizer state next to labkit.costs.memory's prediction, and the bytes each ran
 step, counted by the kernel's socket counters (labkit.netcount, not by labkit), next to
 labkit.costs.zero's 2(N-1)/N Ψ for stages 0-2 and 3(N-1)/N Ψ for stage 3, with their ratio.
 """
-import argparse
 import os
+
+from labkit.cliargs import ArgParser, at_least_zero, count
 
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -29,16 +30,15 @@ def main(argv=()):
     from labkit.zero.measure import LAB_MODEL, rows, table
     from labkit.zero.train import reference_train
 
-    p = argparse.ArgumentParser(prog="labkit run zero")
-    p.add_argument("--nproc", type=int, default=int(os.environ.get("WORLD_SIZE", 2)))
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch", type=int, default=0, help="global batch (default: 2 per rank)")
+    p = ArgParser(prog="labkit run zero")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
+                   help="ranks (processes; under torchrun: its world size)")
+    p.add_argument("--steps", type=count, default=3, help="AdamW steps")
+    p.add_argument("--batch", type=at_least_zero, default=0,
+                   help="global batch (0: 2 per rank)")
     p.add_argument("--stages", type=int, nargs="+", choices=(0, 1, 2, 3), default=[0, 1, 2, 3],
                    help="which ZeRO stages to train (default: all)")
     args = p.parse_args(list(argv))
-    if args.steps < 1 or args.batch < 0:
-        raise ValueError(f"--steps must be >= 1 (got {args.steps}) and --batch >= 0 (got "
-                         f"{args.batch}; 0 means 2 per rank)")
     batch = args.batch or 2 * args.nproc
     prog = Progress("zero", total=len(args.stages) + 1)
     ref = reference_train(LAB_MODEL, "adamw", steps=args.steps, batch_size=batch)["params"]

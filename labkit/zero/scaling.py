@@ -8,8 +8,9 @@
     scaler.step(zero)           # unscale, agree on overflow, step or skip; then zero.zero_grad()
 
 The rules are labkit.precision.DynamicLossScaler's (torch.amp.GradScaler's: start at 2^16,
-halve and skip on inf/NaN, double after 2000 good steps; S an fp32 number, never grown past fp32's
-range). fp16 gradients are accepted, as ShardedGradScaler accepts them, and unscaled in fp32. What sharding adds: a rank sees only
+halve and skip on inf/NaN, double after 2000 good steps; S an fp32 number, never grown past
+fp32's range). fp16 gradients are accepted, as ShardedGradScaler accepts them, and unscaled in
+fp32. What sharding adds: a rank sees only
 its chunk of each gradient, so an overflow may show on one rank and not on another. Each rank
 unscales what it holds and one all-reduce (MAX of a 0/1 flag, 4 bytes) tells every rank whether
 any found inf/NaN, so all skip or all step and the scales stay equal (torch's
