@@ -5,8 +5,9 @@ in a child forked for that exercise from a clean parent that never loads an answ
 
 FD is the parent's end of a socket pair with the grader: a socket, unlike a pipe, cannot be
 opened by another process through /proc/PID/fd, so the notebook's kernel, which runs while this
-process starts, cannot write to it. The parent imports the chapter's checkers and starts
-labkit.launch's warm zygote once, says {"ready": true}, then serves requests, one at a time:
+process starts, cannot write to it. The parent imports the chapter's checkers, says
+{"ready": true}, then serves requests, one at a time (starting labkit.launch's warm zygote, once,
+at the first):
 "EXERCISE NBYTES\\n" and NBYTES of the recorded call (labkit.check.answers). For each it forks a
 child and says {"pid": n}; the child closes the grader's socket, leads a session of its own (the
 grader kills that group on a timeout), takes the exercise's checker from REGISTRY before it
@@ -50,7 +51,7 @@ def main(argv) -> None:
     importlib.import_module(f"labkit.check.ch{int(argv[0]):02d}")
     grader = socket.socket(fileno=int(argv[1]))
     requests = grader.makefile("rb")
-    zygote = warm.get()   # one warm zygote for every exercise's ranks: torch imported once
+    zygote = None
 
     def say(message: dict) -> None:
         grader.sendall((json.dumps(message) + "\n").encode())
@@ -59,6 +60,9 @@ def main(argv) -> None:
     while line := requests.readline():
         exercise, size = line.decode().split()
         answer = requests.read(int(size))
+        # One warm zygote for every exercise's ranks, started at the first answer: the kernel
+        # is gone by then, and could otherwise write requests into the zygote's pipe via /proc.
+        zygote = zygote or warm.get()
         reply, status = serve(exercise, answer, zygote, say, grader.fileno())
         if zygote is not None:
             end_children(zygote.proc.pid)   # ranks of a child killed mid-run

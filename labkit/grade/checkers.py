@@ -5,8 +5,8 @@
     checkers.close()
 
 The grader starts it beside the notebook's kernel, so that it imports torch and the chapter's
-checkers and starts launch's warm zygote while the notebook runs; then it forks a fresh child
-per answer (labkit.check.worker says how). Requests and replies travel on a socket pair, which
+checkers while the notebook runs (launch's warm zygote, whose pipes a process could open, only
+once the kernel is gone); then it forks a fresh child per answer (labkit.check.worker says how). Requests and replies travel on a socket pair, which
 no other process can open through /proc/PID/fd (a pipe can be): the only channel back. The
 process leads a session of its own, and so does each child: on a timeout the child's group is
 killed, and close() kills everything left (the process, its zygote, the ranks). Whatever the
