@@ -96,6 +96,9 @@ def exercise_notebook(solution_path: Path):
         cell.get("metadata", {}).pop("execution", None)
     if counter[0] == 0:
         raise ExerciseError(f"{solution_path}: no ### BEGIN SOLUTION region found")
+    where = nbformat.v4.new_markdown_cell(WHERE_YOU_WORK.format(name=solution_path.name))
+    where["id"] = "where-you-work"   # fixed: an unchanged solution gives an identical file
+    out.cells.insert(1 if out.cells and out.cells[0].cell_type == "markdown" else 0, where)
     out.metadata.pop("widgets", None)
     # the solution run's stamp (labkit.book) goes: exercises carry no outputs. Ours comes instead.
     out.metadata["labkit"] = {"generated": cells_hash(out)}
@@ -103,6 +106,12 @@ def exercise_notebook(solution_path: Path):
 
 
 FRESH = "fresh"   # exercises/fresh/: freshly generated copies of notebooks the reader has edited
+
+WHERE_YOU_WORK = """\
+**This is where you work:** `exercises/{name}`. Replace each `raise NotImplementedError(...)`
+with your code and run the checker cell after it. Nothing in the book overwrites this notebook
+once you have edited it (an updated version arrives beside it, in `exercises/fresh/`); the worked
+answers are in `solutions/{name}`."""
 
 
 def cells_hash(nb) -> str:
