@@ -62,9 +62,11 @@ labkit grade exercises/01_collectives.ipynb           # one notebook: a score ta
 labkit grade submissions/ --csv scores.csv            # a folder of students' notebooks
 ```
 
-A notebook that raises, hangs or is not a notebook scores zero for the exercises it did not
-reach; the others are graded all the same. Grading runs the submitted code with your
-privileges: grade untrusted submissions inside a container or VM.
+Under `labkit grade` a notebook only hands in its answers: every score is computed in the
+grader's own processes, so nothing a notebook writes, patches or prints can raise it. Every
+stop (an exception, `sys.exit`, a dead kernel, a hang) is named with its cell, and the other
+exercises are graded all the same. Grading runs the submitted code with your privileges:
+grade untrusted submissions inside a container or VM.
 """
 
 

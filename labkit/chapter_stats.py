@@ -1,0 +1,40 @@
+"""What the README's chapter table says of each chapter, counted from the notebook itself: words
+of prose, references listed at its end, and minutes its last full run took (`labkit book run`
+stamps the seconds into the notebook). A test holds the README to these numbers, so none of
+them is typed by hand.
+
+    python -m labkit.chapter_stats        # one line per chapter: number, words, refs, minutes
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+_REFS_HEADING = re.compile(r"^#+ .*(?:References|Sources|Further reading).*$", re.M | re.I)
+_LIST_ITEM = re.compile(r"^\s*(?:[-*]|\d+\.)\s", re.M)
+
+
+def stats(path: Path) -> dict:
+    """{"number", "words", "refs", "minutes"} of one chapter notebook."""
+    nb = json.loads(Path(path).read_text())
+    prose = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    refs = 0
+    for text in reversed(prose):          # the last markdown cell with a references heading
+        if _REFS_HEADING.search(text):
+            refs = len(_LIST_ITEM.findall(_REFS_HEADING.split(text)[-1]))
+            break
+    seconds = nb["metadata"].get("labkit", {}).get("seconds")
+    return {"number": Path(path).name[:2], "words": sum(len(t.split()) for t in prose),
+            "refs": refs, "minutes": None if seconds is None else max(1, math.ceil(seconds / 60))}
+
+
+def all_stats(root: Path = Path(".")) -> list:
+    return [stats(p) for p in sorted((Path(root) / "chapters").glob("[0-9][0-9]_*.ipynb"))]
+
+
+if __name__ == "__main__":
+    for row in all_stats(Path(sys.argv[1] if len(sys.argv) > 1 else ".")):
+        print(f"{row['number']}  words {row['words']:,}  refs {row['refs']}  run {row['minutes']} min")
