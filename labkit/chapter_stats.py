@@ -3,7 +3,8 @@ of prose, references listed at its end, and minutes its last full run took (`lab
 stamps the seconds into the notebook). A test holds the README to these numbers, so none of
 them is typed by hand.
 
-    python -m labkit.chapter_stats        # one line per chapter: number, words, refs, minutes
+    python -m labkit.chapter_stats                  # one line per chapter
+    python -m labkit.chapter_stats --write-readme   # put them in README.md's chapter table
 """
 from __future__ import annotations
 
@@ -35,6 +36,30 @@ def all_stats(root: Path = Path(".")) -> list:
     return [stats(p) for p in sorted((Path(root) / "chapters").glob("[0-9][0-9]_*.ipynb"))]
 
 
+COLUMNS = ("words", "refs", "run (min)")   # the README table's last three columns
+
+
+def cells(row: dict) -> list:
+    """The README table's words, refs and run cells for one chapter."""
+    return [f"{row['words']:,}", str(row["refs"]), str(row["minutes"])]
+
+
+def write_readme(root: Path = Path(".")) -> None:
+    """Rewrite the last three cells of each chapter row of README.md's table."""
+    path = Path(root) / "README.md"
+    rows = {r["number"]: r for r in all_stats(root)}
+    out = []
+    for line in path.read_text().splitlines():
+        m = re.match(r"\|\s*(\d\d)\s*\|", line)
+        if m and m[1] in rows:
+            kept = [c.strip() for c in line.strip().strip("|").split("|")][:-len(COLUMNS)]
+            line = "| " + " | ".join(kept + cells(rows[m[1]])) + " |"
+        out.append(line)
+    path.write_text("\n".join(out) + "\n")
+
+
 if __name__ == "__main__":
-    for row in all_stats(Path(sys.argv[1] if len(sys.argv) > 1 else ".")):
+    if "--write-readme" in sys.argv:
+        write_readme()
+    for row in all_stats(Path(".")):
         print(f"{row['number']}  words {row['words']:,}  refs {row['refs']}  run {row['minutes']} min")

@@ -42,6 +42,23 @@ def test_dropped_fraction_matches_a_simulation():
     assert mc.dropped_fraction(E, k, n, 0.5) == pytest.approx(0.5, abs=1e-3)   # forced: half cannot fit
 
 
+def test_dropped_fraction_is_top_ks_distinct_experts():
+    """Top-k with random logits: k distinct experts per token, so one expert's load is
+    Binomial(n, k/E); simulated with real top-k of random logits (referee report B, E7)."""
+    g = torch.Generator().manual_seed(1)
+    n, E, k, f = 512, 8, 2, 1.0
+    cap = mc.capacity(n, k, E, f)
+    drops = []
+    for _ in range(400):
+        chosen = torch.randn(n, E, generator=g).topk(k, dim=-1).indices      # (n, k), distinct
+        load = torch.bincount(chosen.reshape(-1), minlength=E)
+        drops.append(float((load - cap).clamp(min=0).sum()) / (n * k))
+    simulated = sum(drops) / len(drops)
+    assert mc.dropped_fraction(E, k, n, f) == pytest.approx(simulated, abs=0.003)
+    assert mc.dropped_fraction(E, k, n, f) == pytest.approx(0.0305, abs=5e-4)   # not 0.0330
+    assert mc.dropped_fraction(64, 8, 4096, 1.0) == pytest.approx(0.0165, abs=5e-4)
+
+
 @pytest.mark.parametrize("kw,words", [(dict(n_expert=4, k=5), ["top-k=5", "n_expert=4"]),
                                       (dict(n_expert=8, k=2, ep=3), ["ep=3", "divides 8"]),
                                       (dict(n_expert=8, k=2, factor=0.0), ["drop every token"])])

@@ -32,7 +32,7 @@ def test_the_chapter_table_numbers_are_the_chapters_own():
         for column, value in expected.items():
             if got.get(column) != value:
                 wrong.append(f"chapter {number} {column}: README {got.get(column)!r}, chapter {value}")
-    assert not wrong, "\n".join(wrong) + "\n(python -m labkit.chapter_stats prints them)"
+    assert not wrong, "\n".join(wrong) + "\n(python -m labkit.chapter_stats --write-readme puts them in)"
 
 
 def test_the_readme_is_a_door():
