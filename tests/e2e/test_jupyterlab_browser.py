@@ -23,7 +23,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from e2e_common import free_port, need
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
@@ -59,18 +59,7 @@ def _selected(name: str) -> bool:
     return not wanted or name[:2] in wanted.split(",")
 
 
-def _need(ok: bool, why: str) -> None:
-    if ok:
-        return
-    if os.environ.get("LABKIT_E2E_REQUIRED") == "1":
-        pytest.fail(f"{why} (LABKIT_E2E_REQUIRED=1)")
-    pytest.skip(f"{why}: run scripts/e2e-setup.sh to install Chromium and Playwright")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_need, _free_port = need, free_port   # shared with the other browser tests (e2e_common)
 
 
 def _api(server, method: str, path: str):

@@ -22,13 +22,13 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from e2e_common import free_port, need
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
@@ -40,18 +40,7 @@ DOCMANAGER = Path("jupyterlab/user-settings/@jupyterlab/docmanager-extension/plu
 AUTOSAVE_S = 3  # the test's copy only; the book keeps JupyterLab's default (on, every 120 s)
 
 
-def _need(ok: bool, why: str) -> None:
-    if ok:
-        return
-    if os.environ.get("LABKIT_E2E_REQUIRED") == "1":
-        pytest.fail(f"{why} (LABKIT_E2E_REQUIRED=1)")
-    pytest.skip(f"{why}: run scripts/e2e-setup.sh to install Chromium and Playwright")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_need, _free_port = need, free_port   # shared with the other browser tests (e2e_common)
 
 
 def _api(srv, path: str):
