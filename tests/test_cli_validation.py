@@ -97,15 +97,15 @@ BAD = {
 
 @pytest.fixture
 def no_process_starts(monkeypatch):
-    """labkit.launch.run (and the copy the pipeline measurement imported) fail the test."""
-    import labkit.launch
-    import labkit.pipeline.measure
+    """Starting a rank fails the test. The patch is on the launcher's first step inside
+    labkit.launch.process, not on `run` itself: a module first imported during the test would
+    otherwise bind the refusing `run` by `from labkit.launch import run` and keep it afterwards."""
+    import labkit.launch.process
 
     def refuse(*a, **k):
         pytest.fail("a process was started before the options were checked")
 
-    monkeypatch.setattr(labkit.launch, "run", refuse)
-    monkeypatch.setattr(labkit.pipeline.measure, "run", refuse)
+    monkeypatch.setattr(labkit.launch.process, "sweep_orphans", refuse)
 
 
 def test_every_lab_has_bad_option_cases():

@@ -163,10 +163,12 @@ def test_a_hung_answer_is_stopped_and_the_next_exercises_graded(tmp_path):
     nb = _edited(SOLUTION, [("replace", DOC, "    while True:\n        pass\n" + DOC)])
     path = tmp_path / f"hang_{NAME}"
     nbformat.write(nb, str(path))
-    row = grade_notebook(path, checker_timeout=20)
-    assert row["scores"] == {"0.1": 0, "0.2": 2, "0.3": 5}, row
+    # 45 s, not less: on CI's two loaded cores the next answer's checker (0.2 starts ranks at
+    # three world sizes, 5 s here when idle) runs under the same limit and must finish within it
+    row = grade_notebook(path, checker_timeout=45)
+    assert row["scores"] == {"0.1": 0, "0.2": 2, "0.3": 5}, (row["error"], row["failures"])
     assert "0.1: answer from code cell 3" in row["error"]
-    assert "still running after 20 s and was stopped" in row["error"], row["error"]
+    assert "still running after 45 s and was stopped" in row["error"], row["error"]
 
 
 def test_no_process_left_behind(graded):
