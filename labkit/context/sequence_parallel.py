@@ -133,8 +133,9 @@ def _row_out(layer, y, group):
 class _GatherLinear(torch.autograd.Function):
     """[all-gather(x) @ W_i^T + b_i for each layer i] that saves only this rank's x (B, T/tp, h)
     and all-gathers it again in backward for the dW_i (Korthikanti et al. section 4.2.2;
-    Megatron-LM overlaps that all-gather with the reduce-scatter of dx). Keeps (tp-1)/tp less of
-    the input, for one more all-gather per column-parallel entry in backward."""
+    Megatron-LM launches that all-gather before the dX = dY W product and overlaps it with it).
+    Keeps (tp-1)/tp less of the input, for one more all-gather per column-parallel entry in
+    backward."""
 
     @staticmethod
     def forward(ctx, x, group, n, *params):                  # params: W_1..W_n, then b_1..b_n
@@ -155,6 +156,13 @@ class _GatherLinear(torch.autograd.Function):
         dx = sum(g @ w for g, w in zip(grads, ws))           # (B, T, h) partial over ranks
         dx = _reduce_scatter_seq(dx, ctx.group, "SP reduce-scatter backward")
         return (dx, None, None, *dws, *dbs)
+
+
+def gather_linear(x, group, *weights):
+    """SP's column-parallel entry the Megatron way: all-gather(x) @ W_i^T for each weight, keeping
+    only this rank's (B, T/tp, h) chunk for backward and all-gathering it again there (one more
+    all-gather than `gather_sequence(x) @ W^T`, which keeps the gathered (B, T, h))."""
+    return _GatherLinear.apply(x, group, len(weights), *weights)
 
 
 def _column(layers, x, group, regather: bool):
