@@ -41,8 +41,6 @@ def test_sources_name_only_chapters_that_exist():
 def test_a_changed_output_is_caught(tmp_path):
     """The guard itself: prose quoting 0.9997 passes while the output prints 0.9997, fails after
     a re-run prints 0.9990."""
-    import json
-
     def nb(printed):
         return {"cells": [
             {"cell_type": "code", "source": "", "outputs": [
