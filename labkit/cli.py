@@ -224,13 +224,38 @@ def _bench(names, rest, json_path: str = "bench-results.json") -> int:
         print(f"labkit: no benchmark named {unknown[0]!r}; available: {', '.join(known)}",
               file=sys.stderr)
         return 2
+    if not names and ({"-h", "--help"} & set(rest)):
+        print(_bench_help(known))
+        return 0
     names = names or known
+    modules = {name: _load("labkit.bench", name) for name in names}
+    if {"-h", "--help"} & set(rest):   # each named benchmark's options, then stop
+        for name, module in modules.items():
+            try:
+                module.options(["--help"])
+            except SystemExit:
+                pass
+        return 0
+    # Every benchmark's options are checked before the first one starts: a bad value for the
+    # third must not cost the reader the minutes of the first two.
+    taken_by_none = None
+    for name, module in modules.items():
+        try:
+            _, left = module.options(rest)
+        except _input_errors() as err:
+            print(f"labkit: bench {name}: {' '.join(str(err).split())}", file=sys.stderr)
+            return 2
+        taken_by_none = left if taken_by_none is None else [a for a in taken_by_none if a in left]
+    if taken_by_none:
+        print(f"labkit: bench: no benchmark named here takes {' '.join(taken_by_none)} "
+              f"(labkit bench {names[0]} --help lists its options)", file=sys.stderr)
+        return 2
     results = {}
-    for name in names:
+    for name, module in modules.items():
         print(f"== benchmark: {name}", flush=True)
         try:
-            results[name] = _load("labkit.bench", name).main(rest)
-        except _input_errors() as err:  # bad input: one line, exit 2, as for labs
+            results[name] = module.main(rest)
+        except _input_errors() as err:  # bad input found only while running: one line, exit 2
             if os.environ.get("LABKIT_DEBUG"):
                 raise
             print(f"labkit: bench {name}: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
@@ -238,6 +263,22 @@ def _bench(names, rest, json_path: str = "bench-results.json") -> int:
     Path(json_path).write_text(json.dumps(results, indent=2))
     print(f"wrote {json_path}")
     return 0
+
+
+def _bench_help(known) -> str:
+    """`labkit bench --help`: the command's own options and each benchmark's first line."""
+    lines = ["usage: labkit bench [NAME ...] [--json FILE] [options of the benchmarks named]", "",
+             "Run benchmarks: each prints a table; all results go to one JSON file. With no NAME,",
+             "every benchmark runs (docs/benchmarks.md shows their tables).", "",
+             "options:",
+             "  --json FILE   where to write the results (default: bench-results.json)",
+             "  -h, --help    this help; `labkit bench NAME --help` shows NAME's options", "",
+             "benchmarks:"]
+    for name in known:
+        doc = (_load("labkit.bench", name).__doc__ or "").strip().split("\n\n")[0]
+        first = " ".join(doc.split()).removeprefix("Benchmark: ")
+        lines.append(f"  {name:<12}  {first}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

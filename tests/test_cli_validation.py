@@ -120,12 +120,33 @@ def test_bad_options_refused_before_any_process(lab, args, capsys, no_process_st
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("args", [["ddp", "--ranks", "0"], ["nosuch"], ["pipeline", "--K", "0"],
-                                  ["context", "--seq", "x"]])
+@pytest.mark.parametrize("args", [
+    ["ddp", "--ranks", "0"], ["nosuch"], ["pipeline", "--K", "0"], ["context", "--seq", "x"],
+    ["pipeline", "--stages", "1"], ["pipeline", "--pad-ms", "-1", "5"], ["tp", "--tps", "3"],
+    ["tp", "--hidden", "100"], ["parallel", "--batch", "3"], ["checkpoint", "--mbytes", "0"],
+    ["collectives", "--sizes-mib", "0"], ["moe", "--ranks", "0"], ["launch", "--repeats", "0"],
+    ["zero", "--steps", "0"],
+    # the bad value belongs to the second benchmark: refused before the first one starts
+    ["ddp", "tp", "--tps", "3"], ["collectives", "context", "--cp", "1"],
+    # an option no benchmark named takes
+    ["ddp", "checkpoint", "--nosuch", "1"]],
+    ids=" ".join)
 def test_bench_bad_options_refused(args, capsys, no_process_starts, tmp_path):
     out = tmp_path / "r.json"
     _one_line_error(capsys, cli.main(["bench", *args, "--json", str(out)]), "labkit:")
     assert not out.exists()
+
+
+def test_bench_help_lists_every_benchmark_and_each_shows_its_defaults(capsys, no_process_starts):
+    assert cli.main(["bench", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--json FILE" in text
+    for name in cli._names("labkit.bench"):
+        assert re.search(rf"^  {name} +\S", text, re.M), name
+        assert cli.main(["bench", name, "--help"]) == 0
+        own = capsys.readouterr().out
+        assert own.startswith(f"usage: labkit bench {name}"), own[:80]
+        assert "(default:" in own, name
 
 
 def test_messages_name_a_value_that_works(capsys, no_process_starts):

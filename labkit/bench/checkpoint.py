@@ -60,14 +60,22 @@ def _job(root: str, mbytes: float, load_from: str | None):
     return out
 
 
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
+    p = ArgParser(prog="labkit bench checkpoint")
+    p.add_argument("--mbytes", type=positive, default=64.0, help="state size in MB (1e6 bytes)")
+    p.add_argument("--folder", default=None,
+                   help="folder to write in (None: the system temp folder)")
+    a, rest = p.parse_known_args(list(argv or ()))
+    return a, rest
+
+
 def main(argv=None) -> dict:
     from labkit.checkpoint.async_save import measure_stall
     from labkit.launch import run
 
-    p = ArgParser(prog="labkit bench checkpoint")
-    p.add_argument("--mbytes", type=positive, default=64.0, help="state size in MB (1e6 bytes)")
-    p.add_argument("--folder", default=None, help="where to write (default: a temp folder)")
-    a, _ = p.parse_known_args(argv)
+    a, _ = options(argv)
     root = tempfile.mkdtemp(prefix="labkit-bench-ckpt-", dir=a.folder)
     rows = []
     try:

@@ -91,14 +91,21 @@ def table(rows) -> str:
         ("vs built-in", "busbw_ratio_to_builtin", lambda v: f"{v:.2f}x", ">")])
 
 
-def main(argv=()) -> dict:
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench collectives")
     p.add_argument("--ranks", type=count, nargs="+", default=[2, 4],
                    help="rank counts to measure (one launch each)")
     p.add_argument("--sizes-mib", type=positive, nargs="+", default=[1, 4, 16, 64],
                    help="buffer sizes, MiB")
     p.add_argument("--repeats", type=count, default=5, help="timed repeats (median)")
-    args = p.parse_args(list(argv))
+    args, rest = p.parse_known_args(list(argv or ()))
+    return args, rest
+
+
+def main(argv=()) -> dict:
+    args, _ = options(argv)
     rows = []
     for n in args.ranks:
         rows += measure(n, [int(s * comm.MiB) for s in args.sizes_mib], repeats=args.repeats)

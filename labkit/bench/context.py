@@ -38,7 +38,7 @@ import statistics
 
 import torch
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import ArgParser, BadOption, count
 
 LAYOUT = "zigzag"
 FORWARD_WHERE = "ring attention k/v"                       # labkit.context.ring_attention's labels
@@ -305,7 +305,9 @@ def _print_ranks(ranks: list) -> None:
               "labkit.costs.context.cp_ring_layer_bytes"))
 
 
-def main(argv=()) -> dict:
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench context")
     p.add_argument("--cp", type=count, nargs="+", default=[2, 4],
                    help="context-parallel degrees to measure")
@@ -313,7 +315,16 @@ def main(argv=()) -> dict:
     p.add_argument("--heads", type=count, default=4, help="attention heads")
     p.add_argument("--dim", type=count, default=32, help="head dimension d")
     p.add_argument("--repeats", type=count, default=10, help="timed repeats (median)")
-    a = p.parse_args(list(argv))
+    a, rest = p.parse_known_args(list(argv or ()))
+    try:
+        check_config(a.cp, a.seq, a.heads, a.dim, a.repeats)
+    except ValueError as err:
+        raise BadOption(str(err)) from None
+    return a, rest
+
+
+def main(argv=()) -> dict:
+    a, _ = options(argv)
     res = measure(a.cp, a.seq, a.heads, a.dim, a.repeats)
     _print(res)
     return res

@@ -50,7 +50,9 @@ def table(rows) -> str:
         ("all-reduces/step", "allreduces_per_step", ".0f")])
 
 
-def main(argv=None) -> dict:
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench ddp", description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=count, nargs="+", default=[2, 4],
                    help="rank counts to measure (one launch each)")
@@ -60,7 +62,12 @@ def main(argv=None) -> dict:
     p.add_argument("--n-embd", type=count, default=64, help="hidden size")
     p.add_argument("--steps", type=count, default=5, help="steps per timed block")
     p.add_argument("--rounds", type=count, default=5, help="timed blocks per version (median)")
-    args = p.parse_args(argv)
+    args, rest = p.parse_known_args(list(argv or ()))
+    return args, rest
+
+
+def main(argv=None) -> dict:
+    args, _ = options(argv)
     from labkit.ddp.timing import BENCH
 
     cfg = dict(BENCH, n_layer=args.n_layer, n_embd=args.n_embd)

@@ -42,12 +42,19 @@ def measure(n: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main(argv=()) -> dict:
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench launch")
     p.add_argument("--ranks", type=count, nargs="+", default=[2, 4, 8],
                    help="rank counts to measure (one launch each)")
     p.add_argument("--repeats", type=count, default=3, help="timed repeats (median)")
-    args = p.parse_args(list(argv))
+    args, rest = p.parse_known_args(list(argv or ()))
+    return args, rest
+
+
+def main(argv=()) -> dict:
+    args, _ = options(argv)
     rows = []
     for n in args.ranks:
         runs = [measure(n) for _ in range(args.repeats)]

@@ -13,16 +13,23 @@ from labkit.cliargs import ArgParser, count, positive
 from labkit.table import table
 
 
-def main(argv=()) -> dict:
-    from labkit.launch import run
-    from labkit.moe.alltoall import bench_job
-
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench moe")
     p.add_argument("--ranks", type=count, default=4,
                    help="rank counts to measure (one launch each)")
     p.add_argument("--mib", type=positive, default=4.0, help="buffer per rank, MiB")
     p.add_argument("--repeats", type=count, default=5, help="timed repeats (median)")
-    a = p.parse_args(list(argv))
+    a, rest = p.parse_known_args(list(argv or ()))
+    return a, rest
+
+
+def main(argv=()) -> dict:
+    from labkit.launch import run
+    from labkit.moe.alltoall import bench_job
+
+    a, _ = options(argv)
     n = a.ranks
     per_peer = max(1, int(a.mib * 2**20 / 4 / n))                 # float32 elements per peer
     res = run(bench_job, n, args=(per_peer, a.repeats), echo=False)[0]

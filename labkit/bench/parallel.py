@@ -14,32 +14,52 @@ from __future__ import annotations
 
 import statistics
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import ArgParser, BadOption, count
+from labkit.launch import run
+from labkit.model import GPTConfig
+from labkit.parallel import Plan, check_plan
+from labkit.parallel.compare import bytes_rows
+from labkit.parallel.job import train
+from labkit.table import table
 
 PLANS = [dict(), dict(dp=2, tp=2), dict(dp=2, pp=2), dict(tp=2, pp=2), dict(dp=2, tp=2, pp=2),
          dict(dp=2, tp=2, sp=True), dict(dp=2, cp=2), dict(tp=2, cp=2)]
 
 
-def main(argv=()) -> dict:
-    from labkit.launch import run
-    from labkit.model import GPTConfig
-    from labkit.parallel import Plan, check_plan
-    from labkit.parallel.compare import bytes_rows
-    from labkit.parallel.job import train
-    from labkit.table import table
-
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench parallel")
     p.add_argument("--steps", type=count, default=6, help="timed steps")
     p.add_argument("--batch", type=count, default=8, help="sequences per step")
     p.add_argument("--n-layer", type=count, default=4, help="transformer blocks")
     p.add_argument("--n-embd", type=count, default=64, help="hidden size")
-    a = p.parse_args(list(argv))
-    cfg_kw = dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=4, block_size=32)
+    a, rest = p.parse_known_args(list(argv or ()))
+    cfg = GPTConfig(**_cfg_kw(a))
+    for kw in PLANS:
+        plan = _plan(kw)
+        try:
+            check_plan(plan, cfg, plan.world, a.batch)
+        except ValueError as err:
+            raise BadOption(" ".join(str(err).split())) from None
+    return a, rest
+
+
+def _cfg_kw(a) -> dict:
+    return dict(n_layer=a.n_layer, n_embd=a.n_embd, n_head=4, block_size=32)
+
+
+def _plan(kw: dict):
+    return Plan(**kw, micro_batches=2 if kw.get("pp") else None)
+
+
+def main(argv=()) -> dict:
+    a, _ = options(argv)
+    cfg_kw = _cfg_kw(a)
     cfg = GPTConfig(**cfg_kw)
     rows = []
     for kw in PLANS:
-        plan = Plan(**kw, micro_batches=2 if kw.get("pp") else None)
-        check_plan(plan, cfg, plan.world, a.batch)
+        plan = _plan(kw)
         res = run(train, plan.world, args=(plan, cfg_kw, a.steps, a.batch, "sgd", False),
                   echo=False)
         per_step = [max(r["step_times"][i] for r in res) for i in range(1, a.steps)]

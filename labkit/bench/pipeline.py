@@ -18,11 +18,13 @@ run's own action times and the formula, and the bubble each schedule sheds witho
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import ArgParser, BadOption, count
 from labkit.pipeline import back_to_back, measure, schedules
 
 
-def main(argv=()) -> dict:
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench pipeline")
     p.add_argument("--stages", type=count, nargs="+", default=[2, 4],
                    help="pipeline stages P to measure")
@@ -37,7 +39,23 @@ def main(argv=()) -> dict:
     p.add_argument("--back-to-back", action="store_true",
                    help="steps with a flush vs back to back (no flush), padded")
     p.add_argument("--steps", type=count, default=4, help="steps per run with --back-to-back")
-    args = p.parse_args(list(argv))
+    args, rest = p.parse_known_args(list(argv or ()))
+    if args.pad_ms is not None and min(args.pad_ms) < 0:
+        raise BadOption(f"--pad-ms {' '.join(f'{x:g}' for x in args.pad_ms)}: sleeps cannot be "
+                        f"negative; e.g. --pad-ms 5 10, or 0 0 for real compute only")
+    for P in args.stages:
+        if P < 2:
+            raise BadOption(f"--stages {P}: a pipeline needs 2 stages or more; e.g. --stages 2 4")
+        for sched, K, v in _specs(P, args.K, args.v, gpipe=not args.back_to_back):
+            try:
+                schedules.make(sched, P, K, v)
+            except ValueError as err:
+                raise BadOption(f"--stages {P} --K {K}: {sched}: {err}") from None
+    return args, rest
+
+
+def main(argv=()) -> dict:
+    args, _ = options(argv)
     if args.back_to_back:
         args.pad_ms = args.pad_ms or [8.0, 16.0]
         return _back_to_back(args)

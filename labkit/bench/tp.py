@@ -9,14 +9,14 @@ overhead of TP, not its speed-up: ranks share cores, Gloo goes through the kerne
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import ArgParser, BadOption, count
 from labkit.costs import tensor_parallel as tpc
 from labkit.table import table
 
 
-def main(argv=()) -> dict:
-    from labkit.tp.measure import count_layer_comm, time_layers
-
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench tp")
     p.add_argument("--tps", type=count, nargs="+", default=[1, 2, 4],
                    help="tensor-parallel degrees to measure")
@@ -25,7 +25,21 @@ def main(argv=()) -> dict:
     p.add_argument("--batch", type=count, default=8, help="sequences per step")
     p.add_argument("--seq", type=count, default=64, help="tokens per sequence")
     p.add_argument("--repeats", type=count, default=10, help="timed repeats (median)")
-    a = p.parse_args(list(argv))
+    a, rest = p.parse_known_args(list(argv or ()))
+    if a.hidden % a.heads:
+        raise BadOption(f"--hidden {a.hidden} is not divisible by --heads {a.heads}; e.g. "
+                        f"--hidden {a.heads * 32}")
+    for tp in a.tps:
+        if a.heads % tp:
+            raise BadOption(f"--tps {tp}: the {a.heads} heads do not split over {tp} ranks; "
+                            f"use a divisor of --heads, e.g. 2")
+    return a, rest
+
+
+def main(argv=()) -> dict:
+    from labkit.tp.measure import count_layer_comm, time_layers
+
+    a, _ = options(argv)
     b, s, h = a.batch, a.seq, a.hidden
     rows = time_layers(tuple(a.tps), b=b, s=s, h=h, n_head=a.heads, repeats=a.repeats)
     comm_rows = []

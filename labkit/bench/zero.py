@@ -176,9 +176,9 @@ def table(rows) -> str:
         ("held/pred", "bytes_ratio", ".4f")])
 
 
-def main(argv=()) -> dict:
-    from labkit.model import GPTConfig
-
+def options(argv=()):
+    """Parse and check the options; labkit.cli calls it for every named benchmark before any
+    runs. Returns (options, the arguments this benchmark does not take)."""
     p = ArgParser(prog="labkit bench zero")
     p.add_argument("--ranks", type=count, nargs="+", default=[4],
                    help="rank counts to measure (one launch each)")
@@ -186,7 +186,14 @@ def main(argv=()) -> dict:
     p.add_argument("--warmup", type=at_least_zero, default=2, help="untimed steps first")
     p.add_argument("--n-embd", type=count, default=64, help="hidden size")
     p.add_argument("--n-layer", type=count, default=4, help="transformer blocks")
-    args = p.parse_args(list(argv))
+    args, rest = p.parse_known_args(list(argv or ()))
+    return args, rest
+
+
+def main(argv=()) -> dict:
+    from labkit.model import GPTConfig
+
+    args, _ = options(argv)
     cfg = GPTConfig(block_size=32, n_layer=args.n_layer, n_head=4, n_embd=args.n_embd,
                     tie_weights=False)
     rows = []
