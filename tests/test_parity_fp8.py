@@ -45,3 +45,19 @@ def test_inf_amax_never_enters_the_history():
     assert all(torch.isfinite(v) for v in h.values) and len(h.values) == 1
     for _ in range(16):                                        # the next steps: all finite
         assert torch.isfinite(fp8.fake(x, "e4m3", "tensor", h)).all()
+
+
+def test_delayed_scaling_carries_the_previous_scale_through_zero_and_inf_steps():
+    """As Transformer Engine's delayed-scaling update keeps the old scale where amax is 0 or not
+    finite: a history of 2 after a step with amax 2 (scale 224) and then all-zero steps."""
+    h = fp8.AmaxHistory(1)
+    fp8.fake(torch.tensor([2.0, -1.0]), "e4m3", "tensor", h)   # first step: its own amax, 224
+    assert h.scale.item() == 224.0
+    fp8.fake(torch.zeros(3), "e4m3", "tensor", h)               # uses amax 2 (recorded before)
+    assert h.scale.item() == 224.0
+    y = fp8.fake(torch.tensor([0.0, 0.5]), "e4m3", "tensor", h)  # history holds 0: scale kept
+    assert h.scale.item() == 224.0 and y.tolist() == [0.0, 0.5]
+    fp8.fake(torch.tensor([float("inf")]), "e4m3", "tensor", h)  # history 0.5: 896
+    assert h.scale.item() == 896.0
+    fp8.fake(torch.tensor([1.0]), "e4m3", "tensor", h)          # inf never entered: 0.5 still
+    assert h.scale.item() == 896.0

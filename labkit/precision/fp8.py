@@ -95,6 +95,13 @@ class AmaxHistory:
 
     def __init__(self, length: int = 16):
         self.length, self.values = length, []
+        self.scale = torch.tensor(1.0)          # the last scale used: kept when amax is 0 or inf
+
+    def next_scale(self, x: torch.Tensor, fmt: str) -> torch.Tensor:
+        """This step's scale from the history (TE's delayed scaling); where the history's amax
+        is 0 (an all-zero tensor so far) or not finite, the previous step's scale stays."""
+        self.scale = tensor_scale(self.amax(x), fmt, previous=self.scale)
+        return self.scale
 
     def amax(self, x: torch.Tensor) -> torch.Tensor:
         now = x.detach().abs().max().float()
@@ -108,7 +115,10 @@ def fake(x, fmt, recipe, history=None, block=(1, 128)):
     """x through fp8 under a recipe: 'tensor' (delayed, needs history) or 'block'."""
     if recipe == "block":
         return fake_blocks(x, fmt, block)
-    return fake_tensor(x, fmt, history.amax(x) if history is not None else None)
+    if history is None:
+        return fake_tensor(x, fmt)
+    s = history.next_scale(x, fmt)
+    return dequantize(quantize(x, fmt, s), s)
 
 
 class _Fp8Matmul(torch.autograd.Function):
