@@ -26,17 +26,24 @@ posted, and refuses a message to a rank that does not exist (Gloo would crash wi
 over another process group than the one passed (it would hang). When a rank dies or a sum is
 wrong, the logs are matched across ranks to name the first message whose length its receiver did
 not expect: Gloo aborts on a longer one and silently fills a shorter one.
-
-Long because: its observer, bounds and diagnosis serve one exercise (kept out of ch01.py, whose
-rings share one rank job); the hints a learner acts on are most of its lines.
 """
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
 
-from labkit.check import Checker, fail
-from labkit.launch import RankError
+import torch
+import torch.distributed as dist
 
+from labkit import netcount
+from labkit.check import Checker, Forbidden, Refused, collectives_refusal, fail, graded, reason_in
+from labkit.check.guards import CollectiveLog
+from labkit.launch import RankError, device, note
+
+EXERCISE, TITLE, POINTS = ("1.3", "all-reduce in O(log N) rounds: recursive halving, then "
+                           "doubling, any N", 6)
 # (world size, shown): one launch each; 3 and 6 are hidden. With the group of ranks 1..N-1 the
 # all-reduce runs on N = 2, 3, 4, 5 and 6 ranks, five of them not powers of two
 WORLDS = [(4, True), (3, False), (6, False)]
@@ -48,9 +55,9 @@ VECTORS = [("float32", (1,), False), ("float32", (5, 7), False), ("int64", (37,)
 HANG_TIMEOUT = 20.0       # seconds; a correct answer finishes every world size in about one
 BYTES_SLACK = 0.05        # over the optimum
 HEADER_BYTES = 512        # per message (Gloo's header is under 200 bytes)
-FORBIDDEN = ("labkit.collectives",)
+FORBIDDEN = Forbidden(("labkit.collectives",), why="write the all-reduce yourself from "
+                      "isend/irecv")
 WHY = "build the all-reduce from send/recv (or isend/irecv) only"
-REFUSED = "[refused by the 1.3 checker]"   # marks the observer's refusal in a traceback
 
 
 def power_of_two_core(n: int) -> int:
@@ -83,9 +90,7 @@ def _observer(path: str, case: int, rank: int, members: list, group):
     over another process group than `group` or to a rank that does not exist, and appends
     "case op peer elements" (peer: its global rank) to `path` before each send or receive is
     posted (flushed at once, so the line survives a rank that Gloo aborts)."""
-    import torch.distributed as dist
 
-    from labkit.check.guards import CollectiveLog
 
     n = len(members)
 
@@ -104,15 +109,15 @@ def _observer(path: str, case: int, rank: int, members: list, group):
             if func.namespace == "c10d" and op in ("send", "recv", "recv_any_source"):
                 pg = dist.ProcessGroup.unbox(args[1])
                 if pg is not group:
-                    raise RuntimeError(
-                        f"{REFUSED} rank {rank} called dist.{op} over a process group of "
+                    raise Refused(
+                        f"rank {rank} called dist.{op} over a process group of "
                         f"{pg.size()} ranks, but this all-reduce runs over the group of {n} ranks "
                         f"{members} passed as `group`: pass group= to every send and receive (and "
                         f"count ranks in it: dist.get_rank(group), dist.get_world_size(group))")
                 peer = args[2] if op != "recv_any_source" else None
                 if peer is not None and not (0 <= peer < n and members[peer] != rank):
-                    raise RuntimeError(
-                        f"{REFUSED} rank {rank} called dist.{op} with rank {peer} of its group "
+                    raise Refused(
+                        f"rank {rank} called dist.{op} with rank {peer} of its group "
                         f"of {n} as its partner. With N = {n}, only ranks "
                         f"0..{power_of_two_core(n) - 1} halve and double after the fold: which "
                         f"partner does your pairing give a rank whose partner would be {n} or "
@@ -128,7 +133,6 @@ def _observer(path: str, case: int, rank: int, members: list, group):
 
 def _inputs(i: int, rank: int, dtype: str, shape: tuple):
     """Rank `rank`'s input for vector i: drawn on the CPU, the same numbers on any device."""
-    import torch
 
     g = torch.Generator().manual_seed(1000 * i + rank)
     return torch.randint(-4, 5, shape, generator=g, device="cpu").to(getattr(torch, dtype))
@@ -138,13 +142,8 @@ def _job(fn, vectors, logdir):
     """Rank side: the reader's all-reduce on each vector, beside dist.all_reduce's result on the
     same data; compared here (only a summary goes back), with the kernel's byte count and the
     observer's send count around the reader's call. A rank outside a case's group returns None."""
-    import os
 
-    import torch
-    import torch.distributed as dist
 
-    from labkit import netcount
-    from labkit.launch import device, note
 
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
     sub = dist.new_group(list(range(1, n)))            # every rank takes part in making it
@@ -186,7 +185,6 @@ def _job(fn, vectors, logdir):
 
 def _read_logs(logdir: str, n: int) -> dict:
     """{rank: [(case, op, peer, elements), ...]} from the observer's files (what got written)."""
-    import os
 
     logs = {}
     for rank in range(n):
@@ -225,18 +223,14 @@ def _length_mismatch(logs: dict, n: int, vectors: list, case: int | None = None)
 
 
 def _launch(c: Checker, fn, n: int, vectors: list):
-    import shutil
-    import tempfile
-
     logdir = tempfile.mkdtemp(prefix="labkit-ch01-")
     try:
         results = c.launch(_job, n, args=(fn, vectors, logdir), timeout=HANG_TIMEOUT)
         return {"ranks": results, "logs": _read_logs(logdir, n), "vectors": vectors}
     except RankError as err:
         trace = err.remote_traceback
-        refused = [ln for ln in trace.splitlines() if REFUSED in ln]
-        if refused:
-            fail(refused[-1].split(REFUSED, 1)[1].strip())
+        if reason_in(trace):
+            raise                                      # the Checker reports the refusal
         if "is not part of group" in trace:
             fail(f"rank {err.rank}: {trace.strip().splitlines()[-1]}. With a group, dst= and "
                  f"src= are GLOBAL ranks: pass group ranks as group_dst=/group_src= (or convert "
@@ -329,22 +323,14 @@ def _check_bytes(res: dict, n: int) -> None:
                  f"{together:,} (+{BYTES_SLACK:.0%} and headers: {allowed:,.0f}). " + hint)
 
 
+@graded("1.3")
 def halving_doubling_all_reduce(fn, worlds=WORLDS, vectors=VECTORS):
     """Exercise 1.3: fn(x, group=None) sums x over the group's ranks in place, in O(log N)
     rounds (see the module). worlds, vectors: as WORLDS and VECTORS (tests pass fewer)."""
-    from labkit.check.ch01 import EXERCISES, collectives_called
-    from labkit.check.guards import forbidden_used
-
-    c = Checker("1.3", *EXERCISES["1.3"])
-    used = collectives_called(fn)
-    bad = forbidden_used([fn], FORBIDDEN)
-    refuse = ""
-    if used:
-        refuse = (f"your function calls {', '.join('dist.' + u for u in used)}: build the "
-                  f"all-reduce from point-to-point messages only (isend/irecv or send/recv)")
-    elif bad:
-        refuse = (f"your code uses {', '.join(bad)}: write the all-reduce yourself from "
-                  f"isend/irecv")
+    c = Checker(EXERCISE, TITLE, POINTS)
+    c.refuse(collectives_refusal(fn, "build the all-reduce from point-to-point messages only "
+                                     "(isend/irecv or send/recv)")
+             or FORBIDDEN.refusal(fn))
     hidden = 0
     for n, shown in worlds:
         if shown:
@@ -362,7 +348,5 @@ def halving_doubling_all_reduce(fn, worlds=WORLDS, vectors=VECTORS):
                    lambda res, n=n: _check_messages(res, n)),
                   ("bytes sent, per rank and in all: halving-doubling's (kernel count)",
                    lambda res, n=n: _check_bytes(res, n))]
-        c.cases_on_one_launch(label, checks, lambda n=n: _launch(c, fn, n, vectors),
-                              refuse=refuse)
+        c.cases_on_one_launch(label, checks, lambda n=n: _launch(c, fn, n, vectors))
     return c.finish()
-

@@ -1,36 +1,19 @@
-"""Checkers for chapter 00: predict a model's training-state bytes, a first send/recv, and a
-data-parallel training loop by hand.
-
-    labkit.check.ch00.state_bytes(predict_state_bytes)          # 0.1 predict, then measure
-    labkit.check.ch00.shift_right(shift_right)                  # 0.2
-    labkit.check.ch00.data_parallel(DataParallelTrainer)        # 0.3 (labkit.check.ch00_trainer)
-
-0.1: YOUR prediction of the bytes of weights, gradients and optimizer states (master copy
-included) for a dtype/optimizer combination is compared with labkit.costs.memory and with the
+"""Exercise 0.1: YOUR prediction of the bytes of weights, gradients and optimizer states (master
+copy included) for a dtype/optimizer combination, compared with labkit.costs.memory and with the
 storage bytes (untyped_storage().nbytes(), deduplicated) of a real GPT after one real optimizer
 step in that combination, within 1%.
 
-0.2: YOUR shift_right runs on 2, 3 and 4 real ranks, with a 4 MB tensor among the shapes (a
-blocking send first on every rank hangs there); collectives are refused while it runs.
-
-0.3: YOUR data-parallel trainer (a class: one flat broadcast at construction, uneven shards,
-gradient accumulation, one flat all-reduce per step, global-norm clipping) runs on 2, 3 and 4 real
-ranks whose models start from different weights; five properties are graded per world size, each
-watched without the reader's help (labkit.check.ch00_trainer says how).
+    labkit.check.ch00.state_bytes(predict_state_bytes)
 """
 from __future__ import annotations
 
 import torch
 
-from labkit.check import Checker, fail, tensors_close, graded
+from labkit.check import Checker, fail, graded
+from labkit.costs import memory
+from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 
-EXERCISES = {
-    "0.1": ("predict a model's training-state bytes, then measure them", 3),
-    "0.2": ("a first send/recv: shift right around a ring", 2),
-    "0.3": ("data-parallel training by hand", 5),
-}
-
-# ----------------------------------------------------------------------------- 0.1
+EXERCISE, TITLE, POINTS = "0.1", "predict a model's training-state bytes, then measure them", 3
 STATE_MODEL = dict(n_layer=2, n_embd=64, n_head=4, block_size=32)    # about 0.13 M parameters
 # (weights dtype, gradients dtype, fp32 master copy, optimizer); the last two are hidden
 STATE_CASES = [(torch.bfloat16, torch.bfloat16, True, "adam"),
@@ -44,7 +27,6 @@ OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}    # fp32 tensors per pa
 
 def costs_prediction(n_params: int, weights, grads, master: bool, optimizer: str) -> dict:
     """labkit.costs' answer: a Precision with the bytes per parameter of this combination."""
-    from labkit.costs import memory
 
     opt = 4 * master + 4 * OPTIMIZER_STATES[optimizer]
     r = memory.Precision("case", weights.itemsize, grads.itemsize, opt)
@@ -53,8 +35,6 @@ def costs_prediction(n_params: int, weights, grads, master: bool, optimizer: str
 
 
 def state_model_params() -> int:
-    from labkit.model import GPT, GPTConfig
-
     return sum(p.numel() for p in GPT(GPTConfig(**STATE_MODEL), seed=0).parameters())
 
 
@@ -72,7 +52,6 @@ def measure_state(weights, grads, master: bool, optimizer: str) -> tuple:
     real GPT after one real step: forward and backward in the weights' dtype; gradients kept in
     `grads` (an fp32 copy, as Megatron's main_grad, when it differs); the optimizer updating an
     fp32 master copy when `master`, else the weights themselves."""
-    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 
     model = GPT(GPTConfig(**STATE_MODEL), seed=0).to(weights)
     params = list(model.parameters())                           # tied weights listed once
@@ -120,7 +99,7 @@ def _state_hint(key, got, measured, n, weights, grads, master, optimizer) -> str
 def state_bytes(fn, cases=None):
     """Exercise 0.1: fn(n_params, weights, grads, master, optimizer) -> {"weights", "grads",
     "optimizer", "total"} in bytes."""
-    c = Checker("0.1", *EXERCISES["0.1"])
+    c = Checker(EXERCISE, TITLE, POINTS)
     cases = STATE_CASES if cases is None else cases
     for i, (w, g, master, optimizer) in enumerate(cases):
         hidden = i >= 3
@@ -146,69 +125,3 @@ def state_bytes(fn, cases=None):
                         abs(got[key] - measured[key]) > STATE_TOLERANCE * measured[key] > 0:
                     fail(_state_hint(key, got[key], measured[key], n, w, g, master, optimizer))
     return c.finish()
-
-
-# ----------------------------------------------------------------------------- 0.2
-SHIFT_WORLDS = (2, 3, 4)            # 4: hidden
-SHIFT_SHAPES = [(7,), (1, 4), (1_000_000,)]   # 4 MB: a blocking send waits for its receiver
-SHIFT_TIMEOUT = 30.0
-
-
-def _shift_job(fn, shapes):
-    """Rank side: the reader's function on rank-dependent data, collectives refused."""
-    import torch.distributed as dist
-
-    from labkit.check.guards import CollectiveLog
-    from labkit.launch import device, note
-
-    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
-    out = []
-    for shape in shapes:
-        def data(r):
-            g = torch.Generator().manual_seed(1000 * r + len(shape))
-            return torch.randn(shape, generator=g, device="cpu").to(dev)  # cpu: same anywhere
-        x = data(rank)
-        before = x.clone()
-        note(f"your shift_right of a tensor of shape {shape}")
-        with CollectiveLog(refuse=True, why="pass the tensor with send/recv (or isend/irecv)"):
-            got = fn(x)
-        out.append({"got": got.cpu() if isinstance(got, torch.Tensor) else got,
-                    "want": data((rank - 1) % n).cpu(), "unchanged": torch.equal(x, before),
-                    "wrong_way": data((rank + 1) % n).cpu()})
-    return out
-
-
-@graded("0.2")
-def shift_right(fn, worlds=SHIFT_WORLDS):
-    """Exercise 0.2: fn(x) -> the tensor of rank (rank - 1) mod N, by point-to-point messages."""
-    c = Checker("0.2", *EXERCISES["0.2"])
-    for world in worlds:
-        name = f"{world} ranks, shapes {SHIFT_SHAPES}" if world < 4 else "hidden case"
-        with c.case(name):
-            rows = c.launch(_shift_job, world, args=(fn, SHIFT_SHAPES), timeout=SHIFT_TIMEOUT)
-            for rank, per_shape in enumerate(rows):
-                for shape, row in zip(SHIFT_SHAPES, per_shape):
-                    what = f"rank {rank} of {world}, shape {shape}"
-                    got = row["got"]
-                    if not isinstance(got, torch.Tensor) or got.shape != row["want"].shape:
-                        fail(f"{what}: return a tensor of the input's shape, got "
-                             f"{getattr(got, 'shape', type(got).__name__)}")
-                    if world > 2 and torch.equal(got, row["wrong_way"]):
-                        fail(f"{what}: you returned the RIGHT neighbour's tensor; whose tensor "
-                             f"should rank r hold after a shift to the right?")
-                    if not row["unchanged"]:
-                        fail(f"{what}: the input x was overwritten; where should the incoming "
-                             f"tensor land so that the caller keeps its data?")
-                    tensors_close(got, row["want"], rtol=0, atol=0,
-                                  what=f"{what} (did you wait for the receive to complete?)")
-    return c.finish()
-
-
-# ----------------------------------------------------------------------------- 0.3
-@graded("0.3")
-def data_parallel(cls, worlds=None):
-    """Exercise 0.3 (labkit.check.ch00_trainer): cls(model, optimizer, loss_fn, group=None,
-    accumulation=1, max_norm=None) with .step(x, y) -> loss, at 2, 3 and 4 real ranks."""
-    from labkit.check.ch00_trainer import data_parallel as check
-
-    return check(cls, worlds, ("0.3", *EXERCISES["0.3"]))

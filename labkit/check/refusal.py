@@ -1,0 +1,64 @@
+"""The one way a checker says "your code used X, which this exercise forbids".
+
+Before anything runs, by reading the code (labkit.check.forbidden):
+
+    FORBIDDEN = Forbidden(("labkit.ddp", "torch.nn.parallel"), {"BucketedDDP"},
+                          why="that is the exercise done for you")
+    c.refuse(FORBIDDEN.refusal(cls))      # every case of the checker fails with it, unlaunched
+    FORBIDDEN.used(cls)                   # ["labkit.ddp (BucketedDDP)"]
+    c.refuse(collectives_refusal(fn, "build the ring from send/recv only"))   # source read
+
+While it runs (on a rank or in the checker's process), by raising Refused: the checker's table
+shows its message alone (labkit.check.Checker), whichever rank raised it.
+
+    raise Refused("collective dist.all_gather called: pass the tensor with send/recv")
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from labkit.check.forbidden import forbidden_used
+from labkit.check.source import collectives_called
+
+MARK = "[refused]"      # finds a Refused's message in a rank's traceback text
+_IN_TRACEBACK = re.compile(re.escape(MARK) + r" (.*)")
+
+
+class Refused(RuntimeError):
+    """The reader's code, while it ran, used what the exercise forbids."""
+
+    def __init__(self, message: str):
+        super().__init__(f"{MARK} {message}")
+        self.reason = message
+
+
+def reason_in(text: str) -> str | None:
+    """The message of the last Refused in a traceback's text, or None."""
+    found = _IN_TRACEBACK.findall(text or "")
+    return found[-1].strip() if found else None
+
+
+@dataclass(frozen=True)
+class Forbidden:
+    """What an exercise's answer may not use: modules (a prefix each), names, and why not."""
+    modules: tuple
+    names: frozenset = field(default_factory=frozenset)
+    why: str = "write it yourself"
+
+    def used(self, *objs) -> list:
+        """Sorted descriptions of what the functions or classes (and the helpers they reach) use
+        of the forbidden modules and names; [] if nothing."""
+        return forbidden_used(list(objs), tuple(self.modules), set(self.names))
+
+    def refusal(self, *objs, who: str = "your code") -> str:
+        """'' if nothing forbidden is used, else the one message every case fails with."""
+        used = self.used(*objs)
+        return f"{who} uses {', '.join(used)}: {self.why}" if used else ""
+
+
+def collectives_refusal(fn, why: str, who: str = "your function") -> str:
+    """'' if fn's own source calls no torch.distributed collective, else the message (the
+    source is read before anything runs; labkit.check.guards.CollectiveLog catches the rest)."""
+    used = collectives_called(fn)
+    return f"{who} calls {', '.join('dist.' + u for u in used)}: {why}" if used else ""
