@@ -1,4 +1,4 @@
-"""Exercise 4.3's checker: the reader's tensor-parallel MLP and attention against one process.
+"""Exercise 4.3: the reader's tensor-parallel MLP and attention against one process.
 
     labkit.check.ch04.tp_block(MyTensorParallelMLP, MyTensorParallelAttention)
 
@@ -14,12 +14,23 @@ answer) and torch's DTensor tensor parallelism are refused.
 """
 from __future__ import annotations
 
-from labkit.check import Checker, fail
-from labkit.check.guards import forbidden_used
+import torch
+import torch.distributed as dist
 
-FORBIDDEN_MODULES = ("labkit.tp", "torch.distributed.tensor")
-FORBIDDEN_NAMES = {"TensorParallelMLP", "TensorParallelAttention", "ColumnParallelLinear",
-                   "RowParallelLinear", "apply_tp", "parallelize_module"}
+from labkit import netcount
+from labkit.check import Checker, Forbidden, fail, graded, tensors_close
+from labkit.check.ch04.common import off_by_one_vector
+from labkit.check.guards import CollectiveLog
+from labkit.launch import device, note
+from labkit.model import CausalSelfAttention, GPTConfig, MLP
+
+EXERCISE, TITLE, POINTS = "4.3", "a tensor-parallel MLP and attention from your f and g", 6
+FORBIDDEN = Forbidden(("labkit.tp", "torch.distributed.tensor"),
+                      frozenset({"TensorParallelMLP", "TensorParallelAttention",
+                                 "ColumnParallelLinear", "RowParallelLinear", "apply_tp",
+                                 "parallelize_module"}),
+                      why="that is the book's answer (or torch's). Build the split from your f "
+                          "and g and F.linear.")
 LAUNCH_TIMEOUT = 90.0      # seconds: a busy 2-core machine imports torch slowly in 4 ranks
 HEADER_BYTES = 300          # Gloo's bytes per ring step besides the payload (tests/test_netcount.py)
 # world -> (MLP (h, B, T), attention (h, n_head, n_kv_head, B, T), refused (kind, h, n_head, n_kv))
@@ -49,14 +60,8 @@ def _expected_grads(kind, ref, rank, tp) -> dict:
 
 def _module_run(cls, kind, cfg_kwargs, B, T, seed):
     """Rank side: one forward + backward of the full module and of the reader's split."""
-    import torch
 
-    from labkit import netcount
-    from labkit.check.guards import CollectiveLog
-    from labkit.launch import device, note
-    from labkit.model import MLP, CausalSelfAttention, GPTConfig
 
-    import torch.distributed as dist
 
     rank, tp, dev = dist.get_rank(), dist.get_world_size(), device()
     cfg = GPTConfig(**cfg_kwargs)
@@ -90,8 +95,6 @@ def _module_run(cls, kind, cfg_kwargs, B, T, seed):
 
 
 def _refused(cls, kind, cfg_kwargs):
-    from labkit.model import MLP, CausalSelfAttention, GPTConfig
-
     cfg = GPTConfig(**cfg_kwargs)
     try:
         cls(MLP(cfg) if kind == "mlp" else CausalSelfAttention(cfg), None)
@@ -120,10 +123,6 @@ def block_job(mlp_cls, attn_cls, world_cases):
 
 # ----------------------------------------------------------------------------- assertions
 def assert_module(results, kind) -> None:
-    import torch
-
-    from labkit.check import tensors_close
-
     for rank, res in enumerate(results):
         r = res[kind]
         if r["missing"]:
@@ -133,13 +132,10 @@ def assert_module(results, kind) -> None:
             if got is None:
                 fail(f"rank {rank}: {name} is None: is the tensor part of the autograd graph "
                      "(no .detach(), .data or torch.no_grad() on the way)?")
-            if name == "output" and got.shape == want.shape:
-                diff = got.double() - want.double()                          # (B, T, h)
-                if diff.abs().max() > 1e-4 and torch.allclose(
-                        diff, diff[:1, :1].expand_as(diff), atol=1e-5):
-                    fail(f"rank {rank}: the {kind} output is off by the same vector at every "
-                         "position: is a bias added on every rank before the sum (so it is "
-                         "counted tp times) instead of once after it?")
+            if name == "output" and off_by_one_vector(got, want):
+                fail(f"rank {rank}: the {kind} output is off by the same vector at every "
+                     "position: is a bias added on every rank before the sum (so it is "
+                     "counted tp times) instead of once after it?")
             if got.shape != want.shape:
                 fail(f"rank {rank}: {name} has shape {tuple(got.shape)}, expected "
                      f"{tuple(want.shape)}: which rows (or columns) of the full weight does "
@@ -194,14 +190,11 @@ def assert_refused(results, world_cases, tp) -> None:
                  "and what to change")
 
 
+@graded("4.3")
 def tp_block(mlp_cls, attn_cls):
     """Exercise 4.3: mlp_cls(mlp, group) and attn_cls(attention, group) at tp = 2, 3, 4."""
-    from labkit.check.ch04 import EXERCISES
-
-    c = Checker("4.3", *EXERCISES["4.3"])
-    bad = forbidden_used([mlp_cls, attn_cls], FORBIDDEN_MODULES, FORBIDDEN_NAMES)
-    refuse = (f"your code uses {', '.join(bad)}: that is the book's answer (or torch's). Build "
-              "the split from your f and g and F.linear.") if bad else ""
+    c = Checker(EXERCISE, TITLE, POINTS)
+    c.refuse(FORBIDDEN.refusal(mlp_cls, attn_cls))
     for tp, cases in BLOCK_CASES.items():
         label = f"TP={tp}" if tp == 2 else f"hidden case, TP={tp}"
         checks = (("MLP: output and every gradient equal one process",
@@ -213,5 +206,5 @@ def tp_block(mlp_cls, attn_cls):
                   ("a size tp does not divide is refused with a ValueError",
                    lambda r: assert_refused(r, cases, tp)))
         c.cases_on_one_launch(label, checks, lambda: c.launch(
-            block_job, tp, args=(mlp_cls, attn_cls, cases), timeout=LAUNCH_TIMEOUT), refuse=refuse)
+            block_job, tp, args=(mlp_cls, attn_cls, cases), timeout=LAUNCH_TIMEOUT))
     return c.finish()
