@@ -104,6 +104,12 @@ class Checker:
         if reason and not self._stop_reason:
             self._stop_reason = reason
 
+    def go_on(self) -> None:
+        """Stop the current case at once where the checker has stopped (a refusal, a hang, a
+        stub), before work that does not go through launch() (a run of labkit's own code)."""
+        if self._stop_reason:
+            raise _Skip(self._stop_reason)
+
     def launch(self, fn, nprocs: int, args=(), kwargs=None, timeout: float = CHECK_TIMEOUT):
         """labkit.launch.run with a checker's timeout and without echoing the ranks' prints."""
         if self._stop_reason:

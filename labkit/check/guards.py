@@ -42,18 +42,20 @@ def public_name(op_name: str) -> str:
 
 class CollectiveLog(TorchDispatchMode):
     """Records every c10d operator dispatched on this thread while active (by its
-    torch.distributed name); with refuse=True a collective (anything but send/recv/barrier)
-    raises Refused (labkit.check.refusal) naming it instead of running."""
+    torch.distributed name); with refuse=True a collective (anything but send/recv/barrier and
+    the names in `allow`) raises Refused (labkit.check.refusal) naming it instead of running."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False    # else defining the mode imports torch._dynamo: seconds on a cold rank
 
-    def __init__(self, refuse: bool = False, why: str = "use point-to-point messages only"):
+    def __init__(self, refuse: bool = False, why: str = "use point-to-point messages only",
+                 allow: tuple = ()):
         super().__init__()
         self.calls: list = []
         self.numels: list = []          # elements in each call's tensors (its first argument)
         self.refuse, self.why = refuse, why
+        self.allowed = POINT_TO_POINT + tuple(allow)     # never refused (by name prefix)
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         if func.namespace == "c10d":
@@ -62,7 +64,7 @@ class CollectiveLog(TorchDispatchMode):
                 public = public_name(func.__name__)
                 self.calls.append(public)
                 self.numels.append(_numel(args[:1]))
-                if self.refuse and not public.startswith(POINT_TO_POINT):
+                if self.refuse and not public.startswith(self.allowed):
                     raise Refused(f"collective dist.{public} called: {self.why}")
         return func(*args, **(kwargs or {}))
 

@@ -9,13 +9,19 @@ Before anything runs, by reading the code (labkit.check.forbidden):
     c.refuse(collectives_refusal(fn, "build the ring from send/recv only"))   # source read
 
 While it runs (on a rank or in the checker's process), by raising Refused: the checker's table
-shows its message alone (labkit.check.Checker), whichever rank raised it.
+shows its message (labkit.check.Checker), whichever rank raised it.
 
     raise Refused("collective dist.all_gather called: pass the tensor with send/recv")
+    with FORBIDDEN.imports_watched("your load"):   # a forbidden module imported in the block
+        load(folder)
+    with calls_refused([(planner, "evaluate")], why="write the estimate yourself"):
+        got = estimate(config)                     # planner.evaluate raises Refused meanwhile
 """
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 from dataclasses import dataclass, field
 
 from labkit.check.forbidden import forbidden_used
@@ -56,9 +62,39 @@ class Forbidden:
         used = self.used(*objs)
         return f"{who} uses {', '.join(used)}: {self.why}" if used else ""
 
+    @contextlib.contextmanager
+    def imports_watched(self, who: str = "your code"):
+        """Raise Refused after the block if it imported a forbidden module (what reading the
+        source cannot see: an import by name, inside a library, behind importlib)."""
+        before = set(sys.modules)
+        yield
+        new = sorted(m for m in set(sys.modules) - before if m.startswith(tuple(self.modules)))
+        if new:
+            raise Refused(f"{who} imported {', '.join(new[:3])}: {self.why}")
+
 
 def collectives_refusal(fn, why: str, who: str = "your function") -> str:
     """'' if fn's own source calls no torch.distributed collective, else the message (the
     source is read before anything runs; labkit.check.guards.CollectiveLog catches the rest)."""
     used = collectives_called(fn)
     return f"{who} calls {', '.join('dist.' + u for u in used)}: {why}" if used else ""
+
+
+@contextlib.contextmanager
+def calls_refused(targets, why: str):
+    """While the block runs (in this process), each (module, name) in `targets` raises Refused
+    when called: the functions that ARE the answer, reached however the reader's code reaches
+    them. Restored afterwards."""
+    def refuse(qualified):
+        def refused(*args, **kwargs):
+            raise Refused(f"{qualified} was called: {why}")
+        return refused
+
+    saved = [(mod, name, getattr(mod, name)) for mod, name in targets]
+    for mod, name, _ in saved:
+        setattr(mod, name, refuse(f"{mod.__name__}.{name}"))
+    try:
+        yield
+    finally:
+        for mod, name, f in saved:
+            setattr(mod, name, f)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from labkit.check import Checker, fail, graded
 from labkit.check.ch03.common import predicted_held
+from labkit.check.mistakes import diagnose
 from labkit.costs import zero as costs_zero
 from labkit.launch import run
 from labkit.model import GPT
@@ -39,22 +40,25 @@ def costs_held(n_params, stage, world) -> dict:
     return out
 
 
-def _held_hint(key, ratio, stage, world) -> str:
-    near = lambda x: abs(ratio - x) <= HELD_TOLERANCE * x  # noqa: E731
+def held_mistakes(key: str, stage: int, world: int) -> list:
+    """(predicted / measured, hint) of the known wrong answers for one part."""
     if key == "sent":
-        if stage == 3 and near(2 / 3):
-            return ("ZeRO-3 frees the full parameters after forward: what must happen before "
-                    "backward can use them again?")
-        if near(2.0):
-            return "Only what this rank SENDS, not sent + received."
-        if near(0.5) or (stage == 3 and near(1 / 3)):
-            return "A reduce-scatter of the gradients AND an all-gather of the parameters."
-        return "On a ring of N ranks, what share of a buffer does each rank send per collective?"
-    if near(world):
-        return f"Stage {stage} shards the {key}: each rank keeps 1/{world} of them."
-    if near(1 / world):
-        return f"Does stage {stage} shard the {key}, or does every rank keep all of them?"
-    return f"How many bytes per parameter are {key} in fp32 AdamW, and which stage splits them?"
+        return ([(2 / 3, "ZeRO-3 frees the full parameters after forward: what must happen "
+                         "before backward can use them again?")] if stage == 3 else []) + [
+            (2.0, "Only what this rank SENDS, not sent + received."),
+            (0.5, "A reduce-scatter of the gradients AND an all-gather of the parameters.")] + (
+            [(1 / 3, "A reduce-scatter of the gradients AND an all-gather of the parameters.")]
+            if stage == 3 else [])
+    return [(world, f"Stage {stage} shards the {key}: each rank keeps 1/{world} of them."),
+            (1 / world, f"Does stage {stage} shard the {key}, or does every rank keep all of "
+                        f"them?")]
+
+
+def _held_hint(key, ratio, stage, world) -> str:
+    default = ("On a ring of N ranks, what share of a buffer does each rank send per collective?"
+               if key == "sent" else f"How many bytes per parameter are {key} in fp32 AdamW, "
+               f"and which stage splits them?")
+    return diagnose(ratio, held_mistakes(key, stage, world), default, HELD_TOLERANCE)
 
 
 @graded("3.3")

@@ -9,6 +9,7 @@ never NCCL's NVLink or InfiniBand.
 from __future__ import annotations
 
 from labkit.check import Checker, fail, graded
+from labkit.check.mistakes import diagnose
 from labkit.costs import tensor_parallel as tpc
 from labkit.launch import run
 from labkit.tp.measure import wire_job
@@ -26,18 +27,18 @@ def costs_tp_bytes(b, s, h, n_layer, tp, bytes_per_element=4) -> float:
     return n_layer * tpc.layer_bytes_sent_per_rank(b, s, h, tp, bytes_per_element)
 
 
-def _wire_hint(ratio, tp) -> str:
-    near = lambda x: abs(ratio - x) <= WIRE_TOLERANCE * x  # noqa: E731
-    if near(0.5):
-        return ("About half: how many all-reduces does one layer run in forward, and how many "
-                "in backward (attention and MLP each have a g and an f)?")
-    if near(tp / (2 * (tp - 1))) or near(tp / (4 * (tp - 1))):
-        return ("That is the all-reduced buffer's size; on a ring of tp ranks, how much of a "
-                "buffer does each rank SEND in one all-reduce (two phases)?")
-    if near(2.0):
-        return "Twice the count: only what this rank sends, not sent + received."
-    return ("How many all-reduces per layer, of how many bytes each (activations or weights?), "
-            "and what share of each does a ring rank send?")
+def wire_mistakes(tp: int) -> list:
+    """(predicted / measured, hint) of the known wrong answers at tensor-parallel degree tp."""
+    buffer = ("That is the all-reduced buffer's size; on a ring of tp ranks, how much of a "
+              "buffer does each rank SEND in one all-reduce (two phases)?")
+    return [(0.5, "About half: how many all-reduces does one layer run in forward, and how many "
+                  "in backward (attention and MLP each have a g and an f)?"),
+            (tp / (2 * (tp - 1)), buffer), (tp / (4 * (tp - 1)), buffer),
+            (2.0, "Twice the count: only what this rank sends, not sent + received.")]
+
+
+WIRE_DEFAULT = ("How many all-reduces per layer, of how many bytes each (activations or "
+                "weights?), and what share of each does a ring rank send?")
 
 
 @graded("4.4")
@@ -70,5 +71,6 @@ def tp_bytes(fn):
                      "checker disagrees with itself (please report it)")
             if abs(got / measured - 1) > WIRE_TOLERANCE:
                 fail(f"predicted {got:,.0f} B, measured {measured:,} B by the kernel "
-                     f"({got / measured:.2f}x). " + _wire_hint(got / measured, tp))
+                     f"({got / measured:.2f}x). " + diagnose(got / measured, wire_mistakes(tp), WIRE_DEFAULT,
+                                              WIRE_TOLERANCE))
     return c.finish()
