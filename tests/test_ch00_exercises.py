@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit.check import ch00, ch00_trainer
+from labkit.check import ch00
+from labkit.check.ch00 import trainer as ch00_trainer
+from labkit.check.ch00.trainer import runs as ch00_runs
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])   # ranks get these functions by value
 
@@ -85,7 +87,7 @@ def test_shift_right_wrong_answers_fail_with_the_reason(fn, hint):
 
 
 def test_shift_right_blocking_sends_are_reported_as_a_hang(monkeypatch):
-    monkeypatch.setattr(ch00, "SHIFT_TIMEOUT", 8.0)
+    monkeypatch.setattr(ch00.ring_shift, "SHIFT_TIMEOUT", 8.0)
     result = ch00.shift_right(_blocking_send_first, worlds=(2, 3))
     msg = result.cases[0]["message"]
     assert msg.startswith("HANG") and "dist.send(x" in msg and "rank 1 stuck" in msg, msg
@@ -214,7 +216,7 @@ def test_data_parallel_traffic_over_a_broadcast_and_the_rings_fails():
     """The kernel's byte count is graded on its own (no launch: the results are made up): one
     all-reduce per step of the right size, but twice the bytes a ring sends."""
     world, label, configs = WORLD3[0]
-    numel = ch00_trainer.trainable_numel(configs[0])
+    numel = ch00_runs.trainable_numel(configs[0])
     ring = 2 * (world - 1) / world * 8 * numel
     row = {"steps": [{"calls": [("all_reduce", numel + 1)]}] * 3, "sent": None}
     res = [[dict(row, sent=int(2 * 3 * ring) + 200_000), None] for _ in range(world)]

@@ -1,7 +1,7 @@
 """Chapter 03's exercises 3.2 (a whole ZeRO-2 optimizer) and 3.3 (predict bytes held and sent): a
 reference answer scores full marks, known-wrong answers lose the right cases with the hint that
 says why. The 3.2 answers share launches: one at 2 ranks and one at 3 run every class in turn
-(labkit.check.ch03_zero2_run._zero2_job per class), and the checker grades each class's results."""
+(labkit.check.ch03.zero2.run.zero2_job per class), and the checker grades each class's results."""
 import contextlib
 import math
 import sys
@@ -12,7 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit.check import ch03, ch03_zero2, ch03_zero2_run
+from labkit.check import ch03
+from labkit.check.ch03 import zero2 as ch03_zero2
+from labkit.check.ch03.zero2 import run as ch03_zero2_run
 from labkit.collectives import ring_reduce_scatter
 from labkit.launch import run
 
@@ -172,7 +174,7 @@ def _many_job(classes, case):
     out = []
     for cls in classes:
         try:
-            out.append(ch03_zero2_run._zero2_job(cls, *case))
+            out.append(ch03_zero2_run.zero2_job(cls, *case))
         except Exception:  # noqa: BLE001 - reported through the checker as that class's failure
             out.append(RuntimeError(traceback.format_exc(limit=-3)))
         dist.barrier()
@@ -265,7 +267,7 @@ def _right(n, stage, world):
 
 
 def test_held_and_sent_reference_and_wrong_predictions(monkeypatch):
-    monkeypatch.setattr(ch03, "HELD_CASES", [(3, 2)])
+    monkeypatch.setattr(ch03.held, "HELD_CASES", [(3, 2)])
     assert ch03.held_and_sent(_right).score == ch03.EXERCISES["3.3"][1]
     wrong = {
         "ZeRO-3 frees": lambda n, s, w: {**_right(n, s, w), "sent": 2 * (w - 1) / w * n * 4},

@@ -10,7 +10,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.check import ch04, ch04_block
+from labkit.check import ch04
+from labkit.check.ch04 import block as ch04_block
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])   # ranks get these classes by value
 
@@ -169,7 +170,7 @@ def test_labkit_tp_is_refused(tp2_only):
 
 # ----------------------------------------------------------------------------- 4.4
 def test_tp_bytes_reference_and_wrong_counts(monkeypatch):
-    monkeypatch.setattr(ch04, "WIRE_CASES", ch04.WIRE_CASES[1:2])     # tp=4: 2(tp-1)/tp != 1
+    monkeypatch.setattr(ch04.wire, "WIRE_CASES", ch04.WIRE_CASES[1:2])     # tp=4: 2(tp-1)/tp != 1
 
     def right(b, s, h, n_layer, tp, e):
         return n_layer * 4 * 2 * (tp - 1) / tp * b * s * h * e
@@ -186,7 +187,7 @@ def test_tp_bytes_reference_and_wrong_counts(monkeypatch):
 
 
 def test_stubs_score_zero(tp2_only, monkeypatch):
-    monkeypatch.setattr(ch04, "WIRE_CASES", ch04.WIRE_CASES[:2])
+    monkeypatch.setattr(ch04.wire, "WIRE_CASES", ch04.WIRE_CASES[:2])
 
     class Stub(nn.Module):
         def __init__(self, mod, group=None):

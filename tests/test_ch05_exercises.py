@@ -10,7 +10,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from labkit.check import ch05, ch05_stage
+from labkit.check import ch05
+from labkit.check.ch05.stage import observe as ch05_stage
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])   # ranks get these functions by value
 
@@ -152,7 +153,7 @@ def test_expected_order_and_peak_of_a_split_schedule():
     assert "".join(ch05_stage.expected_order(s.stages[1], first=False)) == "FBFBWFBWW"   # W(i) after B(i+1)
     assert "".join(ch05_stage.expected_order(s.stages[0], first=True)).count("B") == 0
     assert ch05_stage.expected_peak(s.stages[0], [10, 20, 30]) == 50        # F0 F1 held, then F1 F2
-    assert ch05_stage._fused_pairs(["F", "W", "B", "F"]) == ["F", "B", "W", "F"]
+    assert ch05_stage.fused_pairs(["F", "W", "B", "F"]) == ["F", "B", "W", "F"]
 
 
 # ----------------------------------------------------------------------------- 5.4 reference

@@ -166,8 +166,8 @@ def load_via_helper(folder, rank, world):          # the forbidden call one help
 
 
 def test_forbidden_used_follows_helpers_and_globals():
-    assert any("torch.distributed.checkpoint" in f for f in ch06.forbidden_used(load_via_helper))
-    assert ch06.forbidden_used(save_sharded, load_resharded) == []
+    assert any("torch.distributed.checkpoint" in f for f in ch06.FORBIDDEN.used(load_via_helper))
+    assert ch06.FORBIDDEN.used(save_sharded, load_resharded) == []
 
 
 # ----------------------------------------------------------------------------- 6.3

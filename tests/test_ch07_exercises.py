@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit.check import ch07, ch07_ring
+from labkit.check import ch07
+from labkit.check.ch07 import ring as ch07_ring
+from labkit.check.ch07 import ring_wire as ch07_ring_wire
 from labkit.collectives import exchange
 from labkit.context.layout import positions
 from labkit.context.tiled import attend, attend_backward, merge_partials
@@ -182,7 +184,7 @@ def _right(b, s, H, Hk, d, cp, e):
 
 
 def test_ring_bytes_reference_and_wrong_counts(monkeypatch):
-    monkeypatch.setattr(ch07_ring, "BYTES_CASES", ch07_ring.BYTES_CASES[1:2])  # cp=3, H=4, Hk=2
+    monkeypatch.setattr(ch07_ring_wire, "BYTES_CASES", ch07_ring_wire.BYTES_CASES[1:2])  # cp=3, H=4, Hk=2
     assert ch07.ring_bytes(_right).score == ch07.EXERCISES["7.4"][1]
     chunk = lambda b, s, H, Hk, d, cp, e: 2 * b * s / cp * Hk * d * e  # noqa: E731
     wrong = {

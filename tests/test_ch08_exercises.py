@@ -195,7 +195,7 @@ def _messages(res):
 
 @pytest.fixture
 def first_case_only(monkeypatch):
-    monkeypatch.setattr(ch08, "LAYER_CASES", ch08.LAYER_CASES[:1])
+    monkeypatch.setattr(ch08.expert_parallel, "LAYER_CASES", ch08.LAYER_CASES[:1])
 
 
 def test_layer_reference_scores_full():
@@ -232,7 +232,7 @@ def test_layer_without_the_divisibility_error_loses_that_case(first_case_only):
 
 
 def test_forbidden_used_reads_methods():
-    assert ch08.forbidden_used(UsesLabkitRouter) and not ch08.forbidden_used(Layer)
+    assert ch08.FORBIDDEN.used(UsesLabkitRouter) and not ch08.FORBIDDEN.used(Layer)
 
 
 # ----------------------------------------------------------------------------- 8.3

@@ -12,6 +12,10 @@ exercise notebook's checker cell with the reader's function. A checker is a list
                 assert ..., "a hint the learner can act on"
         return c.finish()
 
+An answer that uses what the exercise forbids is refused once, before any case runs
+(`c.refuse(FORBIDDEN.refusal(fn))`, labkit.check.refusal), or while it runs (a Refused raised on
+a rank or here): the table shows the refusal's message.
+
 A case fails on an AssertionError (its message is the hint), on a rank's exception (the rank's
 last traceback lines), on a hang (where each rank was stuck), or on sys.exit or an interrupt
 inside the answer (an interrupt also skips the cases left). A stub that still raises
@@ -28,6 +32,8 @@ import time
 import traceback
 
 from labkit.check.answers import graded  # noqa: F401 - every checker's decorator, re-exported
+from labkit.check.refusal import (MARK, Forbidden, Refused,  # noqa: F401 - re-exported
+                                  collectives_refusal, reason_in)
 from labkit.launch import HangError, RankError, run
 from labkit.launch.source import cell_name, frame_line
 from labkit.testing import tensors_close  # noqa: F401 - the checkers' comparison, re-exported
@@ -71,9 +77,13 @@ class Checker:
         except HangError as err:
             record["message"] = "HANG: " + _shorten_hang(err)
             self._stop_reason = "skipped after a hang (fix the hang first)"
+        except Refused as err:
+            record["message"] = err.reason
         except RankError as err:
             record["message"] = _rank_failure(err)
-            if "NotImplementedError" in err.remote_traceback:
+            if reason_in(err.remote_traceback):
+                record["message"] = _refused_on_rank(err)
+            elif "NotImplementedError" in err.remote_traceback:
                 record["message"] = "not implemented yet: " + err.remote_traceback.strip().splitlines()[-1]
                 self._stop_reason = "skipped: the exercise is not implemented yet"
         except Exception as err:  # noqa: BLE001 - any other failure of the reader's code
@@ -88,21 +98,31 @@ class Checker:
             self._stop_reason = "skipped after an interrupt"
         record["seconds"] = round(time.perf_counter() - start, 2)
 
+    def refuse(self, reason: str) -> None:
+        """Fail every case from here on with `reason` (labkit.check.refusal), launching nothing:
+        an answer that uses what the exercise forbids earns nothing. '' refuses nothing."""
+        if reason and not self._stop_reason:
+            self._stop_reason = reason
+
+    def go_on(self) -> None:
+        """Stop the current case at once where the checker has stopped (a refusal, a hang, a
+        stub), before work that does not go through launch() (a run of labkit's own code)."""
+        if self._stop_reason:
+            raise _Skip(self._stop_reason)
+
     def launch(self, fn, nprocs: int, args=(), kwargs=None, timeout: float = CHECK_TIMEOUT):
         """labkit.launch.run with a checker's timeout and without echoing the ranks' prints."""
         if self._stop_reason:
             raise _Skip(self._stop_reason)
         return run(fn, nprocs, args, kwargs, timeout=timeout, echo=False)
 
-    def cases_on_one_launch(self, label: str, checks, launch, refuse: str = "") -> None:
+    def cases_on_one_launch(self, label: str, checks, launch) -> None:
         """Several named checks graded on ONE launch's results (one launch per world size keeps
         a checker quick): `launch()` runs inside the first case; if it fails, every case of this
-        label fails the same way. `refuse`: a reason every case fails without launching."""
+        label fails the same way."""
         results, error = None, None
         for name, check in checks:
             with self.case(f"{label}: {name}"):
-                if refuse:
-                    fail(refuse)
                 if error:
                     raise error
                 if results is None:
@@ -169,6 +189,13 @@ def _rank_failure(err: RankError) -> str:
     lines = err.remote_traceback.strip().splitlines()
     # the reader's own frames matter most: keep the last few lines of the rank's traceback
     return f"rank {err.rank} raised:\n" + "\n".join(lines[-6:])
+
+
+def _refused_on_rank(err: RankError) -> str:
+    """A Refused raised on a rank: its message, then where the rank was (its traceback's end)."""
+    lines = [ln for ln in err.remote_traceback.strip().splitlines() if MARK not in ln]
+    return f"{reason_in(err.remote_traceback)}\n(rank {err.rank}, at:\n" + \
+        "\n".join(lines[-4:]) + ")"
 
 
 def _shorten_hang(err: HangError) -> str:

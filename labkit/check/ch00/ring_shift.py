@@ -1,0 +1,65 @@
+"""Exercise 0.2: YOUR shift_right runs on 2, 3 and 4 real ranks, with a 4 MB tensor among the
+shapes (a blocking send first on every rank hangs there); collectives are refused while it runs.
+
+    labkit.check.ch00.shift_right(shift_right)
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from labkit.check import Checker, fail, graded, tensors_close
+from labkit.check.guards import CollectiveLog
+from labkit.launch import device, note
+
+EXERCISE, TITLE, POINTS = "0.2", "a first send/recv: shift right around a ring", 2
+SHIFT_WORLDS = (2, 3, 4)            # 4: hidden
+SHIFT_SHAPES = [(7,), (1, 4), (1_000_000,)]   # 4 MB: a blocking send waits for its receiver
+SHIFT_TIMEOUT = 30.0
+
+
+def _shift_job(fn, shapes):
+    """Rank side: the reader's function on rank-dependent data, collectives refused."""
+
+
+    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
+    out = []
+    for shape in shapes:
+        def data(r):
+            g = torch.Generator().manual_seed(1000 * r + len(shape))
+            return torch.randn(shape, generator=g, device="cpu").to(dev)  # cpu: same anywhere
+        x = data(rank)
+        before = x.clone()
+        note(f"your shift_right of a tensor of shape {shape}")
+        with CollectiveLog(refuse=True, why="pass the tensor with send/recv (or isend/irecv)"):
+            got = fn(x)
+        out.append({"got": got.cpu() if isinstance(got, torch.Tensor) else got,
+                    "want": data((rank - 1) % n).cpu(), "unchanged": torch.equal(x, before),
+                    "wrong_way": data((rank + 1) % n).cpu()})
+    return out
+
+
+@graded("0.2")
+def shift_right(fn, worlds=SHIFT_WORLDS):
+    """Exercise 0.2: fn(x) -> the tensor of rank (rank - 1) mod N, by point-to-point messages."""
+    c = Checker(EXERCISE, TITLE, POINTS)
+    for world in worlds:
+        name = f"{world} ranks, shapes {SHIFT_SHAPES}" if world < 4 else "hidden case"
+        with c.case(name):
+            rows = c.launch(_shift_job, world, args=(fn, SHIFT_SHAPES), timeout=SHIFT_TIMEOUT)
+            for rank, per_shape in enumerate(rows):
+                for shape, row in zip(SHIFT_SHAPES, per_shape):
+                    what = f"rank {rank} of {world}, shape {shape}"
+                    got = row["got"]
+                    if not isinstance(got, torch.Tensor) or got.shape != row["want"].shape:
+                        fail(f"{what}: return a tensor of the input's shape, got "
+                             f"{getattr(got, 'shape', type(got).__name__)}")
+                    if world > 2 and torch.equal(got, row["wrong_way"]):
+                        fail(f"{what}: you returned the RIGHT neighbour's tensor; whose tensor "
+                             f"should rank r hold after a shift to the right?")
+                    if not row["unchanged"]:
+                        fail(f"{what}: the input x was overwritten; where should the incoming "
+                             f"tensor land so that the caller keeps its data?")
+                    tensors_close(got, row["want"], rtol=0, atol=0,
+                                  what=f"{what} (did you wait for the receive to complete?)")
+    return c.finish()

@@ -1,0 +1,210 @@
+"""Exercise 4.3: the reader's tensor-parallel MLP and attention against one process.
+
+    labkit.check.ch04.tp_block(MyTensorParallelMLP, MyTensorParallelAttention)
+
+One launch per world size (2 shown; 3 and 4 hidden, with grouped-query attention at 3) runs, on
+every rank: the one-process labkit.model.MLP / CausalSelfAttention and the reader's split of it on
+the same input and upstream gradient; the output, dL/dx and the gradient of every kept weight are
+compared with the matching rows or columns of the full ones. Every c10d op in forward and in
+backward is observed (labkit.check.guards, a TorchDispatchMode): Megatron's layout needs exactly
+one all-reduce of (B, T, h) each way per module and nothing else; the bytes each rank sent are
+counted by the kernel (labkit.netcount) against 2 all-reduces' ring optimum plus Gloo's headers.
+A size tp does not divide must be refused with a ValueError that names it. labkit.tp (the book's
+answer) and torch's DTensor tensor parallelism are refused.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from labkit import netcount
+from labkit.check import Checker, Forbidden, fail, graded, tensors_close
+from labkit.check.ch04.common import off_by_one_vector
+from labkit.check.guards import CollectiveLog
+from labkit.launch import device, note
+from labkit.model import CausalSelfAttention, GPTConfig, MLP
+
+EXERCISE, TITLE, POINTS = "4.3", "a tensor-parallel MLP and attention from your f and g", 6
+FORBIDDEN = Forbidden(("labkit.tp", "torch.distributed.tensor"),
+                      frozenset({"TensorParallelMLP", "TensorParallelAttention",
+                                 "ColumnParallelLinear", "RowParallelLinear", "apply_tp",
+                                 "parallelize_module"}),
+                      why="that is the book's answer (or torch's). Build the split from your f "
+                          "and g and F.linear.")
+LAUNCH_TIMEOUT = 90.0      # seconds: a busy 2-core machine imports torch slowly in 4 ranks
+HEADER_BYTES = 300          # Gloo's bytes per ring step besides the payload (tests/test_netcount.py)
+# world -> (MLP (h, B, T), attention (h, n_head, n_kv_head, B, T), refused (kind, h, n_head, n_kv))
+BLOCK_CASES = {2: ((12, 2, 5), (16, 4, 4, 2, 5), ("attention", 12, 3, 3)),
+               3: ((9, 1, 7), (18, 6, 3, 1, 6), ("mlp", 10, 2, 2)),         # hidden
+               4: ((10, 2, 3), (16, 8, 4, 2, 4), ("attention", 16, 8, 2))}  # hidden
+MLP_PARAMS = ("fc_weight", "fc_bias", "proj_weight", "proj_bias")
+ATTN_PARAMS = ("q_weight", "q_bias", "k_weight", "k_bias", "v_weight", "v_bias", "o_weight",
+               "o_bias")
+
+
+def _expected_grads(kind, ref, rank, tp) -> dict:
+    """name -> the slice of the full module's weight gradient this rank's parameter must get."""
+    if kind == "mlp":
+        n = ref.fc.out_features // tp
+        rows = slice(rank * n, (rank + 1) * n)
+        return {"fc_weight": ref.fc.weight.grad[rows], "fc_bias": ref.fc.bias.grad[rows],
+                "proj_weight": ref.proj.weight.grad[:, rows], "proj_bias": ref.proj.bias.grad}
+    d = ref.head_dim
+    q = slice(rank * ref.n_head // tp * d, (rank + 1) * ref.n_head // tp * d)
+    kv = slice(rank * ref.n_kv_head // tp * d, (rank + 1) * ref.n_kv_head // tp * d)
+    out = {"o_weight": ref.o_proj.weight.grad[:, q], "o_bias": ref.o_proj.bias.grad}
+    for name, lin, cut in (("q", ref.q_proj, q), ("k", ref.k_proj, kv), ("v", ref.v_proj, kv)):
+        out[f"{name}_weight"], out[f"{name}_bias"] = lin.weight.grad[cut], lin.bias.grad[cut]
+    return out
+
+
+def _module_run(cls, kind, cfg_kwargs, B, T, seed):
+    """Rank side: one forward + backward of the full module and of the reader's split."""
+
+
+
+    rank, tp, dev = dist.get_rank(), dist.get_world_size(), device()
+    cfg = GPTConfig(**cfg_kwargs)
+    torch.manual_seed(seed)
+    ref = (MLP(cfg) if kind == "mlp" else CausalSelfAttention(cfg)).to(dev)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(B, T, cfg.n_embd, generator=g).to(dev).requires_grad_()  # (B, T, h) all ranks
+    up = torch.randn(B, T, cfg.n_embd, generator=g).to(dev)                   # upstream gradient
+    (ref(x) * up).sum().backward()
+    note(f"your {kind} constructor, tp={tp}")
+    mine = cls(ref, None)
+    xt = x.detach().clone().requires_grad_()
+    dist.barrier()
+    with netcount.socket_bytes() as wire:
+        with CollectiveLog() as fwd:
+            note(f"your {kind} forward, tp={tp}")
+            y = mine(xt)                                                       # (B, T, h)
+        with CollectiveLog() as bwd:
+            note(f"your {kind} backward, tp={tp}")
+            (y * up).sum().backward()
+    names = MLP_PARAMS if kind == "mlp" else ATTN_PARAMS
+    params = dict(mine.named_parameters())
+    pairs = {"output": (y.detach(), ref(x).detach()), "dL/dx": (xt.grad, x.grad)}
+    for name, want in _expected_grads(kind, ref, rank, tp).items():
+        p = params.get(name)
+        pairs[f"{name} gradient"] = (None if p is None else p.grad, want)
+    return {"pairs": {k: (None if a is None else a.detach().cpu(), b.detach().cpu())
+                      for k, (a, b) in pairs.items()},
+            "missing": [n for n in names if n not in params], "fwd": fwd.sized(),
+            "bwd": bwd.sized(), "sent": wire.sent, "elements": B * T * cfg.n_embd}
+
+
+def _refused(cls, kind, cfg_kwargs):
+    cfg = GPTConfig(**cfg_kwargs)
+    try:
+        cls(MLP(cfg) if kind == "mlp" else CausalSelfAttention(cfg), None)
+    except ValueError as err:
+        return str(err)
+    except Exception as err:  # noqa: BLE001 - another failure is a wrong answer, said as such
+        return f"{type(err).__name__} (not ValueError): {err}"
+    return None
+
+
+def block_job(mlp_cls, attn_cls, world_cases):
+    """Rank side: every sub-case of one world size. The refusal is local, so an exception there
+    is kept as its text; an exception in a module's forward or backward ends the launch (the
+    other ranks would wait in a collective forever), failing this world's cases with its trace."""
+    (h, B, T), (ha, nh, nkv, Ba, Ta), (bad_kind, hb, nhb, nkvb) = world_cases
+    try:
+        refused = _refused(mlp_cls if bad_kind == "mlp" else attn_cls, bad_kind,
+                           dict(n_embd=hb, n_head=nhb, n_kv_head=nkvb))
+    except NotImplementedError:
+        raise
+    return {"refused": refused,
+            "mlp": _module_run(mlp_cls, "mlp", dict(n_embd=h, n_head=1), B, T, 3),
+            "attention": _module_run(attn_cls, "attention",
+                                     dict(n_embd=ha, n_head=nh, n_kv_head=nkv), Ba, Ta, 5)}
+
+
+# ----------------------------------------------------------------------------- assertions
+def assert_module(results, kind) -> None:
+    for rank, res in enumerate(results):
+        r = res[kind]
+        if r["missing"]:
+            fail(f"rank {rank}: your {kind} has no parameter named {', '.join(r['missing'])}: "
+                 "keep this rank's weights under the names the docstring gives")
+        for name, (got, want) in r["pairs"].items():
+            if got is None:
+                fail(f"rank {rank}: {name} is None: is the tensor part of the autograd graph "
+                     "(no .detach(), .data or torch.no_grad() on the way)?")
+            if name == "output" and off_by_one_vector(got, want):
+                fail(f"rank {rank}: the {kind} output is off by the same vector at every "
+                     "position: is a bias added on every rank before the sum (so it is "
+                     "counted tp times) instead of once after it?")
+            if got.shape != want.shape:
+                fail(f"rank {rank}: {name} has shape {tuple(got.shape)}, expected "
+                     f"{tuple(want.shape)}: which rows (or columns) of the full weight does "
+                     "this rank keep?")
+            tensors_close(got, want, rtol=1e-4, atol=1e-5, what=f"rank {rank}: {kind} {name}")
+
+
+def assert_communication(results, tp) -> None:
+    for rank, res in enumerate(results):
+        for kind in ("mlp", "attention"):
+            r = res[kind]
+            n = r["elements"]
+            for when, calls in (("forward", r["fwd"]), ("backward", r["bwd"])):
+                other = sorted({c for c, _ in calls if c != "all_reduce"})
+                if other:
+                    fail(f"{kind} {when} called dist.{', dist.'.join(other)}: a column-parallel "
+                         "layer followed by a row-parallel one needs no communication between "
+                         "them. Which single collective does each side need?")
+                sizes = [k for _, k in calls]
+                if len(sizes) != 1:
+                    fail(f"{kind} {when} ran {len(sizes)} all-reduces, Megatron needs one. "
+                         + ("Where is the partial sum of the row-parallel layer added up?"
+                            if when == "forward" and not sizes else
+                            "Does every projection get its own f? One f on x serves q, k and "
+                            "v (and fc), so dL/dx is summed once." if when == "backward" and
+                            sizes else "Where does the gradient of x get summed?"))
+                if sizes[0] != n:
+                    fail(f"{kind} {when} all-reduced {sizes[0]} elements; the activations are "
+                         f"(B, T, h) = {n}. What should cross the ranks: activations or weights?")
+            optimum = 2 * 2 * (tp - 1) / tp * n * 4
+            slack = 2 * 2 * (tp - 1) * HEADER_BYTES
+            if r["sent"] is not None and r["sent"] > optimum + slack:
+                fail(f"rank {rank}'s {kind} sent {r['sent']:,} bytes (counted by the kernel); "
+                     f"two ring all-reduces of (B, T, h) fp32 send {optimum:,.0f} (+ {slack} of "
+                     "headers). What else crosses the wire?")
+
+
+def assert_refused(results, world_cases, tp) -> None:
+    kind, h, nh, nkv = world_cases[2]
+    what = (f"an MLP with hidden size {4 * h}" if kind == "mlp" else
+            f"attention with n_head={nh}, n_kv_head={nkv}")
+    for rank, res in enumerate(results):
+        msg = res["refused"]
+        if msg is None:
+            fail(f"rank {rank}: {what} at tp={tp} was accepted; a size tp does not divide must "
+                 "raise ValueError (it would silently drop heads or columns)")
+        if msg.startswith(("ValueError", "TypeError", "RuntimeError")) or "(not ValueError)" in msg:
+            fail(f"rank {rank}: {what} at tp={tp} raised {msg.splitlines()[0][:160]}; raise a "
+                 "ValueError yourself, before slicing")
+        if str(tp) not in msg:
+            fail(f"rank {rank}: the error says {msg!r}; say which size tp={tp} must divide, "
+                 "and what to change")
+
+
+@graded("4.3")
+def tp_block(mlp_cls, attn_cls):
+    """Exercise 4.3: mlp_cls(mlp, group) and attn_cls(attention, group) at tp = 2, 3, 4."""
+    c = Checker(EXERCISE, TITLE, POINTS)
+    c.refuse(FORBIDDEN.refusal(mlp_cls, attn_cls))
+    for tp, cases in BLOCK_CASES.items():
+        label = f"TP={tp}" if tp == 2 else f"hidden case, TP={tp}"
+        checks = (("MLP: output and every gradient equal one process",
+                   lambda r: assert_module(r, "mlp")),
+                  ("attention (whole heads per rank): output and gradients equal one process",
+                   lambda r: assert_module(r, "attention")),
+                  ("communication: one all-reduce of (B, T, h) forward and one backward per "
+                   "module; bytes counted by the kernel", lambda r: assert_communication(r, tp)),
+                  ("a size tp does not divide is refused with a ValueError",
+                   lambda r: assert_refused(r, cases, tp)))
+        c.cases_on_one_launch(label, checks, lambda: c.launch(
+            block_job, tp, args=(mlp_cls, attn_cls, cases), timeout=LAUNCH_TIMEOUT))
+    return c.finish()

@@ -1,0 +1,46 @@
+"""Chapter 05's shared pieces: the reader's per-stage function as a Schedule, and the run of a
+schedule on real processes against the one-process reference (5.1 and 5.2 both end with it).
+"""
+from __future__ import annotations
+
+from labkit.check import Checker, fail
+from labkit.model import GPTConfig
+from labkit.pipeline import causality, executor
+from labkit.pipeline.executor import schedules_job
+from labkit.pipeline.schedules import Action, from_stage_fn
+
+RUN_CASES = [(2, 3), (3, 5)]                                     # on real processes, batch 7 rows
+RUN_TIMEOUT = 90.0  # seconds a launched case may run once its ranks joined (a loaded CI machine
+                    # ran a correct P=3 case past the default 30 s); a real hang reports after it
+
+
+
+def schedule_from(fn, P: int, K: int):
+    """The reader's per-stage function as a Schedule (with a hint when it returns the wrong thing)."""
+
+    s = from_stage_fn(fn, P, K, name="yours")
+    for p, actions in enumerate(s.stages):
+        if not all(isinstance(a, Action) for a in actions):
+            bad = next(a for a in actions if not isinstance(a, Action))
+            fail(f"stage {p}: found {bad!r} in the list; return actions made with F(k), B(k) "
+                 f"(and W(k)) from labkit.pipeline.schedules")
+    return s
+
+
+
+def _run_job(s, cfg, batch_size):
+    return schedules_job([s], cfg, batch_size)[0]
+
+
+def run_on_processes(c: Checker, s, bubble_floor: bool) -> None:
+    """Schedule s on P real processes (a GPT of P layers, a batch of 7 rows): loss and gradients
+    against the one-process reference, and a causal timeline (and, with bubble_floor, no stage
+    idle less than the schedule allows)."""
+    cfg = GPTConfig(n_layer=s.P, n_embd=16, n_head=2, block_size=16)
+    merged = executor.merge(c.launch(_run_job, s.P, args=(s, cfg, 7), timeout=RUN_TIMEOUT))
+    executor.compare_to_reference(merged, executor.reference_step(cfg, 7))
+    bad = causality.check_causality(s, merged["timeline"])
+    if bubble_floor:
+        bad += causality.check_bubble_floor(s, merged["timeline"])
+    if bad:
+        fail(f"the measured timeline is impossible ({len(bad)} problems), first: {bad[0]}")

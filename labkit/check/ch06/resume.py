@@ -1,0 +1,88 @@
+"""Exercise 6.1: save and restore the random state for an exact resume.
+
+    labkit.check.ch06.exact_resume(capture_rng_state, restore_rng_state)
+
+The checker trains the chapter's tiny run (dropout on, data reshuffled by NumPy, windows jittered
+by Python's `random`, torch drawing dropout masks), interrupts it on real processes, saves a full
+checkpoint whose random state comes from YOUR capture function, starts fresh processes, restores
+with YOUR restore function, and compares the final weights bit for bit with a run that was never
+interrupted, at 1 and 2 ranks.
+"""
+from __future__ import annotations
+
+import io
+import random
+import tempfile
+
+import numpy as np
+import torch
+
+from labkit.check import Checker, fail, graded
+
+EXERCISE, TITLE, POINTS = "6.1", "save and restore the random state for an exact resume", 4
+
+
+def _draws():
+    return (random.random(), float(np.random.rand()), torch.rand(3).tolist())
+
+
+def assert_round_trip(capture, restore) -> None:
+    """Capture, draw from each generator, restore, draw again: the draws must repeat."""
+    state = capture()
+    first = _draws()
+    restore(state)
+    again = _draws()
+    for name, a, b in zip(("Python's random", "NumPy's global generator", "torch's CPU generator"),
+                          first, again):
+        if a != b:
+            fail(f"after restore, {name} gave {b} instead of {a}: capture and restore it too")
+
+
+def assert_weights_only(capture) -> None:
+    """The state must survive torch.save + torch.load(weights_only=True)."""
+    buf = io.BytesIO()
+    torch.save(capture(), buf)
+    buf.seek(0)
+    try:
+        torch.load(buf, weights_only=True)
+    except Exception as err:  # noqa: BLE001
+        fail("the captured state cannot be loaded with torch.load(weights_only=True): keep only "
+             "tensors, numbers, strings, lists, tuples and dicts (convert NumPy arrays with "
+             f"torch.from_numpy). The loader said: {str(err).splitlines()[0][:160]}")
+
+
+def assert_resume_matches(first: list, later: list, world: int, expect_equal: bool = True):
+    """first[r] = (straight, first-part) results, later[r] = (resumed,) results, per rank."""
+    for r in range(world):
+        straight, resumed = first[r][0][0], later[r][0][0]
+        same = torch.equal(straight, resumed)
+        if expect_equal and not same:
+            diff = (straight - resumed).abs().max().item()
+            fail(f"rank {r} of {world}: the resumed run ends with different weights (max "
+                 f"difference {diff:.3g}). Some generator's state is not restored: dropout uses "
+                 f"torch, shuffling NumPy, jitter Python's random.")
+        if not expect_equal and same:
+            fail(f"rank {r}: without the random state the resume should diverge, but it did not")
+
+
+@graded("6.1")
+def exact_resume(capture, restore, worlds=(1, 2)):
+    # lazy: a module the ranks import must not load labkit.checkpoint (6.2 watches its import)
+    from labkit.checkpoint.resume import RunConfig, resume_jobs
+
+    c = Checker(EXERCISE, TITLE, POINTS)
+    cfg = RunConfig()
+    with c.case("restore repeats the draws of Python, NumPy and torch (in this process)"):
+        assert_round_trip(capture, restore)
+    with c.case("the state loads with torch.load(weights_only=True)"):
+        assert_weights_only(capture)
+    for world in worlds:
+        with c.case(f"{world} rank(s): stopped at step 3, resumed in fresh processes, "
+                    f"bitwise equal at step 8"):
+            with tempfile.TemporaryDirectory(prefix="labkit-ch06-") as root:
+                first = c.launch(resume_jobs, world,
+                                 args=(cfg, 8, 3, root, ("straight", "first"), capture, restore))
+                later = c.launch(resume_jobs, world,
+                                 args=(cfg, 8, 3, root, ("resume",), capture, restore))
+            assert_resume_matches(first, later, world)
+    return c.finish()
