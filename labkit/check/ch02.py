@@ -27,6 +27,7 @@ Long because: the notebook imports one checker module per chapter; 2.2's wrapper
 from __future__ import annotations
 
 from labkit.check import Checker, fail, graded
+from labkit.check.ch02_crossover import crossover_batch  # noqa: F401 - 2.4, in its own module
 
 EXERCISES = {
     "2.1": ("assign gradients to buckets", 2),
