@@ -140,8 +140,36 @@ def report(res: dict) -> str:
     ratio = res["ratio"]
     cross = table(rows, [("crossover", 0), ("per rank", 1)],
                   title=f"where the step turns communication-bound ({res['binds']} binds)")
-    tail = (f"measured / predicted (FLOP/s route): {ratio:.2f}" if ratio else "")
-    return "\n".join([head, fit, "", steps, "", cross, tail])
+    slow = [s["comm"] / s["comm_model"] for s in res["steps"]]
+    tail = [f"measured / predicted (FLOP/s route): {ratio:.2f}" if ratio else "",
+            f"the all-reduces under backward took {min(slow):.1f}x to {max(slow):.1f}x their "
+            f"alpha-beta time alone: overlap is not free (here Gloo's threads and the backward "
+            f"share the CPU cores)"]
+    return "\n".join([head, fit, "", steps, "", cross] + tail)
+
+
+def figure(res: dict):
+    """Step, backward and all-reduce time against tokens per rank, crossovers marked (plotly)."""
+    import plotly.graph_objects as go   # here, not at the top: the CLI never draws
+
+    x = [s["tokens"] for s in res["steps"]]
+    fig = go.Figure()
+    for key, name, dash in (("step", "step (measured)", None), ("backward", "backward (measured)",
+                            None), ("comm", "all-reduce busy (measured)", None),
+                            ("comm_model", "all-reduce alone (alpha-beta)", "dot"),
+                            ("step_model", "step (costs.hiding.dp_step_time)", "dot")):
+        fig.add_scatter(x=x, y=[1e3 * s[key] for s in res["steps"]], name=name,
+                        mode="lines+markers", line=dict(dash=dash))
+    for key, name, color in (("predicted_tokens", "predicted crossover", "black"),
+                             ("measured_tokens", "measured crossover", "firebrick")):
+        if res[key]:
+            fig.add_vline(x=res[key], line=dict(color=color, dash="dash"),
+                          annotation_text=f"{name}: {res[key]:,.0f} tokens")
+    fig.update_xaxes(type="log", title="tokens per rank per step")
+    fig.update_yaxes(type="log", title="ms")
+    fig.update_layout(title=f"DDP on {res['nproc']} ranks: where the all-reduce stops hiding",
+                      height=430)
+    return fig
 
 
 def main(argv=()):
