@@ -17,8 +17,9 @@ bandwidth in bytes/s per direction; alpha in seconds per message; P = parameters
 multiply); tokens = tokens one rank processes (batch rows * sequence length).
 
   DP      the gradient all-reduce (2(N-1)/N * P * e_g bytes) hides under the backward (4 P
-          FLOPs a token) once tokens per rank per STEP >= (N-1)/N * e_g/2 * C/bw (+ alpha's share)
-          = about C/bw for 16-bit gradients: the scaling book's condition.
+          FLOPs a token) once the tokens per rank in that backward >= (N-1)/N * e_g/2 * C/bw
+          (+ alpha's share) = about C/bw for 16-bit gradients: the scaling book's condition.
+          Under accumulation with no_sync only the last micro-batch's backward is left to hide it.
   ZeRO-3  per MICRO-batch: the weights' all-gather under the forward (2P FLOPs a token) and the
           second all-gather + the gradients' reduce-scatter under the backward (4P): the same
           C/bw, but paid per micro-batch, so gradient accumulation does not help it as it helps DP.
@@ -82,19 +83,20 @@ def intensity(flops_per_s: float, bandwidth: float) -> float:
 # ----------------------------------------------------------------------------- DP
 def dp(n_params: float, n: int, flops_per_s: float, bandwidth: float, alpha: float = 0.0,
        grad_bytes: float = 2, n_buckets: int = 1) -> Crossover:
-    """Tokens per rank per step above which DDP's all-reduce hides under the backward.
+    """Tokens per rank in the backward above which DDP's all-reduce hides under it (a step's
+    tokens; under accumulation with no_sync, the last micro-batch's).
 
     4 P t / C = comm  =>  t* = comm * C / (4 P), comm = n_buckets * 2(N-1) alpha + 2(N-1)/N * P
     e_g / bw (costs.scaling.comm_time). With alpha = 0: t* = (N-1)/N * e_g/2 * C/bw."""
     _pos(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth)
     if n == 1:
-        return Crossover("DP", "tokens per rank per step", 0.0, "nothing to all-reduce (N = 1)")
+        return Crossover("DP", "tokens per rank in the backward", 0.0, "nothing to all-reduce (N = 1)")
     latency = scaling.comm_time(0.0, n, alpha, bandwidth, n_buckets)
     total = scaling.comm_time(n_params * grad_bytes, n, alpha, bandwidth, n_buckets)
     per_token = BACKWARD_FLOPS * n_params / flops_per_s                 # backward s per token
     binds = ("bandwidth: the gradients' bytes" if total - latency >= latency
              else f"latency: {n_buckets} bucket(s) x 2(N-1) alpha")
-    return Crossover("DP", "tokens per rank per step", total / per_token, binds,
+    return Crossover("DP", "tokens per rank in the backward", total / per_token, binds,
                      {"comm_s": total, "latency_s": latency, "backward_s_per_token": per_token})
 
 
@@ -182,7 +184,8 @@ def pp_vs_zero3(hidden: int, n_params: float, n: int, weight_bytes: float = 2,
                 act_bytes: float = 2) -> Crossover:
     """Tokens per micro-batch below which PP over n stages moves fewer bytes per rank than
     ZeRO-3 over n ranks: PP sends each micro-batch's activation forward and its gradient back
-    (2 t h e), ZeRO-3 gathers the weights twice and reduce-scatters the gradients (3 (n-1)/n P e)."""
+    (2 t h e), ZeRO-3 gathers the weights twice and reduce-scatters the gradients
+    (3 (n-1)/n P e)."""
     _pos(hidden=hidden, n_params=n_params, n=n)
     weights = 3 * comm.ring_bytes_sent_per_rank("all_gather", n_params * weight_bytes, n)
     t = weights / (2 * hidden * act_bytes)
