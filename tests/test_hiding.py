@@ -94,3 +94,20 @@ def test_measured_crossover_solves_the_fitted_power_law():
     assert measured_crossover(tokens, comm, backward) == pytest.approx(24.0, rel=1e-9)
     assert measured_crossover(tokens, backward, comm) is None      # ratio rising: no crossover
     assert math.isfinite(measured_crossover([1, 2], [2.0, 1.1], [1.0, 1.0]))
+
+
+def _right(n_params, world, flops_per_s, bandwidth, alpha, grad_bytes, n_buckets):
+    comm = n_buckets * 2 * (world - 1) * alpha + 2 * (world - 1) / world * n_params * grad_bytes / bandwidth
+    return comm * flops_per_s / (4 * n_params)
+
+
+def _whole_step(n_params, world, flops_per_s, bandwidth, alpha, grad_bytes, n_buckets):
+    return _right(n_params, world, flops_per_s, bandwidth, alpha, grad_bytes, n_buckets) * 4 / 6
+
+
+def test_exercise_2_4_grades_the_crossover():
+    from labkit.check import ch02
+
+    assert ch02.crossover_batch(_right).score == ch02.EXERCISES["2.4"][1]
+    res = ch02.crossover_batch(_whole_step)
+    assert res.score == 0 and "BACKWARD only" in res.cases[0]["message"]

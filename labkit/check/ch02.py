@@ -27,12 +27,13 @@ Long because: the notebook imports one checker module per chapter; 2.2's wrapper
 from __future__ import annotations
 
 from labkit.check import Checker, fail, graded
-from labkit.check.ch02_crossover import crossover_batch  # noqa: F401 - 2.4, in its own module
+from labkit.check.ch02_crossover import EXERCISE as CROSSOVER, crossover_batch  # noqa: F401 (2.4)
 
 EXERCISES = {
     "2.1": ("assign gradients to buckets", 2),
     "2.2": ("bucketed DDP with overlap, the whole wrapper", 7),
     "2.3": ("predict a DDP step's all-reduces and bytes, then measure them", 3),
+    "2.4": CROSSOVER,
 }
 
 FORBIDDEN = ("labkit.ddp", "torch.nn.parallel")
