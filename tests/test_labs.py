@@ -35,9 +35,12 @@ LABS = {
     "sequence": (["--steps", "1", "--seq", "8", "--batch", "2"], "SGD steps vs the one-process reference"),
     "moe": (["--steps", "1", "--batch", "4"], "expert parallel vs one-process MoE"),
     "precision": (["--steps", "2"], "resident bytes/param"),
+    "overlap": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
+                 "--sizes-kib", "64", "2048"],
+                "where the step turns communication-bound"),
 }
 CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons
-GPU_READY = ("ring", "tp", "pipeline", "hybrid")  # print "backend B, device D" in their table
+GPU_READY = ("ring", "tp", "pipeline", "hybrid", "overlap")  # "backend B, device D" in their table
 PROGRESS = re.compile(r"^\[(\w+)\] .*\((\d+/\d+, )?\d+\.\d s\)$", re.M)
 
 

@@ -327,3 +327,20 @@ def test_bad_cp_and_ep_name_the_factors():
         planner.evaluate(planner.Config(8, 1, 8, ep=2), LONG, H100_64)
     with pytest.raises(ValueError, match="top_k=3 must be between 1 and n_experts=2"):
         models.preset("mixtral-8x7b").with_(n_experts=2, top_k=3)
+
+
+def test_conditions_say_which_axis_binds():
+    # GPT-3 on 256 A100s, TP4 x PP16 x DP4: DP's group spans nodes (IB 25 GB/s), so DP needs
+    # 3/4 * C/bw = 3/4 * 156e12 / 25e9 = 4,680 tokens in a backward and has b*s = 2,048
+    c = planner.Config(4, 16, 4, zero=1)
+    rows = planner.conditions(c, GPT3, A100_256)
+    assert [r["axis"] for r in rows] == ["DP", "TP", "PP"]
+    dp = rows[0]
+    assert dp["need"] == pytest.approx(0.75 * 156e12 / 25e9, rel=1e-2) and dp["have"] == 2048
+    assert planner.binding(c, GPT3, A100_256) == dp and dp["binds"] and not dp["hides"]
+    # ZeRO-3 is paid per micro-batch; one GPU has nothing to hide
+    assert planner.conditions(planner.Config(4, 16, 4, zero=3), GPT3, A100_256)[0]["axis"] == "ZeRO-3"
+    one = planner.Job("llama2-7b", global_batch=8, seq_len=1024)
+    assert planner.binding(planner.Config(1, 1, 1), one, planner.Cluster(1, 1, "H200 141GB")) is None
+    assert "binds: DP" in "\n".join(planner.reasons(planner.evaluate(c, GPT3, A100_256), GPT3,
+                                                     A100_256))

@@ -4,6 +4,8 @@ No torch.distributed, no processes: calculators, widgets, worked answers and che
 these functions, so an answer in the text can never disagree with a widget. One module per idea:
 
     labkit.costs.comm       alpha-beta time of collectives; algorithm vs bus bandwidth
+    labkit.costs.hiding     when communication hides behind compute, per axis (DP, ZeRO-3,
+                            TP, PP, CP): the crossover batch, width or sequence
     (more modules are added by later chapters: memory, pipeline, planner, ...)
 
 Submodules load on first use: `from labkit import costs; costs.comm.ring_allreduce_time(...)`.

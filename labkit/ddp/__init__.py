@@ -18,7 +18,8 @@ synchronise a tied (shared) parameter once, support `no_sync()` for gradient acc
 take a process group (Gloo on CPU, NCCL on GPU). Every launch is recorded in `.launches`
 (start, end, bytes), so a timeline and the count of all-reduces per step can be drawn.
 Measuring them: `labkit.ddp.timing` (step times, one step's timeline), `labkit.ddp.stepmodel`
-(the step-time model's pieces, measured, against the measured step).
+(the step-time model's pieces, measured, against the measured step), `labkit.ddp.crossover`
+(FLOP/s and a per-rank batch sweep: where the step turns communication-bound).
 """
 from labkit.ddp.bucketed import BucketedDDP, assign_buckets
 from labkit.ddp.common import Timeline, broadcast_module

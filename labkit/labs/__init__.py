@@ -17,7 +17,7 @@ every chapter has one and that each exists)."""
 CHAPTER_LABS = {
     0: ("Why distribute?", ["intro"]),
     1: ("Collectives and ring all-reduce", ["ring"]),
-    2: ("Data parallelism (DDP)", ["ddp"]),
+    2: ("Data parallelism (DDP)", ["ddp", "overlap"]),
     3: ("ZeRO and FSDP", ["zero"]),
     4: ("Tensor parallelism", ["tp"]),
     5: ("Pipeline parallelism", ["pipeline"]),
