@@ -23,11 +23,13 @@ from __future__ import annotations
 import torch
 
 from labkit.check import Checker, fail, tensors_close, graded
+from labkit.check.ch00_roofline import EXERCISE as ROOFLINE, roofline_matmul  # noqa: F401 - 0.4
 
 EXERCISES = {
     "0.1": ("predict a model's training-state bytes, then measure them", 3),
     "0.2": ("a first send/recv: shift right around a ring", 2),
     "0.3": ("data-parallel training by hand", 5),
+    **ROOFLINE,
 }
 
 # ----------------------------------------------------------------------------- 0.1
