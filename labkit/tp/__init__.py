@@ -17,7 +17,6 @@ Modules, one idea each:
                 TensorParallelAttention (heads split)
     measure     rank jobs that count bytes and time layers (lab, benchmark, chapter)
     gpt         apply_tp(model, group): the one-process GPT turned into its TP version; gather back
-    collective_matmul  all-gather + matmul decomposed into ring passes that overlap it (async TP)
 """
 from labkit.tp.operators import f, g, gather_last_dim, split_last_dim
 from labkit.tp.layers import ColumnParallelLinear, RowParallelLinear
