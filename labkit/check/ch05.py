@@ -164,6 +164,8 @@ def zb_h1(fn):
 
 # ----------------------------------------------------------------------------- 5.3 a pipeline stage
 from labkit.check.ch05_stage import forbidden_used, pipeline_stage  # noqa: E402,F401 - 5.3's checker
+from labkit.check.ch05_trace import TRACE_EXERCISES, exposed_communication  # noqa: E402,F401 - 5.5
+EXERCISES.update(TRACE_EXERCISES)
 
 
 # ----------------------------------------------------------------------------- 5.4 predict, measure
