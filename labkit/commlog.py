@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from torch.profiler import record_function
+
 from labkit.timing import now
 
 _OPEN: list = []                  # open logs (instrumentation only: groups are always passed)
@@ -142,7 +144,8 @@ def nbytes(t: torch.Tensor) -> int:
 # ----------------------------------------------------------------------------- logged calls
 def all_reduce(t, op=dist.ReduceOp.SUM, group=None, where: str = ""):
     e = _begin("all_reduce", t, nbytes(t), group, where)
-    dist.all_reduce(t, op=op, group=group)
+    with record_function(f"all_reduce {where}"):  # a span in profiler traces
+        dist.all_reduce(t, op=op, group=group)
     _finish(e, t)
     return t
 
@@ -151,7 +154,8 @@ def all_gather_into(out, inp, group=None, where: str = ""):
     """out: (N * c,) flat; inp: (c,) this rank's piece. Payload: the whole output."""
     e = _begin("all_gather", out, nbytes(out), group, where)
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=group)
+    with record_function(f"all_gather {where}"):  # a span in profiler traces
+        fn(out, inp, group=group)
     _finish(e, out)
     return out
 
@@ -159,7 +163,8 @@ def all_gather_into(out, inp, group=None, where: str = ""):
 def all_gather_list(outs, inp, group=None, where: str = ""):
     """dist.all_gather into a list of tensors (sizes may differ on some backends)."""
     e = _begin("all_gather", inp, sum(nbytes(o) for o in outs), group, where)
-    dist.all_gather(outs, inp, group=group)
+    with record_function(f"all_gather {where}"):  # a span in profiler traces
+        dist.all_gather(outs, inp, group=group)
     _finish(e, inp)
     return outs
 
@@ -169,7 +174,8 @@ def reduce_scatter_into(out, inp, op=dist.ReduceOp.SUM, group=None, where: str =
     Gloo's moves all-reduce bytes (labkit.netcount shows it); labkit.collectives has a ring."""
     e = _begin("reduce_scatter", inp, nbytes(inp), group, where)
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(out, inp, op=op, group=group)
+    with record_function(f"reduce_scatter {where}"):  # a span in profiler traces
+        fn(out, inp, op=op, group=group)
     _finish(e, out)
     return out
 
@@ -177,7 +183,8 @@ def reduce_scatter_into(out, inp, op=dist.ReduceOp.SUM, group=None, where: str =
 def broadcast(t, src: int, group=None, where: str = ""):
     """src: the global rank, as dist.broadcast takes it."""
     e = _begin("broadcast", t, nbytes(t), group, where)
-    dist.broadcast(t, src=src, group=group)
+    with record_function(f"broadcast {where}"):  # a span in profiler traces
+        dist.broadcast(t, src=src, group=group)
     _finish(e, t)
     return t
 
@@ -185,7 +192,8 @@ def broadcast(t, src: int, group=None, where: str = ""):
 def all_to_all_single(out, inp, out_splits=None, in_splits=None, group=None, where: str = ""):
     """Payload: what this rank sends (its whole input)."""
     e = _begin("all_to_all", inp, nbytes(inp), group, where)
-    dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+    with record_function(f"all_to_all {where}"):  # a span in profiler traces
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
     _finish(e, out)
     return out
 
@@ -197,7 +205,8 @@ def composite(op: str, t: torch.Tensor, group=None, where: str = "", payload: in
     e = _begin(op, t, nbytes(t) if payload is None else payload, group, where)
     _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
     try:
-        yield e
+        with record_function(f"{op} {where}"):  # one span in profiler traces
+            yield e
     finally:
         _INSIDE.depth -= 1
         _finish(e, t)

@@ -6,6 +6,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.profiler import record_function
 
 from labkit.timing import now
 
@@ -111,7 +112,8 @@ class DDPBase(nn.Module):
         record = {"name": name, "lane": "comm", "step": self.steps, "bytes":
                   flat.numel() * flat.element_size(), "start": self.timeline.now(), "end": None}
         self.launches.append(record)
-        work = dist.all_reduce(flat, group=self.group, async_op=True)
+        with record_function(f"all_reduce {name}"):  # a span in profiler traces (queues it)
+            work = dist.all_reduce(flat, group=self.group, async_op=True)
 
         def done(fut):
             record["end"] = self.timeline.now()

@@ -1,16 +1,20 @@
 """Lab 02: naive, per-parameter-overlap, bucketed and PyTorch's DDP, trained side by side.
 
     labkit run ddp --nproc 3 --steps 3 --bucket-mb 0.01
+    labkit run ddp --versions bucketed --trace traces/ddp     # + a torch.profiler trace per rank
     torchrun --nproc-per-node 3 -m labkit run ddp --steps 3        # one rank per process
 
 Every version trains the tiny GPT (tied embeddings, a frozen bias) from different initial weights
 per rank; rank 0 prints, per version, the largest parameter difference from one process trained
 on the whole batch, the all-reduces launched per step and how many started before backward
-produced its last gradient.
+produced its last gradient. With --trace DIR each version trains one more step under
+torch.profiler, writing DIR/<version>/rank<r>.pt.trace.json, and rank 0 prints, read back from
+those files (labkit.profiling), compute, communication, and how much of it overlapped compute.
 """
 import os
 
 from labkit.cliargs import ArgParser, count, positive
+from labkit.profiling.folder import check_folder
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 FROZEN = ("blocks.0.attn.q_proj.bias",)
@@ -39,6 +43,8 @@ def main(argv=()):
                    help="bucket size of the bucketed and torch versions, MiB")
     p.add_argument("--versions", nargs="+", choices=KINDS, default=list(KINDS),
                    help="which DDP versions to train (default: all)")
+    p.add_argument("--trace", type=check_folder, default=None, metavar="DIR",
+                   help="also write a torch.profiler trace of one step per version and rank here")
     args = p.parse_args(list(argv))
     prog = Progress("ddp", total=len(args.versions) + 1)
     ref = reference_train(steps=args.steps, batch=args.batch, frozen=FROZEN)
@@ -63,4 +69,19 @@ def main(argv=()):
         calls = "(C++)" if kind == "torch" else str(s["allreduces"])
         early = "(C++)" if kind == "torch" else str(s["before_last_grad"])
         print(f"{kind:<9} {diff:>26.2e} {calls:>17} {early:>17}")
+    if args.trace:
+        _trace(args)
     return 0
+
+
+def _trace(args) -> None:
+    from labkit.launch import run
+    from labkit.profiling import folder, jobs, read
+
+    for kind in args.versions:
+        where = args.trace / kind
+        run(jobs.ddp_job, args.nproc, args=(str(where),),
+            kwargs=dict(kind=kind, batch=max(1, args.batch // args.nproc), bucket_mb=args.bucket_mb))
+        print(read.summary(read.load_folder(where),
+                           title=f"{kind}: one step, read from the trace files in {where}/"))
+    print(folder.announce(args.trace / "<version>", args.nproc))

@@ -4,6 +4,7 @@ measured vs formula.
     labkit run pipeline --nproc 4 [--K 8] [--v 2] [--pad-ms 5 10] [--batch 16]
     labkit run pipeline --nproc 4 --K 6 --schedules interleaved zb-v
     torchrun --nproc-per-node 4 -m labkit run pipeline --K 8
+    labkit run pipeline --nproc 2 --schedules 1f1b --trace traces/pipeline   # + profiler traces
 
 Splits labkit.model's GPT (8 blocks) into one stage per process (interleaved: v chunks per stage,
 ZB-V: 2), runs one training step of each schedule, checks the loss and every gradient against
@@ -12,13 +13,16 @@ activations each schedule keeps on stage 0. Every schedule labkit.pipeline.sched
 is run (--schedules picks some). A schedule that cannot run at these sizes (interleaved's K
 rounds, P*v chunks more than the 8 blocks) is refused before any process starts, in one line
 naming P, K and v and sizes that work; with the default --schedules (all) it is skipped with that
-line instead, and the others run.
+line instead, and the others run. With --trace DIR each schedule runs one more step under
+torch.profiler (labkit.profiling.jobs.pipeline_job): DIR/<schedule>/rank<r>.pt.trace.json, and
+rank 0 prints the bubble read back from those files next to the one measured on labkit's clocks.
 """
 from __future__ import annotations
 
 import os
 
 from labkit.cliargs import ArgParser, count
+from labkit.profiling.folder import check_folder
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
@@ -61,6 +65,8 @@ def parse(argv):
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=None,
                    help="which schedules to run (default: all six; one that cannot run at "
                         "these sizes is then skipped with a line saying why)")
+    p.add_argument("--trace", type=check_folder, default=None, metavar="DIR",
+                   help="also write a torch.profiler trace of one step per schedule and stage here")
     a = p.parse_args(list(argv))
     P, K, v = a.nproc, a.K, a.v
     if P < 2:
@@ -124,4 +130,25 @@ def main(argv=()) -> int:
               "durations (no causal run goes below it); formula (P-1)/(vK+P-1) for gpipe, 1f1b "
               "and interleaved, labkit.costs.pipeline's closed form for the zero-bubble ones "
               "('-' where it has none). peak mb / KiB: activations held on stage 0.")
+    if a.trace:
+        _trace(a, pad, {r["schedule"]: r["bubble"] for r in rows})
     return 0
+
+
+def _trace(a, pad, measured: dict) -> None:
+    from labkit.launch import run
+    from labkit.profiling import folder, jobs, read
+    from labkit.progress import is_rank_zero
+
+    for name, K, v in a.specs:
+        where = a.trace / name
+        run(jobs.pipeline_job, a.nproc, args=(str(where),),
+            kwargs=dict(schedule=name, K=K, v=v, batch=a.batch, pad=pad), timeout=120, echo=False)
+        traces = read.load_folder(where)
+        b = read.bubble(traces)
+        if is_rank_zero():
+            print(f"{name}: one step read from {where}/: step {b['step_s'] * 1e3:.1f} ms, "
+                  f"bubble {b['bubble']:.1%} (idle share of P x step, the F/B/W labels as "
+                  f"compute; labkit's clocks above: {measured[name]:.1%}, median of repeats)")
+    if is_rank_zero():
+        print(folder.announce(a.trace / "<schedule>", a.nproc))

@@ -2,16 +2,20 @@
 
     labkit run zero --nproc 4
     torchrun --nproc-per-node 4 -m labkit run zero            # one rank per process
+    labkit run zero --stages 3 --trace traces/zero            # + a ZeRO-3 profiler trace per rank
 
 Every stage trains the tiny GPT (fp32, AdamW) for a few steps; rank 0 prints, per stage, the
 largest difference from one process, the bytes each rank keeps in parameters, gradients and
 optimizer state next to labkit.costs.memory's prediction, and the bytes each rank sent in one
 step, counted by the kernel's socket counters (labkit.netcount, not by labkit), next to
-labkit.costs.zero's 2(N-1)/N Ψ for stages 0-2 and 3(N-1)/N Ψ for stage 3, with their ratio.
+labkit.costs.zero's 2(N-1)/N Ψ for stages 0-2 and 3(N-1)/N Ψ for stage 3, with their ratio. With --trace DIR (stage 3 among --stages) one more ZeRO-3 step runs under
+torch.profiler (labkit.profiling.jobs.zero3_job), one trace per rank in DIR, and rank 0 prints
+compute, communication and their overlap read back from those files.
 """
 import os
 
-from labkit.cliargs import ArgParser, at_least_zero, count
+from labkit.cliargs import ArgParser, BadOption, at_least_zero, count
+from labkit.profiling.folder import check_folder
 
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -38,7 +42,12 @@ def main(argv=()):
                    help="global batch (0: 2 per rank)")
     p.add_argument("--stages", type=int, nargs="+", choices=(0, 1, 2, 3), default=[0, 1, 2, 3],
                    help="which ZeRO stages to train (default: all)")
+    p.add_argument("--trace", type=check_folder, default=None, metavar="DIR",
+                   help="also write a torch.profiler trace of one ZeRO-3 step per rank here")
     args = p.parse_args(list(argv))
+    if args.trace and 3 not in args.stages:
+        raise BadOption(f"--trace records a ZeRO-3 step but --stages {' '.join(map(str, args.stages))} "
+                        f"has no 3; use --stages {' '.join(map(str, args.stages))} 3")
     batch = args.batch or 2 * args.nproc
     prog = Progress("zero", total=len(args.stages) + 1)
     ref = reference_train(LAB_MODEL, "adamw", steps=args.steps, batch_size=batch)["params"]
@@ -65,4 +74,13 @@ def main(argv=()):
           f"collectives); ratio = sent / predicted, the excess being Gloo's message headers. "
           f"'Ψ vals': sent / (4 bytes x Ψ); the ring predicts 2(N-1)/N = {2 * (n - 1) / n:.2f} "
           f"for stages 0-2 and 3(N-1)/N = {3 * (n - 1) / n:.2f} for stage 3")
+    if args.trace:
+        from labkit.profiling import folder, read
+        from labkit.profiling import jobs
+
+        run(jobs.zero3_job, n, args=(str(args.trace),), kwargs=dict(batch=max(1, batch // n)))
+        print(read.summary(read.load_folder(args.trace), title=(
+            f"ZeRO-3, one step, read from the trace files in {args.trace}/ (gathers blocking: "
+            f"no overlap expected)")))
+        print(folder.announce(args.trace, n))
     return 0

@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
@@ -260,6 +261,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
             else:
                 inp = take(i).requires_grad_(True)                       # (B_k, T, h)
             t0 = now(dev)
+            span = record_function(f"{a.kind}{a.mb} chunk {a.chunk}").__enter__()  # in traces
             meter.current = (a.mb, a.chunk)
             with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
                 out = chunk(inp)                                         # (B_k, T, h) or logits
@@ -282,6 +284,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
             # replica's weight under labkit.parallel, before any rank mixes its gradients in)
             grad_out = torch.full_like(out, loss_scale) if chunk.last else take(i)  # (B_k, T, h)
             t0 = now(dev)
+            span = record_function(f"{a.kind}{a.mb} chunk {a.chunk}").__enter__()  # in traces
             if not s.split:
                 torch.autograd.backward(out, grad_out)
             else:
@@ -294,11 +297,13 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
         else:  # W: the weight gradients; the activations are held until here
             inp, out, nbytes = saved.pop((a.mb, a.chunk))
             t0 = now(dev)
+            span = record_function(f"{a.kind}{a.mb} chunk {a.chunk}").__enter__()  # in traces
             _backward_weight(split_pending.pop((a.mb, a.chunk)))
             _pad(pad, 1, s.v, 0.5)
             held, held_bytes = held - 1 / s.v, held_bytes - nbytes
         timeline.append(dict(stage=stage, kind=a.kind, mb=a.mb, chunk=a.chunk,
                              start=t0, end=now(dev)))
+        span.__exit__(None, None, None)
     post_batch(len(actions))
     for _, work in sends:
         work.wait()
