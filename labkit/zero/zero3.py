@@ -358,8 +358,8 @@ class ZeRO3:
                  if isinstance(v, torch.Tensor) and v.dim() > 0]
         grads = [s.grad for s in self.shards]
         if not self.offload:
-            return {"params": storage_bytes(list(self.shards) + full), "grads": storage_bytes(grads),
-                    "optimizer": storage_bytes(state)}
+            return {"params": storage_bytes(list(self.shards) + full),
+                    "grads": storage_bytes(grads), "optimizer": storage_bytes(state)}
         return {"params": storage_bytes(list(self.device_shards.values()) + full), "grads": 0,
                 "optimizer": 0, "cpu_grads": storage_bytes(grads),
                 "cpu_optimizer": storage_bytes(list(self.shards) + state)}
