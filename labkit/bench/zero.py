@@ -12,7 +12,7 @@ mixed precision. ZeRO-2 runs with its 64 KB buckets and with one bucket (what it
 costs where, as on a CPU, backward leaves nothing to overlap them with). Bytes are what each rank
 keeps after a step, by storage (views once), on the device and (offload) in CPU memory, next to
 labkit.costs.memory's prediction for the recipe the variant runs (RECIPE). On CPU/Gloo the ratios
-show the cost of our collectives and of ZeRO-3's recomputation, not what NCCL would do on GPUs.
+show the cost of our collectives on Gloo, not what NCCL would do on GPUs.
 """
 from __future__ import annotations
 

@@ -17,8 +17,9 @@ Toward Training Trillion Parameter Models"), each checked against one process.
                 offload= (ZeRO-Offload: masters, gradient shards, optimizer and step on the CPU)
     zero3       ZeRO3: parameters sharded, gathered just in time per unit (FSDP); prefetch=,
                 reshard_after_forward=, offload= (optimizer state and step on the CPU)
-    unit        one ZeRO-3 unit as an autograd Function (gather, run, free; gather, recompute,
-                differentiate, reduce-scatter)
+    unit        one ZeRO-3 unit's hooks, as FSDP2 places them (forward: gather, run, free;
+                pre-backward: gather again into the storage the saved activations point at;
+                post-backward: free, reduce-scatter); no forward runs twice
     prefetch    the next unit's all-gather posted before this one computes (order of step 1)
     overlap     measuring it: timeline, hidden share, peak unsharded bytes by storage
     scaling     ShardedLossScaler: fp16 dynamic loss scaling, every rank skips the same steps

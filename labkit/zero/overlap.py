@@ -6,9 +6,10 @@ compute, and the most unsharded parameter bytes a rank held, by storage.
     per_rank = run(prefetch_lab, 2, args=(OVERLAP_MODEL,))
     per_rank[0][("prefetch", True)]    # {"events", "step_s", "hidden", "blocked_s", "peak", ...}
 
-The peak is read by a probe the code under test does not write: a forward pre-hook on every
-module inside the model (it fires in forward and in backward's recomputation of each unit) sums
-the storages behind the model's parameters and behind the gathers in flight, each storage once.
+The peak is read by a probe the code under test does not write: on every module inside the
+model, a forward pre-hook (forward) and a hook on its output's gradient (backward, just before
+the module's own backward) sum the storages behind the units' whole-parameter buffers and
+behind the gathers in flight, each storage once, as the allocator sized them.
 It is compared with the units' sizes (`unit_bytes`): about two units with prefetch (the one
 computing, the one arriving), one without, all of them with reshard_after_forward=False (the
 forward keeps every unit whole until its backward).
@@ -42,20 +43,27 @@ def unit_bytes(zero) -> list:
 
 
 class UnshardedProbe:
-    """Forward pre-hooks on every module inside `model`: at each, the bytes of the storages
-    behind the model's parameters plus the buffers of zero's gathers in flight; keeps the max."""
+    """On every leaf module inside `model`, in forward (pre-hook) and in backward (a hook on
+    its output's gradient): the bytes of the storages behind zero's whole-parameter buffers and
+    the model's parameters, plus the buffers of zero's gathers in flight; keeps the max."""
 
     def __init__(self, model, zero):
         from labkit.zero.shard import storage_bytes
 
         self.model, self.zero, self.peak, self.samples = model, zero, 0, 0
         self._bytes = storage_bytes
-        self.handles = [m.register_forward_pre_hook(self._sample) for m in model.modules()
-                        if not list(m.children())]
+        leaves = [m for m in model.modules() if not list(m.children())]
+        self.handles = [m.register_forward_pre_hook(self._sample) for m in leaves]
+        self.handles += [m.register_forward_hook(self._hook_grad) for m in leaves]
+
+    def _hook_grad(self, module, args, out) -> None:
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: self._sample(module, ()))
 
     def _sample(self, module, args) -> None:
         flying = [b for _, work in self.zero._pending.values() for b in work.buffers()]
-        held = self._bytes([p.data for p in self.model.parameters()] + flying)
+        held = self._bytes(list(self.zero.flat.values())
+                           + [p.data for p in self.model.parameters()] + flying)
         self.peak, self.samples = max(self.peak, held), self.samples + 1
 
     def reset(self) -> None:
@@ -73,7 +81,13 @@ def hidden_fraction(events) -> float:
     total = sum(b - a for a, b in flights)
     if not total:
         return 0.0
-    hid = sum(max(0.0, min(b, d) - max(a, c)) for a, b in flights for c, d in compute)
+    merged = []                        # backward spans may nest (a unit's backward inside
+    for a, b in sorted(compute):       # another's, as the autograd engine orders them)
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    hid = sum(max(0.0, min(b, d) - max(a, c)) for a, b in flights for c, d in merged)
     return hid / total
 
 

@@ -19,7 +19,6 @@ separate NCCL stream and its copy engines, and hides almost completely behind a 
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -32,7 +31,7 @@ from labkit.timing import now
 class GatherInFlight:
     """An all-gather of several shards in ONE message, posted with async_op=True.
 
-    wait() returns the full tensors (shapes as given). The commlog event (when a log is open)
+    wait() returns each shard's rows of the output, (N, c_i). The commlog event (when a log is open)
     starts when posted, ends when Gloo's thread completed it (a callback on the work's future,
     CPU only; on a GPU: when wait() returned) and its `blocked` is only the time spent in wait():
     the part of the transfer that was not hidden."""
@@ -58,6 +57,8 @@ class GatherInFlight:
         return [t for t in (self.mine, self.flat) if t is not None]
 
     def wait(self) -> list:
+        """Block until the data has arrived; returns each shard's rows, (N, c_i) views of the
+        gathered buffer (every rank's chunk of it, in rank order), valid until this is dropped."""
         t0 = now(self.flat.device)
         self.work.wait()
         t1 = now(self.flat.device)
@@ -65,9 +66,8 @@ class GatherInFlight:
             self.event.blocked += t1 - t0
             self.event.end = t1 if self.event.end is None else min(self.event.end, t1)
         rows = self.flat.view(self.world, -1).split(self.sizes, dim=1)       # (N, c_i) each
-        out = [r.reshape(-1)[:math.prod(s)].view(s) for r, s in zip(rows, self.shapes)]
-        self.mine = self.flat = None              # the copies above own their storage
-        return out
+        self.mine = self.flat = None              # the rows hold the output until dropped
+        return list(rows)
 
 
 class ExecutionOrder:

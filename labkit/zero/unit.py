@@ -1,14 +1,31 @@
-"""One ZeRO-3 unit as an autograd Function: what happens to a block's parameters around its
-forward and its backward (labkit.zero.zero3 wraps each unit's forward with it).
+"""One ZeRO-3 unit's forward and backward, with hooks on autograd as FSDP2 places them
+(labkit.zero.zero3 wraps each unit's forward with `wrap_forward`).
 
-    forward    make the parameters whole (all-gather, or the prefetch that is already in flight)
-               -> run the unit -> free them (unless reshard_after_forward=False)
-    backward   make them whole again -> re-run the unit's forward with grad enabled and
-               differentiate it (activation recomputation: only the input was saved) -> free
-               them -> reduce-scatter the gradients into the shards' grads (or, inside
-               no_sync(), hold the full gradients and send nothing)
+    forward        make the parameters whole (all-gather, or the prefetch already in flight),
+                   hand the module views of them, run it, keep every activation autograd saves,
+                   free the parameters' storage (unless reshard_after_forward=False)
+    pre-backward   a hook on each output's gradient: make the parameters whole again, into the
+                   SAME storage the saved activations point at; nothing runs forward again
+    post-backward  `PostBackward`'s backward, once the unit's input and parameter gradients are
+                   all computed: free the parameters, reduce-scatter their gradients into the
+                   shards' grads (or, inside no_sync(), hold them and send nothing)
 
-Frozen parameters are gathered (forward needs them) but get no gradient.
+How the saved tensors survive the free: a matmul saves a view of its weight (weight.t()), not
+the parameter, so swapping a parameter's tensor would leave autograd holding the old one. Each
+sharded parameter has one buffer for its whole value; freeing it resizes the buffer's storage to
+0 bytes, and gathering resizes it back and copies the gathered values in, so every view autograd
+saved sees them again (FSDP2: torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
+free_storage / alloc_storage on the unsharded parameter).
+
+Where the hooks sit: FSDP2 registers its pre-backward on the unit's outputs (_fsdp_state.py,
+_register_pre_backward_hook) and its post-backward on an identity Function over the unit's
+inputs (_fsdp_param_group.py, RegisterPostBackwardFunction), and reads the gradients from the
+unsharded parameters' .grad. `PostBackward` here is an identity over the inputs AND the
+parameter views, so its backward receives each use's parameter gradients directly: a weight
+tied between two units (the embedding and the head) gets one gradient from each, reduced by each
+as the ZeRO-3 unit it belongs to, and no unsharded .grad is ever stored.
+
+Frozen parameters are gathered (forward and backward need them) but get no gradient.
 """
 from __future__ import annotations
 
@@ -16,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from labkit.zero.params import require_grads
+from labkit.zero.precision import cast_floating
 
 
 def default_units(model: nn.Module) -> list:
@@ -27,57 +45,158 @@ def default_units(model: nn.Module) -> list:
     return others + blocks
 
 
-class Unit(torch.autograd.Function):
-    """forward: gather, run, free.  backward: gather, re-run, differentiate, reduce-scatter."""
+def param_slots(unit: nn.Module) -> list:
+    """[(module, name, parameter)] of every parameter registered inside the unit (a tensor
+    registered twice, e.g. a tied weight, appears at each place)."""
+    return [(m, name, p) for m in unit.modules() for name, p in m._parameters.items()
+            if p is not None]
+
+
+class Call:
+    """One forward call of a unit, until its backward is done: whether its parameters are held
+    whole for it, and whether its pre- and post-backward ran."""
+
+    def __init__(self, unit, params):
+        self.unit, self.params = unit, params
+        self.held = self.pre = self.post = False
+        self.span = None                         # the backward's timeline span, when open
+
+
+class PostBackward(torch.autograd.Function):
+    """Identity in forward over [anchor, parameter views..., inputs...]; its backward runs once
+    every gradient of the unit's parameters and inputs has been computed: the post-backward."""
 
     @staticmethod
-    def forward(ctx, zero, unit, x, *shards):
-        params = zero.unit_params[id(unit)]
-        zero._enter(unit, "forward")                                 # all-gather (or its prefetch)
-        try:
-            with zero._span(unit, "forward"):
-                y = zero.orig_forward[id(unit)](x)
-        finally:
-            if zero.reshard_after_forward:
-                zero._free(params)                                   # only shards remain
-        ctx.zero, ctx.unit = zero, unit
-        ctx.save_for_backward(x)
-        return y
+    def forward(ctx, zero, call, anchor, n_params: int, *tensors):
+        ctx.zero, ctx.call, ctx.n_params = zero, call, n_params
+        ctx.set_materialize_grads(False)       # an unused parameter's gradient stays None
+        frozen = [t for p, t in zip(call.params, tensors) if not p.requires_grad]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
+        return tensors                         # views of the same storage
 
     @staticmethod
-    def backward(ctx, grad_y):
-        zero, unit = ctx.zero, ctx.unit
-        (x,) = ctx.saved_tensors
-        params = zero.unit_params[id(unit)]
-        trainable = [p for p in params if p.requires_grad]           # frozen: no gradient at all
-        zero._enter(unit, "backward")                 # all-gather again (unless kept, or prefetched)
+    def backward(ctx, *grads):
+        pgrads, xgrads = grads[:ctx.n_params], grads[ctx.n_params:]
+        post_backward(ctx.zero, ctx.call, list(pgrads))
+        return (None, None, None, None, *(None,) * ctx.n_params, *xgrads)
+
+
+def _tensors(tree) -> list:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, (tuple, list)):
+        return [t for v in tree for t in _tensors(v)]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    return []
+
+
+def _swap(slots, values) -> list:
+    """Put values[id(p)] where each slot's parameter is registered; returns the old ones."""
+    old = []
+    for m, name, p in slots:
+        old.append(m._parameters[name])
+        m._parameters[name] = values[id(p)]
+    return old
+
+
+def wrap_forward(zero, unit, orig_forward):
+    """unit.forward for ZeRO-3: gather, run with the whole parameters, free, hook backward."""
+    params, slots = zero.unit_params[id(unit)], param_slots(unit)
+
+    def forward(*args, **kwargs):
+        if zero.cast_forward_inputs:         # FSDP2's cast at the unit boundary
+            args, kwargs = cast_floating(args, zero.param_dtype), {
+                k: cast_floating(v, zero.param_dtype) for k, v in kwargs.items()}
+        grad_on = torch.is_grad_enabled()
+        call = Call(unit, params)
+        zero._enter(unit, "forward")                     # all-gather (or its prefetch)
+        zero._acquire(params)
         try:
-            with torch.enable_grad(), zero._span(unit, "backward"):
-                xd = x.detach().requires_grad_(x.is_floating_point())
-                y = zero.orig_forward[id(unit)](xd)
-                inputs = ([xd] if xd.requires_grad else []) + trainable
-                grads = torch.autograd.grad(y, inputs, grad_y, allow_unused=True)
-        finally:
-            zero._free(params)
-        grad_x = grads[0] if xd.requires_grad else None
-        pgrads = list(grads[1:] if xd.requires_grad else grads)
-        none = (None,) * len(params)
-        if not zero._sync:      # no_sync: hold the full gradients (reduce_dtype), send nothing
-            for p, g in zip(trainable, pgrads):
-                if g is not None:
-                    g = g.to(zero.reduce_dtype_of(p))
-                    held = zero._held.get(id(p))
-                    zero._held[id(p)] = g if held is None else held + g
-            return (None, None, grad_x, *none)
-        for i, p in enumerate(trainable):   # add what earlier micro-batches held
-            held = zero._held.pop(id(p), None)
-            if held is not None:
-                pgrads[i] = held if pgrads[i] is None else pgrads[i] + held
-        if not trainable:
-            return (None, None, grad_x, *none)
-        if not zero.find_unused:
-            require_grads(trainable, pgrads)
-        # autograd accumulates what comes back into the masters' fp32 .grad (a tied weight
-        # used by two units gets both)
-        by_id = zero._reduce_grads(trainable, pgrads, grad_y.device)
-        return (None, None, grad_x, *(by_id.get(id(p)) for p in params))
+            views = [zero._whole_view(p) for p in params]
+            inputs = list({id(t): t for t in _tensors((args, kwargs))
+                           if t.requires_grad}.values()) if grad_on else []
+            if grad_on and (inputs or any(p.requires_grad for p in params)):
+                outs = PostBackward.apply(zero, call, zero.anchor, len(params), *views, *inputs)
+                views, swapped = outs[:len(params)], dict(zip(map(id, inputs), outs[len(params):]))
+                args, kwargs = _replace((args, kwargs), swapped)
+            old = _swap(slots, dict(zip(map(id, params), views)))
+            try:
+                with zero._span(unit, "forward"):
+                    y = orig_forward(*args, **kwargs)
+            finally:
+                for (m, name, _), p in zip(slots, old):
+                    m._parameters[name] = p
+        except BaseException:
+            zero._release(params)
+            raise
+        hooked = [t for t in _tensors(y) if t.requires_grad] if grad_on else []
+        if zero.reshard_after_forward or not hooked:
+            zero._release(params)                        # only shards remain
+        else:
+            call.held = True                             # kept whole until post-backward
+        for t in hooked:
+            t.register_hook(lambda g, call=call: pre_backward(zero, call))
+        if hooked:
+            zero._calls.append(call)
+        return cast_floating(y, zero.output_dtype)
+    return forward
+
+
+def _replace(tree, swapped):
+    if isinstance(tree, torch.Tensor):
+        return swapped.get(id(tree), tree)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_replace(v, swapped) for v in tree)
+    if isinstance(tree, dict):
+        return {k: _replace(v, swapped) for k, v in tree.items()}
+    return tree
+
+
+def pre_backward(zero, call) -> None:
+    """The gradient of one of the unit's outputs is ready: make the parameters whole again
+    (once per call), before any of the unit's backward reads a saved view of them."""
+    if call.pre:
+        return
+    call.pre = True
+    zero._enter(call.unit, "backward")   # all-gather again (unless kept, or prefetched)
+    if not call.held:
+        zero._acquire(call.params)
+        call.held = True
+    call.span = zero._open_span(call.unit, "backward")
+
+
+def post_backward(zero, call, pgrads) -> None:
+    """The unit's gradients are all computed: free its parameters, reduce-scatter the
+    gradients (reduce_dtype) and add them to the masters' .grad (a tied weight gets one from
+    each unit that uses it)."""
+    call.post = True
+    zero._close_span(call.span)
+    if call.held:
+        zero._release(call.params)
+        call.held = False
+    if call in zero._calls:
+        zero._calls.remove(call)
+    params = call.params
+    trainable = [p for p in params if p.requires_grad]           # frozen: no gradient at all
+    grads = [g for p, g in zip(params, pgrads) if p.requires_grad]
+    if not zero._sync:          # no_sync: hold the full gradients (reduce_dtype), send nothing
+        for p, g in zip(trainable, grads):
+            if g is not None:
+                g = g.to(zero.reduce_dtype_of(p))
+                held = zero._held.get(id(p))
+                zero._held[id(p)] = g if held is None else held + g
+        return
+    for i, p in enumerate(trainable):   # add what earlier micro-batches held
+        held = zero._held.pop(id(p), None)
+        if held is not None:
+            grads[i] = held if grads[i] is None else grads[i] + held
+    if not trainable:
+        return
+    if not zero.find_unused:
+        require_grads(trainable, grads)
+    for p, g in zero._reduce_grads(trainable, grads, zero.device).items():
+        if g is not None:
+            s = zero.shard_for[p]
+            s.grad = g if s.grad is None else s.grad + g

@@ -38,12 +38,12 @@ offload=True (ZeRO-Offload, Ren et al. 2021): the fp32 master shards, their grad
 optimizer state live in CPU memory and the optimizer steps there; the device keeps a copy of
 its shard in the compute dtype, refreshed after each step, to gather from.
 
-How this version drops the full parameters between forward and backward: the unit runs as one
-autograd Function (labkit.zero.unit) that saves only its input and, in backward, gathers the
-parameters and runs the unit's forward again to differentiate it (activation recomputation, as
-in FSDP with activation checkpointing). FSDP2 keeps the activations and re-gathers only the
-parameters, with hooks on autograd; the parameters held and the bytes sent are the same, the
-compute is not (one extra forward of each block here).
+How the full parameters are dropped between forward and backward while the activations stay:
+as FSDP2 does it (labkit.zero.unit). Each sharded parameter has one buffer for its whole value;
+freeing resizes the buffer's storage to 0 bytes (every view autograd saved of it included), and
+a hook on the unit's outputs' gradients gathers into the same storage again before the unit's
+backward reads it. Backward runs no forward: the price is the activations each unit saves,
+kept from its forward to its backward as in plain PyTorch.
 """
 from __future__ import annotations
 
@@ -56,12 +56,11 @@ import torch.nn as nn
 from labkit import commlog
 from labkit.zero.params import clip_
 from labkit.zero.params import param_groups as _param_groups
-from labkit.zero.precision import cast_floating, replicated_ids, resolve
+from labkit.zero.precision import replicated_ids, resolve
 from labkit.zero.prefetch import ExecutionOrder, GatherInFlight
-from labkit.zero.unit import Unit, default_units  # noqa: F401 (default_units: labkit.zero.zero3's API)
-from labkit.zero.shard import (all_gather_full, all_gather_many,
-                               reduce_scatter_mean_many, shard_of,
-                               storage_bytes, unique_params)
+from labkit.zero.shard import (all_gather_flat, all_gather_full, chunk_size,
+                               reduce_scatter_mean_many, shard_of, storage_bytes, unique_params)
+from labkit.zero.unit import default_units, wrap_forward  # noqa: F401 (default_units: this API)
 
 
 class ZeRO3:
@@ -119,6 +118,17 @@ class ZeRO3:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.device_shards = {}    # offload: id(p) -> the shard in compute dtype on the device
         self._copy_to_device()
+        # one buffer per sharded parameter for its whole value, (N*c,) padded as gathered; its
+        # storage is 0 bytes except while a unit needs it (labkit.zero.unit)
+        self.world = world
+        self.flat = {id(p): torch.empty(world * chunk_size(p.numel(), world), device=self.device,
+                                        dtype=self.compute_dtype_of(p))             # (N*c,)
+                     for p in self.params if id(p) not in self.replicated}
+        for buf in self.flat.values():
+            buf.untyped_storage().resize_(0)
+        self._holds, self._calls = {}, []    # id(p) -> units holding it whole; calls in flight
+        # makes the views handed to a unit require grad, so labkit.zero.unit.PostBackward runs
+        self.anchor = torch.empty(0, device=self.device, requires_grad=True)
         self.units = default_units(model) if units is None else list(units)
         self.unit_params, self.orig_forward = {}, {}
         covered = set()
@@ -127,7 +137,7 @@ class ZeRO3:
             self.unit_params[id(unit)] = ps
             covered |= {id(p) for p in ps}
             self.orig_forward[id(unit)] = unit.forward
-            unit.forward = self._wrap(unit)
+            unit.forward = wrap_forward(self, unit, unit.forward)
         self._unit_by_id = {id(u): u for u in self.units}
         names = {id(m): n or "root" for n, m in model.named_modules()}
         self._unit_name = {id(u): names.get(id(u), type(u).__name__) for u in self.units}
@@ -138,7 +148,7 @@ class ZeRO3:
         foreign = [g for g in groups for p in g["params"] if id(p) not in self.shard_for]
         if foreign:
             raise ValueError("param_groups hold tensors that are not this model's parameters")
-        self._free(self.params)                                     # the full copies go now
+        self._free(self.params)     # the model's own full copies go now: 0 elements each
         self.optimizer = optimizer_class(
             [{**g, "params": [self.shard_for[id(p)] for p in g["params"]]} for g in groups],
             **optimizer_kwargs)
@@ -150,14 +160,6 @@ class ZeRO3:
             yield
         finally:
             self._sync = True
-
-    def _wrap(self, unit):
-        def forward(x):
-            shards = [self.shard_for[id(p)] for p in self.unit_params[id(unit)]]
-            if self.cast_forward_inputs:
-                x = cast_floating(x, self.param_dtype)       # FSDP2's cast at the unit boundary
-            return cast_floating(Unit.apply(self, unit, x, *shards), self.output_dtype)
-        return forward
 
     def compute_dtype_of(self, p) -> torch.dtype:
         """The dtype p is gathered and computed in: param_dtype, or the master's own."""
@@ -186,7 +188,40 @@ class ZeRO3:
     def _to_gather(self, unit) -> list:
         """The unit's sharded parameters that are not whole on this rank now."""
         return [p for p in self.unit_params[id(unit)]
-                if id(p) not in self.replicated and p.data.numel() != self.shapes[id(p)].numel()]
+                if id(p) in self.flat and not self.flat[id(p)].untyped_storage().nbytes()]
+
+    def _whole_view(self, p) -> torch.Tensor:
+        """p's whole value for the unit to compute with: a view of its buffer, or (replicated)
+        its own master in the compute dtype."""
+        if id(p) not in self.flat:
+            return self._source(p)
+        return self.flat[id(p)][:self.shapes[id(p)].numel()].view(self.shapes[id(p)])
+
+    def _acquire(self, params) -> None:
+        for p in params:
+            self._holds[id(p)] = self._holds.get(id(p), 0) + 1
+
+    def _release(self, params) -> None:
+        """A unit is done with its parameters: free each buffer no other unit holds now."""
+        for p in params:
+            n = self._holds.get(id(p), 0) - 1
+            self._holds[id(p)] = max(n, 0)
+            if n <= 0 and id(p) in self.flat:
+                self.flat[id(p)].untyped_storage().resize_(0)
+
+    def _fill(self, params, rows) -> None:
+        """Copy gathered rows (N, c) into the params' buffers, allocating storage if freed. The
+        copy keeps the buffer's version counter (FSDP2's copy-out does the same,
+        _fsdp_collectives.py): the views autograd saved in forward share it and would otherwise
+        refuse to be read in backward; their values are the same, gathered from the same
+        shards (no optimizer step comes between a forward and its backward)."""
+        with torch.no_grad():
+            for p, row in zip(params, rows):
+                buf = self.flat[id(p)]
+                if not buf.untyped_storage().nbytes():
+                    buf.untyped_storage().resize_(buf.numel() * buf.element_size())
+                with torch.autograd._unsafe_preserve_version_counter(buf):
+                    buf.view(row.shape).copy_(row)
 
     def _enter(self, unit, phase: str) -> None:
         """Make the unit's parameters whole: wait for its prefetched gather, or gather now
@@ -194,18 +229,15 @@ class ZeRO3:
         self._order.saw(id(unit), phase)
         pending = self._pending.pop(id(unit), None)
         if pending is not None:
-            self._install(*pending)
+            params, work = pending
+            self._fill(params, work.wait())
         need = self._to_gather(unit)
         if need:
             # cast BEFORE the gather: the wire carries param_dtype (half the bytes in bf16)
-            fulls = all_gather_many([self._source(p) for p in need],
-                                    [self.shapes[id(p)] for p in need], self.group,
-                                    where="ZeRO-3 gather")
-            self._install(need, fulls)
-        for p in self.unit_params[id(unit)]:
-            if id(p) in self.replicated:
-                p.data = self._source(p) if self.offload else \
-                    self.shard_for[id(p)].detach().to(self.compute_dtype_of(p))
+            mine = [self._source(p) for p in need]
+            flat = all_gather_flat(torch.cat([s.reshape(-1) for s in mine]),   # (N * sum c_i,)
+                                   self.group, where="ZeRO-3 gather")
+            self._fill(need, flat.view(self.world, -1).split([s.numel() for s in mine], dim=1))
         nxt = self._order.after(id(unit), phase) if self.prefetch else None
         if nxt is not None and nxt not in self._pending:
             ahead = self._to_gather(self._unit_by_id[nxt])
@@ -214,19 +246,14 @@ class ZeRO3:
                     [self._source(p) for p in ahead], [self.shapes[id(p)] for p in ahead],
                     self.group, where="ZeRO-3 prefetch"))
 
-    def _install(self, params, fulls) -> None:
-        if isinstance(fulls, GatherInFlight):
-            fulls = fulls.wait()
-        for p, full in zip(params, fulls):
-            p.data = full      # a fresh tensor (the gather copied it out of the buffer)
-
     def _settle(self) -> None:
         """Before the optimizer changes the shards: no gather in flight, no full parameter
         kept (reshard_after_forward=False, or a unit whose backward never ran)."""
         for params, work in self._pending.values():
             work.wait()                     # every rank posted it: complete it, then drop it
-        self._pending = {}
-        self._free(self.params)
+        self._pending, self._holds, self._calls = {}, {}, []
+        for buf in self.flat.values():
+            buf.untyped_storage().resize_(0)
         self._order.close()
 
     @contextlib.contextmanager
@@ -236,6 +263,18 @@ class ZeRO3:
             return
         with self.timeline.span(phase, "compute", unit=self._unit_name[id(unit)]):
             yield
+
+    def _open_span(self, unit, phase: str):
+        """A span that begins now and ends in _close_span (backward: from hook to hook)."""
+        if self.timeline is None:
+            return None
+        span = self._span(unit, phase)
+        span.__enter__()
+        return span
+
+    def _close_span(self, span) -> None:
+        if span is not None:
+            span.__exit__(None, None, None)
 
     def _free(self, params) -> None:
         for p in params:
@@ -314,13 +353,13 @@ class ZeRO3:
         fp32 masters and the optimizer's state: the memory calculator's offload_optimizer).
         Full parameters held at this moment (e.g. reshard_after_forward=False between forward
         and backward) count as params."""
-        full = [p.data for p in self.params]
+        full = list(self.flat.values())         # 0 bytes each unless whole now
         state = [v for st in self.optimizer.state.values() for v in st.values()
                  if isinstance(v, torch.Tensor) and v.dim() > 0]
         grads = [s.grad for s in self.shards]
         if not self.offload:
-            return {"params": storage_bytes(list(self.shards) + full), "grads": storage_bytes(grads),
-                    "optimizer": storage_bytes(state)}
+            return {"params": storage_bytes(list(self.shards) + full),
+                    "grads": storage_bytes(grads), "optimizer": storage_bytes(state)}
         return {"params": storage_bytes(list(self.device_shards.values()) + full), "grads": 0,
                 "optimizer": 0, "cpu_grads": storage_bytes(grads),
                 "cpu_optimizer": storage_bytes(list(self.shards) + state)}
