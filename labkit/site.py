@@ -1,6 +1,7 @@
 """The book as a static website, from the notebooks as saved (their outputs are not re-run).
 
     labkit site build [--out build/site]      then open build/site/index.html (no server needed)
+    labkit site serve [--dir build/site]      http://127.0.0.1:8000/, where the calculators run
 
 Builder: nbconvert's HTMLExporter with a small template extending its `lab` template
 (labkit/site_assets/book.html.j2). Why: nbconvert is already installed (JupyterLab and the
@@ -9,36 +10,51 @@ renderers), and a 40-line template plus this module is all the site needs. Jupyt
 add Sphinx and dozens of packages to the book's requirements, and its theme loads fonts and
 scripts that would have to be hunted down one by one to work offline.
 
-Everything is local, so the site works from file:// with no network:
+Everything is local: a page fetches nothing from outside the site (the build fetches one thing,
+once: the pinned Pyodide tarball).
   * math: KaTeX 0.16.22 from the npm registry (`npm pack katex@0.16.22`; katex.min.js,
     katex.min.css, contrib/auto-render.min.js and the woff2 fonts, MIT licence), vendored in
     labkit/site_assets/katex/;
   * figures: the chapters save plotly figures as application/vnd.plotly.v1+json; each becomes a
-    div plus its JSON, drawn by plotly.min.js copied from the installed `plotly` PyPI package
-    (plotly/package_data/plotly.min.js; its version is written to _static/VERSIONS.txt);
+    div plus its JSON, drawn by plotly.min.js copied from the installed `plotly` PyPI package;
+  * calculators: a chapter's ipywidgets calculator becomes HTML controls over the same Python
+    (labkit.widgets.web: the widget's text function, over labkit.costs), run in the reader's
+    browser by Pyodide: the core runtime of the npm package pinned in scripts/pyodide-fetch.sh
+    (version and sha256; fetched once into .cache/pyodide) is copied to _static/pyodide, and
+    the pure-Python modules the calculators import to _static/labkit-calculators.zip. The page
+    holds the defaults' text, computed at build time, so it reads the same with JavaScript off.
+    Pyodide cannot load from file:// (browsers refuse fetch there): `labkit site serve` serves
+    the site on 127.0.0.1; from file:// every page still renders, with the defaults' text.
   * the lab template's CDN scripts (require.js, MathJax, mermaid, the widgets manager) are left
-    out; an ipywidgets calculator is replaced by a line saying to open the chapter in JupyterLab.
+    out; a widget with no website calculator (chapter 01's ring explorer) becomes a note.
 
-Pages: index.html (START_HERE, labkit.landing), chapters/NN_x.html, exercises/NN_x.html,
-solutions/NN_x.html, and glossary.html from GLOSSARY.md (a markdown file, rendered through the
-same template as a one-cell notebook) when the book has one; a sidebar lists every chapter (with
-its exercises/solutions), and a pager links the previous and next page. Links between notebooks
-(x.ipynb) become links to pages, and links to GLOSSARY.md become links to glossary.html.
+Pages: index.html (site_assets/index.md: the book for a web reader, with the generated table of
+contents), chapters/NN_x.html, exercises/NN_x.html, solutions/NN_x.html, and glossary.html from
+GLOSSARY.md. A sidebar lists every chapter (a "Contents" menu under 900 px, CSS only); the
+footer links chapter -> exercises -> solutions -> next chapter, then the previous and next page.
+Links between notebooks (x.ipynb) become links to pages; START_HERE and GLOSSARY.md links go to
+index.html and glossary.html. A chapter's closing-links cell (nav_markdown) is left out of its
+page: the footer holds the same links.
 """
 from __future__ import annotations
 
 import argparse
 import copy
-import html
+import functools
+import http.server
 import json
 import re
 import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import nbformat
 
 from labkit import landing
+from labkit.widgets import web
+
 
 ASSETS = Path(__file__).resolve().parent / "site_assets"
 KATEX_VERSION = "0.16.22"
@@ -47,8 +63,34 @@ WIDGET = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ('<p class="book-widget-note">An interactive calculator is here in JupyterLab: '
                'open this notebook with <code>./book.sh</code> and run it.</p>')
 LINK = re.compile(r'href="(?![a-z]+:|#)([^"#]*?)\.ipynb(#[^"]*)?"')
+START_LINK = re.compile(r'href="((?:\.\./)*)START_HERE\.html(#[^"]*)?"')
+REPO = Path(__file__).resolve().parents[1]
+PYODIDE_FETCH = REPO / "scripts" / "pyodide-fetch.sh"
+# The core runtime: what loadPyodide() fetches before it can run pure-Python code (no packages).
+PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
+                 "pyodide-lock.json")
+CALC_ZIP = "labkit-calculators.zip"
+# What the calculators import (labkit.widgets.web and what it imports; all pure Python).
+CALC_PACKAGES = ("labkit/__init__.py", "labkit/costs/*.py", "labkit/widgets/*.py",
+                 "labkit/pipeline/__init__.py", "labkit/pipeline/schedules.py",
+                 "labkit/pipeline/simulate.py", "labkit/pipeline/validate.py")
 GLOSSARY_LINK = re.compile(r'href="((?:\.\./)*)GLOSSARY\.md(#[^"]*)?"')
 GLOSSARY_PAGE = "glossary.html"
+
+
+NAV_MARK = "<!-- book-nav -->"  # the first line of a chapter's closing links cell
+
+
+def nav_markdown(rows: list, i: int) -> str:
+    """The closing cell of chapter rows[i]: its exercises, its solutions, the next chapter (links
+    relative to chapters/, as .ipynb; the site turns them into .html)."""
+    r = rows[i]
+    parts = [f"[{f}](../{r[f]})" for f in ("exercises", "solutions") if r[f]]
+    if i + 1 < len(rows):
+        parts.append(f"next: [Chapter {rows[i + 1]['number']} — {rows[i + 1]['title']}]"
+                     f"({rows[i + 1]['stem']}.ipynb)")
+    parts.append("[all chapters](../START_HERE.ipynb)")
+    return f"{NAV_MARK}\n---\n**Where next.** " + " · ".join(parts)
 
 
 def _figure_html(fig: dict, div_id: str) -> str:
@@ -59,19 +101,33 @@ def _figure_html(fig: dict, div_id: str) -> str:
             f'<script type="application/json" id="{div_id}-json">{data}</script>')
 
 
-def prepare(nb):
-    """A copy of nb whose plotly outputs are figure divs and whose widget views are a note."""
+def prepare(nb, chapter: str | None = None):
+    """A copy of nb whose plotly outputs are figure divs and whose widget views are a live
+    calculator (labkit.widgets.web, for a chapter's calculator cell) or a note; one widget per
+    cell (a widget saved twice, displayed and returned, shows once) and no closing-links cell
+    (the page's footer has the same links)."""
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)  # else the lab template loads a widget manager from a CDN
+    nb.cells = [c for c in nb.cells if not (c.cell_type == "markdown"
+                                            and c.source.startswith(NAV_MARK))]
     n = 0
     for cell in nb.cells:
+        seen_widget = False
+        kept = []
         for out in cell.get("outputs", []):
             data = out.get("data", {})
             if PLOTLY in data:
                 n += 1
                 out["data"] = {"text/html": _figure_html(data[PLOTLY], f"fig{n}")}
             elif WIDGET in data:
-                out["data"] = {"text/html": WIDGET_NOTE}
+                if seen_widget:
+                    continue
+                seen_widget = True
+                key = web.find(chapter, cell.source) if chapter else None
+                out["data"] = {"text/html": web.calculator_html(key, WIDGET_NOTE) if key else WIDGET_NOTE}
+            kept.append(out)
+        if "outputs" in cell:
+            cell.outputs = kept
     return nb
 
 
@@ -82,7 +138,7 @@ def markdown_notebook(text: str):
 
 def _pages(root: Path) -> list:
     """[(rel html path, notebook path, title, chapter row or None, folder)], in reading order."""
-    pages = [("index.html", None, "Start here", None, None)]
+    pages = [("index.html", None, "The book", None, None)]
     if (root / landing.GLOSSARY).exists():
         pages.append((GLOSSARY_PAGE, root / landing.GLOSSARY, "Glossary", None, "glossary"))
     for row in landing.chapters(root):
@@ -112,8 +168,48 @@ def _nav(rel: str, row, folder, rows: list, order: list) -> dict:
     def link(k):
         return {"href": up + same[k][0], "title": same[k][2]} if i is not None and 0 <= k < len(same) else None
 
-    return {"static": f"{up}_static", "home": f"{up}index.html", "toc": toc,
+    # chapter -> exercises -> solutions -> next chapter, on every chapter's three pages
+    path = []
+    if row is not None:
+        j = next(k for k, r in enumerate(rows) if r["stem"] == row["stem"])
+        path = [{"name": "chapter" if f == "chapters" else f, "href": f"{up}{f}/{row['stem']}.html",
+                 "current": f == folder} for f in landing.FOLDERS if row[f]]
+        if j + 1 < len(rows):
+            nxt = rows[j + 1]
+            path.append({"name": f"next: {nxt['number']} · {nxt['title']}",
+                         "href": f"{up}chapters/{nxt['stem']}.html", "current": False})
+    return {"static": f"{up}_static", "home": f"{up}index.html", "toc": toc, "path": path,
             "prev": link(i - 1) if i else None, "next": link(i + 1) if i is not None else None}
+
+
+def pyodide_dir() -> Path | None:
+    """The pinned Pyodide runtime, fetched by scripts/pyodide-fetch.sh into its cache (fetched
+    now if missing and the script is there); None when it cannot be had (no network)."""
+    if not PYODIDE_FETCH.exists():
+        return None
+    r = subprocess.run(["bash", str(PYODIDE_FETCH)], capture_output=True, text=True)
+    path = Path(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
+    if path is None or not all((path / f).exists() for f in PYODIDE_FILES):
+        print(f"labkit site: no Pyodide runtime ({r.stderr.strip()[-300:]}); calculators will show "
+              "their default values only", file=sys.stderr)
+        return None
+    return path
+
+
+def calculators_zip(dest: Path) -> Path:
+    """labkit's pure-Python modules the calculators import, as a zip Pyodide unpacks."""
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as z:
+        for pattern in CALC_PACKAGES:
+            for f in sorted(REPO.glob(pattern)):
+                z.write(f, f.relative_to(REPO).as_posix())
+    return dest
+
+
+def _copy_runtime(static: Path, runtime: Path) -> None:
+    (static / "pyodide").mkdir(parents=True, exist_ok=True)
+    for name in PYODIDE_FILES:
+        shutil.copy2(runtime / name, static / "pyodide" / name)
+    calculators_zip(static / CALC_ZIP)
 
 
 def _copy_assets(out: Path) -> None:
@@ -129,8 +225,17 @@ def _copy_assets(out: Path) -> None:
         f"plotly.min.js from the plotly {plotly.__version__} PyPI package\n")
 
 
-def build(root: Path, out: Path) -> list:
-    """Write the site for the book at root into out; return the pages written (paths)."""
+def index_notebook(root: Path):
+    """The website's front page: site_assets/index.md (what the book is, the path through it, how
+    to run it locally), then the table of contents with .html links and the glossary line."""
+    text = (ASSETS / "index.md").read_text()
+    table = landing.table_markdown(landing.chapters(root), ".ipynb") + landing.glossary_line(root)
+    return markdown_notebook(text.replace("{{contents}}", table))
+
+
+def build(root: Path, out: Path, runtime: Path | None | bool = True) -> list:
+    """Write the site for the book at root into out; return the pages written (paths).
+    runtime: the Pyodide folder for live calculators (True: pyodide_dir(); None/False: none)."""
     from nbconvert import HTMLExporter
 
     root, out = Path(root), Path(out)
@@ -142,23 +247,48 @@ def build(root: Path, out: Path) -> list:
     out.mkdir(parents=True, exist_ok=True)
     _copy_assets(out)
     written = []
+    live = False
     for rel, path, title, row, folder in order:
         if path is None:
-            nb = landing.landing_notebook(root)
+            nb = index_notebook(root)
         elif path.suffix == ".md":
             nb = markdown_notebook(path.read_text())
         else:
             nb = nbformat.read(path, as_version=4)
         nb.metadata["title"] = title
         resources = {"metadata": {"name": title}, "site": _nav(rel, row, folder, rows, order)}
-        body, _ = exporter.from_notebook_node(prepare(nb), resources=resources)
+        page = prepare(nb, row["number"] if row and folder == "chapters" else None)
+        body, _ = exporter.from_notebook_node(page, resources=resources)
+        live = live or 'class="book-calc"' in body
         body = LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
+        body = START_LINK.sub(lambda m: f'href="{m.group(1)}index.html{m.group(2) or ""}"', body)
         body = GLOSSARY_LINK.sub(lambda m: f'href="{m.group(1)}{GLOSSARY_PAGE}{m.group(2) or ""}"', body)
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(body)
         written.append(target)
+    if live and runtime is True:
+        runtime = pyodide_dir()
+    if live and runtime:
+        _copy_runtime(out / "_static", Path(runtime))
     return written
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    # Pyodide loads pyodide.asm.mjs as a module and compiles the .wasm streaming: both need
+    # their MIME types, which not every Python's mimetypes table has.
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                      ".mjs": "text/javascript", ".wasm": "application/wasm",
+                      ".js": "text/javascript", ".json": "application/json"}
+
+    def log_message(self, *args):
+        pass
+
+
+def server(folder: Path, port: int = 8000, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
+    """An HTTP server for the built site (the calculators' Pyodide cannot load from file://)."""
+    handler = functools.partial(_Handler, directory=str(folder))
+    return http.server.ThreadingHTTPServer((host, port), handler)
 
 
 def main(argv=None) -> int:
@@ -167,7 +297,22 @@ def main(argv=None) -> int:
     p_build = sub.add_parser("build", help="write a static HTML site from the saved notebooks")
     p_build.add_argument("--out", default="build/site", help="folder to write (default build/site)")
     p_build.add_argument("--root", default=".", help="the book's repository (default .)")
+    p_serve = sub.add_parser("serve", help="serve a built site on http://127.0.0.1:PORT/")
+    p_serve.add_argument("--dir", default="build/site", help="the built site (default build/site)")
+    p_serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     args = parser.parse_args(argv)
+    if args.cmd == "serve":
+        if not (Path(args.dir) / "index.html").exists():
+            print(f"labkit site serve: no index.html in {args.dir}; run `labkit site build` first",
+                  file=sys.stderr)
+            return 2
+        httpd = server(Path(args.dir), args.port)
+        print(f"serving {args.dir} on http://127.0.0.1:{args.port}/ (Ctrl+C stops)")
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        return 0
     root = Path(args.root)
     if not (root / "chapters").is_dir():
         print(f"labkit site: no chapters/ folder in {root.resolve()}; pass --root REPO", file=sys.stderr)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the browser test (tests/e2e) needs: Debian's Chromium and PyPI's Playwright, in .venv.
 # Playwright drives the system's /usr/bin/chromium; it never downloads a browser of its own.
-# Exit status 0 when both are there afterwards.
+# The website's calculators need the pinned Pyodide runtime (scripts/pyodide-fetch.sh, npm registry).
+# Exit status 0 when all three are there afterwards.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x /usr/bin/chromium ]; then
@@ -18,4 +19,5 @@ if ! .venv/bin/python -c "import playwright" 2>/dev/null; then
   .venv/bin/python -m pip install --quiet $(grep -i -E '^(playwright|greenlet|pyee)==' requirements.lock) || {
     echo "e2e-setup: could not install playwright; the browser test will skip"; exit 1; }
 fi
-echo "e2e-setup: $(/usr/bin/chromium --version 2>/dev/null | head -1), playwright installed"
+scripts/pyodide-fetch.sh >/dev/null || { echo "e2e-setup: could not fetch Pyodide; the browser test will skip"; exit 1; }
+echo "e2e-setup: $(/usr/bin/chromium --version 2>/dev/null | head -1), playwright installed, Pyodide in $(scripts/pyodide-fetch.sh)"

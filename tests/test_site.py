@@ -4,12 +4,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from labkit import landing, site
+from labkit.widgets import web
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,6 +91,8 @@ def test_build_writes_pages_with_local_assets_only(tmp_path):
         text = p.read_text()
         # every script and stylesheet the page loads is a relative path inside the site
         for url in re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', text):
+            if url.startswith("data:"):  # the empty favicon: inside the page, fetches nothing
+                continue
             assert not re.match(r"[a-z]+:|//", url), f"{p.name} loads {url}"
             assert (p.parent / url).resolve().exists(), f"{p.name}: {url} missing"
     b = (tmp_path / "site" / "chapters" / "01_b.html").read_text()
@@ -123,3 +129,141 @@ def test_committed_glossary_links_only_chapters_that_exist():
     missing = sorted({rel for rel in links if not (ROOT / rel).exists()})
     assert not missing, missing
     assert "(GLOSSARY.md)" in (ROOT / landing.NAME).read_text()
+
+
+def _widget_cell(source, model_ids):
+    outs = [nbformat.v4.new_output("display_data", data={site.WIDGET: {"model_id": m}, "text/plain": "W"})
+            for m in model_ids]
+    return nbformat.v4.new_code_cell(source, outputs=outs)
+
+
+def test_a_chapter_calculator_becomes_live_controls_with_its_default_text():
+    nb = nbformat.v4.new_notebook(cells=[
+        _widget_cell("view.bytes_widget(7e9)", ["a", "a"]),       # saved twice: shown once
+        _widget_cell("ring_explorer(4)", ["b"]),                   # no website calculator: a note
+        nbformat.v4.new_markdown_cell(site.NAV_MARK + "\n---\nlinks")])
+    out = site.prepare(nb, "09")
+    assert len(out.cells) == 2  # the closing-links cell: the page's footer has the same links
+    calc = out.cells[0].outputs
+    assert len(calc) == 1
+    html0 = calc[0]["data"]["text/html"]
+    assert 'data-calc="precision"' in html0 and "<noscript>" in html0
+    assert "2 + 2 + 12 = 16 bytes/param; 7B params: 112 GB" in html0  # rendered at build time
+    assert 'name="weights"' in html0 and 'name="master"' in html0
+    assert out.cells[1].outputs[0]["data"] == {"text/html": site.WIDGET_NOTE}
+
+
+def test_every_chapter_calculator_has_a_website_calculator():
+    """Each widget a chapter saves stands for a web calculator, except the ring's step explorer
+    (a figure, not a formula)."""
+    missing = []
+    for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if any(site.WIDGET in o.get("data", {}) for o in cell.get("outputs", [])):
+                if web.find(path.name[:2], cell.source) is None and "ring_explorer" not in cell.source:
+                    missing.append(f"{path.name}: {cell.source.strip()[:60]}")
+    assert not missing, missing
+    for key in web.CALCULATORS:
+        assert "cannot compute" not in web.render(key), key
+
+
+def test_calculators_import_no_torch_numpy_plotly_or_ipywidgets():
+    """What Pyodide imports must be pure Python: blocked here, every calculator still renders."""
+    code = ("import sys\n"
+            "for m in ('torch', 'numpy', 'plotly', 'ipywidgets', 'IPython'): sys.modules[m] = None\n"
+            "from labkit.widgets import web\n"
+            "print(sum(len(web.render(k)) > 0 for k in web.CALCULATORS))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout) == len(web.CALCULATORS)
+
+
+def test_inputs_as_the_browser_sends_them():
+    v = web.from_inputs("precision", '{"n_params": 2, "weights": "fp32", "master": true}')
+    assert v == {"n_params": 100.0, "weights": "fp32", "master": True}  # a log range: 10 ** x
+    assert web.from_inputs("intro", {"dp": 16.0})["dp"] == 16 and isinstance(
+        web.from_inputs("intro", {"dp": 16.0})["dp"], int)
+    # fp32 weights are their own master copy: the fp32 recipe's 16 B/param, not 18
+    assert web.render("precision", {"weights": "fp32", "grads": "fp32"}).startswith("4 + 4 + 8 = 16")
+
+
+def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tmp_path):
+    book = tmp_path / "book"
+    for folder in ("chapters", "exercises", "solutions"):
+        _chapter(book, folder, "00_a.ipynb", "First")
+    _chapter(book, "chapters", "01_b.ipynb", "Second")
+    site.build(book, tmp_path / "site", runtime=None)
+    for folder in ("chapters", "exercises", "solutions"):
+        page = (tmp_path / "site" / folder / "00_a.html").read_text()
+        footer = page[page.index('class="book-path"'):]
+        order = [footer.index(f'href="../{f}/00_a.html"') for f in ("chapters", "exercises", "solutions")]
+        assert order == sorted(order), folder
+        assert 'href="../chapters/01_b.html">next: 01' in footer
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "file browser on the left" not in index and "Run it yourself" in index
+    assert 'href="chapters/00_a.html"' in index
+
+
+def test_nav_markdown_is_the_cell_the_chapters_end_with():
+    rows = landing.chapters(ROOT)
+    for i, row in enumerate(rows):
+        text = site.nav_markdown(rows, i)
+        assert text.startswith(site.NAV_MARK) and f"(../{row['exercises']})" in text
+        if i + 1 < len(rows):
+            assert f"({rows[i + 1]['stem']}.ipynb)" in text
+    for stem in ("01_collectives", "08_mixture_of_experts", "09_mixed_precision"):
+        nb = nbformat.read(ROOT / "chapters" / f"{stem}.ipynb", as_version=4)
+        i = next(k for k, r in enumerate(rows) if r["stem"] == stem)
+        assert nb.cells[-1].source == site.nav_markdown(rows, i), stem
+
+
+def test_runtime_and_labkit_are_copied_into_the_site(tmp_path):
+    """With a (stand-in) Pyodide folder, its core files and labkit's calculator modules land in
+    _static; nothing else of the npm package."""
+    fake = tmp_path / "pyodide"
+    fake.mkdir()
+    for name in site.PYODIDE_FILES + ("console.html",):
+        (fake / name).write_text(name)
+    book = tmp_path / "book"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Chapter 09 — P"),
+                                         _widget_cell("view.bytes_widget(7e9)", ["m"])])
+    (book / "chapters").mkdir(parents=True)
+    nbformat.write(nb, book / "chapters" / "09_p.ipynb")
+    site.build(book, tmp_path / "site", runtime=fake)
+    static = tmp_path / "site" / "_static"
+    assert sorted(p.name for p in (static / "pyodide").iterdir()) == sorted(site.PYODIDE_FILES)
+    names = zipfile.ZipFile(static / site.CALC_ZIP).namelist()
+    assert "labkit/widgets/web.py" in names and "labkit/costs/memory.py" in names
+    script = (ROOT / "scripts" / "pyodide-fetch.sh").read_text()
+    assert re.search(r"^VERSION=\d+\.\d+\.\d+", script, re.M)
+    assert re.search(r"^SHA256=[0-9a-f]{64}\b", script, re.M)
+
+
+def _same_outputs(cell) -> list:
+    """Outputs of one cell that repeat another's widget model or plotly figure."""
+    seen, dup = set(), []
+    for out in cell.get("outputs", []):
+        data = out.get("data", {})
+        if site.WIDGET in data:
+            key = ("widget", data[site.WIDGET].get("model_id"))
+        elif site.PLOTLY in data:
+            key = ("figure", json.dumps(data[site.PLOTLY], sort_keys=True))
+        else:
+            continue
+        if key in seen:
+            dup.append(key[0])
+        seen.add(key)
+    return dup
+
+
+def test_no_notebook_saves_a_widget_or_figure_twice():
+    """A widget both displayed and returned by its cell is saved (and shown in JupyterLab) twice."""
+    bad = []
+    for folder in landing.FOLDERS:
+        for path in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+            for cell in nbformat.read(path, as_version=4).cells:
+                if _same_outputs(cell):
+                    bad.append(f"{folder}/{path.name}: {cell.source.strip()[:50]!r} "
+                               f"shows a {_same_outputs(cell)[0]} twice")
+    assert not bad, bad

@@ -1,4 +1,6 @@
-// The book's pages: typeset math with KaTeX, draw plotly figures from their saved JSON.
+// The book's pages: typeset math with KaTeX, draw plotly figures from their saved JSON, and bring
+// the calculators to life: Pyodide (copied into the site, _static/pyodide) runs labkit's own
+// Python (labkit.widgets.web over labkit.costs) on every change of a control.
 document.addEventListener("DOMContentLoaded", () => {
   renderMathInElement(document.querySelector("main"), {
     delimiters: [
@@ -12,4 +14,56 @@ document.addEventListener("DOMContentLoaded", () => {
     const fig = JSON.parse(document.getElementById(div.id + "-json").textContent);
     Plotly.newPlot(div, fig.data || [], fig.layout || {}, {responsive: true, displaylogo: false});
   });
+  const calcs = [...document.querySelectorAll("div.book-calc")];
+  if (calcs.length && location.protocol !== "file:") startCalculators(calcs);
 });
+
+// What a control shows beside it, and what it sends to Python (a log range sends its exponent).
+function controlValue(el) {
+  if (el.type === "checkbox") return el.checked;
+  if (el.tagName === "SELECT") return JSON.parse(el.value);
+  return Number(el.value);
+}
+
+function showValue(el) {
+  const out = el.parentElement.querySelector("output");
+  if (!out) return;
+  const x = el.dataset.kind === "log" ? Math.pow(10, Number(el.value)) : Number(el.value);
+  out.textContent = Number(x.toPrecision(3)).toString();
+}
+
+async function startCalculators(calcs) {
+  const status = (text) => calcs.forEach((c) => { c.querySelector(".book-calc-status").textContent = text; });
+  status("Starting the calculator (Python in your browser, a few seconds the first time) …");
+  const t0 = performance.now();
+  try {
+    const base = new URL(document.body.dataset.static + "/", location.href);
+    const {loadPyodide} = await import(new URL("pyodide/pyodide.mjs", base).href);
+    const py = await loadPyodide({indexURL: new URL("pyodide/", base).href});
+    const zip = await (await fetch(new URL("labkit-calculators.zip", base))).arrayBuffer();
+    py.unpackArchive(zip, "zip", {extractDir: "/home/pyodide/labkit-site"});
+    py.runPython("import sys; sys.path.insert(0, '/home/pyodide/labkit-site')");
+    const web = py.pyimport("labkit.widgets.web");
+    for (const calc of calcs) {
+      const form = calc.querySelector("form");
+      const out = calc.querySelector(".book-calc-out");
+      const controls = [...form.querySelectorAll("input, select")];
+      const update = () => {
+        controls.forEach(showValue);
+        const raw = Object.fromEntries(controls.map((el) => [el.name, controlValue(el)]));
+        out.textContent = web.render_inputs(calc.dataset.calc, JSON.stringify(raw));
+        calc.dataset.renders = String(Number(calc.dataset.renders || 0) + 1);
+      };
+      controls.forEach((el) => el.addEventListener("input", update));
+      form.hidden = false;
+      update();
+      calc.classList.add("live");
+    }
+    // ms from the page's navigation to live calculators, and of that, Pyodide's start + labkit
+    document.body.dataset.calculatorsLiveMs = String(Math.round(performance.now()));
+    document.body.dataset.calculatorsStartMs = String(Math.round(performance.now() - t0));
+  } catch (err) {
+    status("The live calculator could not start here (" + err + "); the text shows its default values.");
+    console.warn("book calculators:", err);
+  }
+}

@@ -82,6 +82,24 @@ def measured_figure(rows):
     return fig
 
 
+def activation_text(s: int, b: int, h: int, a: int, tp: int = 8, cp: int = 1) -> str:
+    """activation_figure's bars as text, GB per layer per rank (the website's calculator)."""
+    lines = []
+    for sp, rc in [(sp and tp > 1, rc) for sp, rc in BARS]:
+        parts = _parts(s, b, h, a, tp, sp, cp, rc)
+        lines.append(f"{_bar_name(tp, sp, rc):<28} {sum(parts.values()) / 1e9:8.3f} GB  ("
+                     + ", ".join(f"{k} {v / 1e9:.3f}" for k, v in parts.items() if v) + ")")
+    return "\n".join(lines)
+
+
+def comm_text(b: int, s: int, h: int, kv: int, degrees=(2, 4, 8, 16), bytes_per_element=2) -> str:
+    """comm_figure's points as text: GB one rank sends per layer, per method and degree."""
+    rows = {d: cc.comm_table(b, s, h, kv, d, bytes_per_element) for d in degrees}
+    head = f"{'GB per layer per rank':<32}" + "".join(f"{f'degree {d}':>11}" for d in degrees)
+    return "\n".join([head] + [f"{name:<32}" + "".join(f"{rows[d][i][3] / 1e9:11.3f}" for d in degrees)
+                              for i, name in enumerate(r[0] for r in rows[degrees[0]])])
+
+
 def activation_calculator():
     """Sliders: s, b, h, a, t, cp; the stacked bar and the totals."""
     import ipywidgets as w

@@ -109,6 +109,16 @@ def scaling_figure(compute: float = 100.0, comm: float = 10.0, overlap: float = 
     return fig
 
 
+def summary(compute_ms, comm_ms, n, overlap, accum, slowdown) -> str:
+    """The calculator's text: step time, efficiency and speedup, without and with the slowdown."""
+    lines = []
+    for s, label in ((0.0, "overlap free"), (slowdown, f"overlapped compute {slowdown:.0%} slower")):
+        args = (compute_ms, comm_ms, n, overlap, accum, s)
+        lines.append(f"N={n}, {label}: step {scaling.step_time(*args):.1f} ms, efficiency "
+                     f"{scaling.efficiency(*args):.1%}, speedup {scaling.speedup(*args):.2f}x")
+    return "\n".join(lines)
+
+
 def calculator():
     """Sliders: compute ms, comm ms, N, overlap fraction, accumulation, and the slowdown of
     overlapped compute (default: Lee et al.'s measured average) -> efficiency, speedup."""
@@ -117,10 +127,7 @@ def calculator():
 
     def show(compute_ms, comm_ms, n, overlap, accum, slowdown):
         display(scaling_figure(compute_ms, comm_ms, overlap, accum=accum, slowdown=slowdown))
-        for s, label in ((0.0, "overlap free"), (slowdown, f"overlapped compute {slowdown:.0%} slower")):
-            args = (compute_ms, comm_ms, n, overlap, accum, s)
-            print(f"N={n}, {label}: step {scaling.step_time(*args):.1f} ms, efficiency "
-                  f"{scaling.efficiency(*args):.1%}, speedup {scaling.speedup(*args):.2f}x")
+        print(summary(compute_ms, comm_ms, n, overlap, accum, slowdown))
 
     return w.interactive(show, compute_ms=w.FloatSlider(value=100, min=5, max=500, step=5),
                          comm_ms=w.FloatSlider(value=10, min=0, max=200, step=1),

@@ -73,16 +73,21 @@ def triangle_figure():
     return fig
 
 
+def summary(model, recipe: str, zero_stage: int = 0, dp: int = 1) -> str:
+    """The calculator's line of text (the website's calculator prints the same)."""
+    rows = state_rows(model, recipe, zero_stage, dp)
+    return (" + ".join(f"{k} {v:.1f}" for k, v in rows.items() if k != "total")
+            + f" = {rows['total']:.1f} GB per GPU")
+
+
 def calculator():
     """Dropdowns and sliders over memory_figure: model, recipe, ZeRO stage, number of GPUs."""
     import ipywidgets as w
     from IPython.display import display
 
     def show(model, recipe, zero_stage, dp):
-        rows = state_rows(model, recipe, zero_stage, dp)
         display(memory_figure((model,), recipe, zero_stage if dp > 1 else 0, dp, log=False))
-        print(" + ".join(f"{k} {v:.1f}" for k, v in rows.items() if k != "total")
-              + f" = {rows['total']:.1f} GB per GPU")
+        print(summary(model, recipe, zero_stage, dp))
 
     return w.interactive(show, model=w.Dropdown(options=list(models.PRESETS), value="llama2-7b"),
                          recipe=w.Dropdown(options=list(memory.RECIPES), value="mixed"),

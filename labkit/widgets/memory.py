@@ -141,6 +141,21 @@ def prefetch_figure(events_by_mode):
     return fig
 
 
+def configuration(spec, seq_len, micro_batch, dp, tp, pp, cp, zero_stage, recipe, recompute,
+                  sequence_parallel, offload) -> memory.MemoryPlan:
+    """The calculator's plan for one setting (offload: 0 none, 1 optimizer, 2 optimizer + params).
+    Raises ValueError with the reason when the setting cannot run."""
+    if seq_len % (2 * cp):
+        raise ValueError(f"CP {cp} cuts the sequence into 2*cp = {2 * cp} zig-zag chunks: use a "
+                         f"sequence length divisible by {2 * cp}")
+    # CP (chapter 07): each GPU keeps the activations of s/cp tokens, and the cp ranks hold the
+    # same weights, so ZeRO shards over dp x cp (as torchtitan does)
+    return memory.plan(spec, recipe=recipe, zero_stage=zero_stage, dp=dp * cp, tp=tp, pp=pp,
+                       seq_len=seq_len // cp, micro_batch=micro_batch, recompute=recompute,
+                       sequence_parallel=sequence_parallel and tp > 1,
+                       offload_optimizer=offload >= 1, offload_params=offload == 2)
+
+
 def calculator():
     """The memory calculator: model, shape, parallelism (DP, TP, PP, CP), ZeRO, precision,
     recomputation, sequence parallelism, GPU."""
@@ -204,19 +219,9 @@ def calculator():
         out.clear_output(wait=True)
         with out:
             try:
-                if seq.value % (2 * cp.value):
-                    raise ValueError(f"CP {cp.value} cuts the sequence into 2*cp = "
-                                     f"{2 * cp.value} zig-zag chunks: use a sequence length "
-                                     f"divisible by {2 * cp.value}")
-                # CP (chapter 07): each GPU keeps the activations of s/cp tokens, and the cp
-                # ranks hold the same weights, so ZeRO shards over dp x cp (as torchtitan does)
-                p = memory.plan(spec_now(), recipe=recipe.value, zero_stage=stage.value,
-                                dp=dp.value * cp.value, tp=tp.value, pp=pp.value,
-                                seq_len=seq.value // cp.value,
-                                micro_batch=mbs.value, recompute=recompute.value,
-                                sequence_parallel=sp.value and tp.value > 1,
-                                offload_optimizer=offload.value >= 1,
-                                offload_params=offload.value == 2)
+                p = configuration(spec_now(), seq.value, mbs.value, dp.value, tp.value, pp.value,
+                                  cp.value, stage.value, recipe.value, recompute.value, sp.value,
+                                  offload.value)
             except (ValueError, KeyError) as err:
                 print(f"cannot compute this configuration: {err}")
                 return

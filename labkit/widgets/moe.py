@@ -29,9 +29,9 @@ def summary(h=4096, n_layer=32, n_expert=8, k=2, ffn_mult=3.5, ep=8, tokens_per_
 
 
 def calculator(**start):
-    """Sliders over the calculator's inputs; bad combinations print the error that says why."""
+    """Sliders over the calculator's inputs; bad combinations print the error that says why.
+    Returned, not displayed: as a cell's last line it shows once."""
     import ipywidgets as widgets
-    from IPython.display import display
 
     w = {"n_expert": widgets.Dropdown(options=[4, 8, 16, 32, 64, 128, 256], value=8,
                                       description="experts"),
@@ -61,9 +61,7 @@ def calculator(**start):
     for v in w.values():
         v.observe(redraw, "value")
     redraw()
-    box = widgets.VBox(list(w.values()) + [out])
-    display(box)
-    return box
+    return widgets.VBox(list(w.values()) + [out])
 
 
 def load_figure(runs: dict, title: str = "tokens per expert (max / mean) over training"):

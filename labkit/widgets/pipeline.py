@@ -103,6 +103,26 @@ def peak_figure(P: int = 4, K: int = 8, v: int = 2, measured=None):
     return fig
 
 
+def summary(schedule, P, K, v, t_f, t_b) -> str:
+    """The calculator's text: bubble simulated and by formula, step time, peak micro-batches.
+    Raises ValueError for a schedule that cannot be built (e.g. interleaved, K not a multiple)."""
+    vv = v if schedule == "interleaved" else 2 if schedule == "zb-v" else 1  # ZB-V: a V of 2
+    s = schedules.make(schedule, P, K, vv)
+    r = simulate(s, t_f, t_b)
+    f = costs.pipeline.schedule_bubble(schedule, P, K, vv, t_f, t_b, t_b / 2)
+    lines = [f"bubble: {r.bubble:.1%} simulated, "
+             + (f"{f:.1%} formula" if f is not None else "no closed form")
+             + f"   step: {r.makespan:.3g} (vs {K * (t_f + t_b):.3g} of work)   "
+             f"peak micro-batches held per stage: " + ", ".join(f"{x:g}" for x in r.peak_in_flight)
+             + ("   (W = t_b / 2)" if s.split else "")]
+    if s.split:  # zero-bubble schedules: what the flush between steps costs
+        ss = steady_state(s, t_f, t_b)
+        f = costs.pipeline.schedule_bubble(schedule, P, K, vv, t_f, t_b, t_b / 2, flush=False)
+        lines.append(f"steps back to back (optimizer post-validation, no flush): {ss['bubble']:.1%} "
+                     f"simulated" + (f", {f:.1%} formula" if f is not None else ""))
+    return "\n".join(lines)
+
+
 def calculator():
     """The bubble calculator: schedule, P, K, v, t_f, t_b -> Gantt chart, bubble, peak activations."""
     import ipywidgets as w
@@ -116,18 +136,7 @@ def calculator():
             print(e)
             return
         display(gantt(s, P, K, vv, t_f, t_b))
-        r = simulate(s, t_f, t_b)
-        f = costs.pipeline.schedule_bubble(schedule, P, K, vv, t_f, t_b, t_b / 2)
-        print(f"bubble: {r.bubble:.1%} simulated, "
-              + (f"{f:.1%} formula" if f is not None else "no closed form")
-              + f"   step: {r.makespan:.3g} (vs {K * (t_f + t_b):.3g} of work)   "
-              f"peak micro-batches held per stage: " + ", ".join(f"{x:g}" for x in r.peak_in_flight)
-              + ("   (W = t_b / 2)" if s.split else ""))
-        if s.split:  # zero-bubble schedules: what the flush between steps costs
-            ss = steady_state(s, t_f, t_b)
-            f = costs.pipeline.schedule_bubble(schedule, P, K, vv, t_f, t_b, t_b / 2, flush=False)
-            print(f"steps back to back (optimizer post-validation, no flush): {ss['bubble']:.1%} "
-                  f"simulated" + (f", {f:.1%} formula" if f is not None else ""))
+        print(summary(schedule, P, K, v, t_f, t_b))
 
     return w.interactive(show, schedule=w.Dropdown(options=list(ALL_SCHEDULES), value="1f1b"),
                          P=w.IntSlider(value=4, min=1, max=8), K=w.IntSlider(value=8, min=1, max=32),

@@ -99,31 +99,45 @@ def mesh_figure(topo):
     return fig
 
 
+LINKS = {name: link.bandwidth for name, link in comm.LINKS.items()}
+COLUMNS = ["TP", "PP", "DP", "CP", "EP", "ZeRO", "offload", "micro-batch", "K", "memory GB",
+           "headroom GB", "bubble %", "DP exposed s", "step s", "MFU %", "HFU %", "eff. step s"]
+
+
+def rank(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch, seq_len, recipe,
+         recompute, sequence_parallel, overlap, margin, efficiency, mtbf_h):
+    """(ranked estimates, job, cluster) for the planner's inputs (links by name)."""
+    cluster = P.Cluster(n_gpus, gpus_per_node, gpu, intra_bw=LINKS[intra], inter_bw=LINKS[inter],
+                        overlap=overlap, memory_margin=margin, flop_efficiency=efficiency,
+                        gpu_mtbf_h=mtbf_h)
+    job = P.Job(model, global_batch=global_batch, seq_len=seq_len, recipe=recipe,
+                recompute=recompute, sequence_parallel=sequence_parallel)
+    return P.plan(job, cluster), job, cluster
+
+
+def summary(ranked, job, cluster, top: int) -> str:
+    """The planner's text: the top configurations and why the first one wins."""
+    if not ranked:
+        return "No configuration fits: more GPUs, a bigger GPU, recomputation, or ZeRO-3."
+    return "\n".join([P.table(ranked[:top], COLUMNS), "", "why the first one:"]
+                     + [f" - {line}" for line in P.reasons(ranked[0], job, cluster)])
+
+
 def planner():
     """Model, cluster and batch -> the top configurations, their costs and the best one's reasons."""
     import ipywidgets as w
     from IPython.display import display
 
-    links = {name: link.bandwidth for name, link in comm.LINKS.items()}
+    links = LINKS
 
     def show(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch, seq_len, recipe,
              recompute, sequence_parallel, overlap, margin, efficiency, mtbf_h, top):
-        cluster = P.Cluster(n_gpus, gpus_per_node, gpu, intra_bw=links[intra],
-                            inter_bw=links[inter], overlap=overlap, memory_margin=margin,
-                            flop_efficiency=efficiency, gpu_mtbf_h=mtbf_h)
-        job = P.Job(model, global_batch=global_batch, seq_len=seq_len, recipe=recipe,
-                    recompute=recompute, sequence_parallel=sequence_parallel)
-        ranked = P.plan(job, cluster)
+        ranked, job, cluster = rank(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch,
+                                    seq_len, recipe, recompute, sequence_parallel, overlap, margin,
+                                    efficiency, mtbf_h)
+        print(summary(ranked, job, cluster, top))
         if not ranked:
-            print("No configuration fits: more GPUs, a bigger GPU, recomputation, or ZeRO-3.")
             return
-        cols = ["TP", "PP", "DP", "CP", "EP", "ZeRO", "offload", "micro-batch", "K", "memory GB",
-                "headroom GB", "bubble %", "DP exposed s", "step s", "MFU %", "HFU %",
-                "eff. step s"]
-        print(P.table(ranked[:top], cols))
-        print("\nwhy the first one:")
-        for line in P.reasons(ranked[0], job, cluster):
-            print(" -", line)
         display(ranked_figure(ranked[:top], cluster, f"{models.preset(model).name} on {n_gpus} x {gpu}"))
 
     return w.interactive(

@@ -63,9 +63,9 @@ def ring_figure(n: int = 4, step: int = 0):
 
 
 def ring_explorer(n: int = 4):
-    """A slider over the steps (and one over N): the ring, frame by frame."""
+    """A slider over the steps (and one over N): the ring, frame by frame. Returned, not
+    displayed: as a cell's last line it shows once (displaying it too saved it twice)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
     ranks = widgets.IntSlider(value=n, min=2, max=8, description="ranks N")
     step = widgets.IntSlider(value=0, min=0, max=2 * (n - 1), description="step")
@@ -80,6 +80,4 @@ def ring_explorer(n: int = 4):
     ranks.observe(redraw, "value")
     step.observe(redraw, "value")
     redraw()
-    box = widgets.VBox([widgets.HBox([ranks, step]), out])
-    display(box)
-    return box
+    return widgets.VBox([widgets.HBox([ranks, step]), out])

@@ -95,6 +95,17 @@ def scaling_figure(b: int, s: int, h: int, links=("NVLink 4 (H100 SXM)", "Infini
     return fig
 
 
+def summary(b: int, s: int, h: int, tp: int, link: str) -> str:
+    """The calculator's text: bytes per all-reduce, the layer's weights, the time split."""
+    t = tpc.layer_time(b, s, h, tp, comm.LINKS[link], 400e12)
+    return "\n".join([
+        f"one all-reduce: {tpc.allreduce_bytes(b, s, h) / 1e6:.1f} MB (bf16 activations b*s*h), "
+        f"4 per layer",
+        f"weights of the layer (not sent): {tpc.weight_elements_per_layer(h) * 2 / 1e6:.1f} MB",
+        f"per layer: compute {t['compute'] * 1e3:.3f} ms, TP comm {t['comm'] * 1e3:.3f} ms"
+        f" ({100 * t['comm_fraction']:.0f}% of the layer)"])
+
+
 def calculator():
     """Sliders: b, s, h, TP, link -> bytes per all-reduce, per layer, and the time split."""
     import ipywidgets as w
@@ -109,17 +120,9 @@ def calculator():
                                description="link"))
 
     def show(**_):
-        v = {k: c.value for k, c in ctl.items()}
-        link = comm.LINKS[v["link"]]
-        t = tpc.layer_time(v["b"], v["s"], v["h"], v["tp"], link, 400e12)
         with out:
             out.clear_output(wait=True)
-            print(f"one all-reduce: {tpc.allreduce_bytes(v['b'], v['s'], v['h']) / 1e6:.1f} MB "
-                  f"(bf16 activations b*s*h), 4 per layer")
-            print(f"weights of the layer (not sent): "
-                  f"{tpc.weight_elements_per_layer(v['h']) * 2 / 1e6:.1f} MB")
-            print(f"per layer: compute {t['compute'] * 1e3:.3f} ms, TP comm {t['comm'] * 1e3:.3f} ms"
-                  f" ({100 * t['comm_fraction']:.0f}% of the layer)")
+            print(summary(**{k: c.value for k, c in ctl.items()}))
 
     for c in ctl.values():
         c.observe(lambda change: show(), names="value")
