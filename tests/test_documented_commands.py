@@ -1,11 +1,12 @@
 """Every command line the README and docs/ show, parsed from the files, keeps its promise (#29).
 
-- `labkit run LAB ...` (and `torchrun --standalone ... -m labkit run ...`): run as written, in a
+- `labkit run LAB ...` in the README and docs/ (except the GPU page): run as written, in a
   subprocess as a reader runs it; exit 0, the lab's progress lines, its final table, and what
   the line's comment says it shows (EXPECT below). These replace the labs' tiny two-process runs
   (tests/test_labs.py keeps the three-process and torchrun runs and the bad input).
-- `torchrun --nnodes 2 ...` (a cluster): the labkit part's options are checked by the lab's own
-  parser, as labkit checks them before any process starts; two nodes are not here.
+- docs/gpu-and-cluster.md's lines (NCCL on GPUs, `torchrun --nnodes 2` on a cluster) and lab
+  names written inline in the prose: each runs as written up to the moment it would start its
+  first process (every check labkit makes passes); GPUs and two nodes are not here.
 - `labkit bench NAME ...`: its options are checked the same way (each full benchmark is a
   minutes-long timing tool, run by hand for docs/benchmarks.md; tests/test_bench_*.py run small
   real benchmarks).
@@ -36,6 +37,7 @@ EXPECT = {
     "intro": ["bytes/param"],
     "ring": ["ring", "parameter server", "builtin"],
     "ddp": ["naive", "overlap", "bucketed", "torch"],
+    "overlap": ["predicted", "measured"],
     "zero": ["the ring predicts"],
     "tp": ["per layer (formula: 4)", "counted by the kernel"],
     "pipeline": ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "formula"],
@@ -93,8 +95,10 @@ def _labkit_part(words: list[str]) -> list[str]:
 
 FOUND = documented()
 COMMANDS = sorted({(f, c) for f, c, _ in FOUND}, key=lambda fc: (fc[1], fc[0]))
-RUNS = sorted({c for _, c, fenced in FOUND if fenced and _argv(c)[0] in ("labkit", "torchrun")
-               and _labkit_part(_argv(c))[0] == "run" and "--nnodes" not in c})
+# docs/gpu-and-cluster.md's lines are for a machine with GPUs (NCCL, real GPU compute): here they
+# are checked up to the first process, like the two-node lines; the same labs run above
+RUNS = sorted({c for f, c, fenced in FOUND if fenced and _argv(c)[0] in ("labkit", "torchrun")
+               and _labkit_part(_argv(c))[0] == "run" and f != "gpu-and-cluster.md"})
 CHECKED = sorted({c for _, c, _ in FOUND if _argv(c)[0] in ("labkit", "torchrun")
                   and _labkit_part(_argv(c))[0] == "run" and c not in RUNS})
 
@@ -139,8 +143,8 @@ class _Started(Exception):
 
 @pytest.mark.parametrize("command", CHECKED)
 def test_other_lab_lines_pass_every_check_before_a_process_starts(command, monkeypatch, capsys):
-    """Two-node torchrun lines (two nodes are not here) and lab names written in the prose: the
-    lab runs as written up to the moment it would start a process; nothing refuses it first."""
+    """GPU and two-node lines (neither is here) and lab names written in the prose: the lab runs
+    as written up to the moment it would start a process; nothing refuses it first."""
     import labkit.launch.process
 
     def started():
