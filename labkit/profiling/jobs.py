@@ -68,15 +68,17 @@ def ddp_job(folder, kind: str = "bucketed", steps: int = 2, batch: int = 8,
             "buckets": len(getattr(ddp, "buckets", []))}
 
 
-def zero3_job(folder, steps: int = 2, batch: int = 4, cfg: GPTConfig = ZERO_CFG) -> dict:
-    """ZeRO-3 (labkit.zero.ZeRO3, AdamW) on this rank; the last step traced. Timeline: forward,
-    backward, optimizer on "compute"; every collective labkit.commlog logged on "comm"."""
+def zero3_job(folder, steps: int = 2, batch: int = 4, cfg: GPTConfig = ZERO_CFG,
+              prefetch: bool = False) -> dict:
+    """ZeRO-3 (labkit.zero.ZeRO3, AdamW; prefetch= its option) on this rank; the last step
+    traced. Timeline: forward, backward, optimizer on "compute"; every collective labkit.commlog
+    logged on "comm"."""
     from labkit.zero import ZeRO3
 
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     torch.set_num_threads(1)
     model = GPT(cfg, seed=0).to(dev)
-    zero = ZeRO3(model, torch.optim.AdamW, lr=1e-3)
+    zero = ZeRO3(model, torch.optim.AdamW, lr=1e-3, **({"prefetch": True} if prefetch else {}))
     x, y = get_batch(tiny_corpus(), batch * world, cfg.block_size, 0)          # (B, T)
     x, y = shard_rows(x, rank, world).to(dev), shard_rows(y, rank, world).to(dev)
 
