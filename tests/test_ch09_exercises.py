@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from labkit.check import ch09, ch09_trainer
+from labkit.check import ch09
+from labkit.check.ch09 import trainer as ch09_trainer
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])   # ranks get these classes by value
 
@@ -305,20 +306,20 @@ def results():
 
 
 def test_trainer_reference_scores_full(results):
-    res = ch09_trainer.mixed_precision_trainer(Trainer, "9.3", 8, launched={2: results[Trainer]})
+    res = ch09_trainer.mixed_precision_trainer(Trainer, launched={2: results[Trainer]})
     assert res.score == res.points and len(res.cases) == len(ch09_trainer.CHECKS), res.table()
 
 
 @pytest.mark.parametrize("cls,case,needle", WRONG, ids=[w[0].__name__ for w in WRONG])
 def test_trainer_wrong_answers_fail_with_their_hint(results, cls, case, needle):
-    res = ch09_trainer.mixed_precision_trainer(cls, "9.3", 8, launched={2: results[cls]})
+    res = ch09_trainer.mixed_precision_trainer(cls, launched={2: results[cls]})
     assert not res.cases[case]["passed"], res.table()
     assert needle in res.cases[case]["message"], res.table()
     assert res.score < res.points
 
 
 def test_trainer_refuses_torch_amp():
-    res = ch09_trainer.mixed_precision_trainer(UsesGradScaler, "9.3", 8, launched={2: None})
+    res = ch09_trainer.mixed_precision_trainer(UsesGradScaler, launched={2: None})
     assert res.score == 0 and "yourself" in res.cases[0]["message"], res.table()
 
 

@@ -236,6 +236,6 @@ def test_hybrid_bytes_reference_full():
     (with_costs_parallel, 0, "derive the bytes yourself"),
 ])
 def test_hybrid_bytes_wrong_answers(monkeypatch, fn, case, needle):
-    monkeypatch.setattr(ch10, "HYBRID_CASES", ch10.HYBRID_CASES[:case + 1])
+    monkeypatch.setattr(ch10.hybrid_wire, "HYBRID_CASES", ch10.HYBRID_CASES[:case + 1])
     res = ch10.hybrid_bytes(fn)
     assert not res.cases[case]["passed"] and needle in res.cases[case]["message"], res.table()

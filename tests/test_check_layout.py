@@ -1,6 +1,7 @@
 """labkit.check's shape: its import graph (imports inside functions included, read with ast) is a
-DAG, no module is 400 lines or more, and an exercise module imports neither another exercise
-module nor its chapter's __init__ (shared tools live in labkit/check itself). Takes under a second."""
+DAG, no module is 400 lines or more, an exercise module imports neither another exercise module
+nor its chapter's __init__ (shared tools live in labkit/check itself), and an import inside a
+function says why it waits. Takes under a second."""
 from __future__ import annotations
 
 import ast

@@ -84,7 +84,8 @@ class Checker:
             if reason_in(err.remote_traceback):
                 record["message"] = _refused_on_rank(err)
             elif "NotImplementedError" in err.remote_traceback:
-                record["message"] = "not implemented yet: " + err.remote_traceback.strip().splitlines()[-1]
+                last = err.remote_traceback.strip().splitlines()[-1]
+                record["message"] = "not implemented yet: " + last
                 self._stop_reason = "skipped: the exercise is not implemented yet"
         except Exception as err:  # noqa: BLE001 - any other failure of the reader's code
             record["message"] = f"{type(err).__name__}: {err}"

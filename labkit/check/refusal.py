@@ -20,6 +20,7 @@ shows its message (labkit.check.Checker), whichever rank raised it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import sys
 from dataclasses import dataclass, field
@@ -51,6 +52,10 @@ class Forbidden:
     modules: tuple
     names: frozenset = field(default_factory=frozenset)
     why: str = "write it yourself"
+
+    def because(self, why: str) -> "Forbidden":
+        """The same modules and names, refused with another reason."""
+        return dataclasses.replace(self, why=why)
 
     def used(self, *objs) -> list:
         """Sorted descriptions of what the functions or classes (and the helpers they reach) use

@@ -32,7 +32,7 @@ FORBIDDEN = Forbidden(("labkit.tp", "torch.distributed.tensor"),
                       why="that is the book's answer (or torch's). Build the split from your f "
                           "and g and F.linear.")
 LAUNCH_TIMEOUT = 90.0      # seconds: a busy 2-core machine imports torch slowly in 4 ranks
-HEADER_BYTES = 300          # Gloo's bytes per ring step besides the payload (tests/test_netcount.py)
+HEADER_BYTES = 300         # Gloo's bytes per ring step besides the payload (test_netcount.py)
 # world -> (MLP (h, B, T), attention (h, n_head, n_kv_head, B, T), refused (kind, h, n_head, n_kv))
 BLOCK_CASES = {2: ((12, 2, 5), (16, 4, 4, 2, 5), ("attention", 12, 3, 3)),
                3: ((9, 1, 7), (18, 6, 3, 1, 6), ("mlp", 10, 2, 2)),         # hidden

@@ -71,6 +71,6 @@ def tp_bytes(fn):
                      "checker disagrees with itself (please report it)")
             if abs(got / measured - 1) > WIRE_TOLERANCE:
                 fail(f"predicted {got:,.0f} B, measured {measured:,} B by the kernel "
-                     f"({got / measured:.2f}x). " + diagnose(got / measured, wire_mistakes(tp), WIRE_DEFAULT,
-                                              WIRE_TOLERANCE))
+                     f"({got / measured:.2f}x). "
+                     + diagnose(got / measured, wire_mistakes(tp), WIRE_DEFAULT, WIRE_TOLERANCE))
     return c.finish()

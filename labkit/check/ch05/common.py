@@ -16,7 +16,8 @@ RUN_TIMEOUT = 90.0  # seconds a launched case may run once its ranks joined (a l
 
 
 def schedule_from(fn, P: int, K: int):
-    """The reader's per-stage function as a Schedule (with a hint when it returns the wrong thing)."""
+    """The reader's per-stage function as a Schedule (with a hint where it returns the wrong
+    thing)."""
 
     s = from_stage_fn(fn, P, K, name="yours")
     for p, actions in enumerate(s.stages):

@@ -39,7 +39,6 @@ def assert_1f1b_schedule(s) -> None:
              f"forward and one backward in the steady state, oldest backward first")
 
 
-
 @graded("5.1")
 def one_f_one_b(fn):
     """Exercise 5.1: check the reader's 1F1B order, on paper and on real processes."""

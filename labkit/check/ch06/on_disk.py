@@ -22,7 +22,8 @@ from labkit.costs import memory
 from labkit.costs.memory import get_recipe
 from labkit.model import GPT, GPTConfig
 
-EXERCISE, TITLE, POINTS = "6.3", "predict a sharded checkpoint's bytes on disk, then measure them", 3
+EXERCISE, TITLE, POINTS = ("6.3", "predict a sharded checkpoint's bytes on disk, then measure "
+                           "them", 3)
 SIZE_MODEL = dict(n_embd=192, n_layer=4, n_head=4, block_size=32)   # about 1.8 M parameters
 SIZE_CASES = [("mixed", 3, 4), ("mixed", 1, 2), ("fp32", 0, 2), ("no_master", 2, 3)]  # 4: hidden
 TOLERANCE = 0.05   # torch.save adds a few hundred bytes per tensor; meta.json a few kB

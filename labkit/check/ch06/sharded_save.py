@@ -22,7 +22,8 @@ import torch.distributed as dist
 from labkit.check import Checker, Forbidden, fail, graded, reason_in
 from labkit.launch import RankError, device, note
 
-EXERCISE, TITLE, POINTS = "6.2", "a sharded checkpoint that reshards N -> M ranks, saved atomically", 6
+EXERCISE, TITLE, POINTS = ("6.2", "a sharded checkpoint that reshards N -> M ranks, saved "
+                           "atomically", 6)
 FORBIDDEN = Forbidden(("labkit.checkpoint", "torch.distributed.checkpoint"),
                       frozenset({"zero_layout", "shard_state", "load_sharded", "layout_from_json",
                                  "assemble_local", "save_full", "load_full", "FileSystemWriter",
@@ -35,7 +36,8 @@ RESHARD_CASES = [(2, 2), (4, 2), (3, 2), (2, 3), (1, 4)]  # (saved at, loaded at
 
 
 def split_range(numel: int, world: int, rank: int) -> tuple:
-    """(offset, length) of rank's run of a flat tensor: the first numel % world ranks get one extra."""
+    """(offset, length) of rank's run of a flat tensor: the first numel % world ranks get one
+    extra."""
     base, extra = divmod(numel, world)
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 

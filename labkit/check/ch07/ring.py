@@ -26,7 +26,8 @@ from labkit.context.layout import positions
 from labkit.costs.context import cp_ring_layer_bytes
 from labkit.launch import device, note
 
-EXERCISE, TITLE, POINTS = "7.3", "ring attention forward and backward from point-to-point messages", 6
+EXERCISE, TITLE, POINTS = ("7.3", "ring attention forward and backward from point-to-point "
+                           "messages", 6)
 FORBIDDEN = Forbidden(("labkit.context.ring_attention", "labkit.context.context_parallel",
                        "torch.distributed.tensor"),
                       frozenset({"ring_attention", "all_gather_kv_attention", "_RingAttention",

@@ -85,6 +85,6 @@ def ring_bytes(fn):
                      "checker disagrees with itself (please report it)")
             if abs(got / measured - 1) > BYTES_TOLERANCE:
                 fail(f"predicted {got:,.0f} B, measured {measured:,} B by the kernel "
-                     f"({got / measured:.2f}x). " + diagnose(got / measured, bytes_mistakes(cp, H, Hk),
-                                              BYTES_DEFAULT, BYTES_TOLERANCE))
+                     f"({got / measured:.2f}x). " + diagnose(
+                         got / measured, bytes_mistakes(cp, H, Hk), BYTES_DEFAULT, BYTES_TOLERANCE))
     return c.finish()

@@ -30,7 +30,8 @@ from labkit.check.ch08.common import kept_by_loops
 from labkit.check.guards import CollectiveLog
 from labkit.launch import note
 
-EXERCISE, TITLE, POINTS = "8.2", "an expert-parallel MoE layer: route, dispatch, experts, combine", 6
+EXERCISE, TITLE, POINTS = ("8.2", "an expert-parallel MoE layer: route, dispatch, experts, "
+                           "combine", 6)
 SLACK = 0.10          # bytes sent may exceed the optimum by 10% (+ HEADER per message)
 HEADER = 192          # bytes of Gloo framing allowed per all-to-all and peer (~150 seen)
 FORBIDDEN = Forbidden(("labkit.moe",),

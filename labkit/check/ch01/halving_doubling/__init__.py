@@ -26,21 +26,19 @@ posted, and refuses a message to a rank that does not exist (Gloo would crash wi
 over another process group than the one passed (it would hang). When a rank dies or a sum is
 wrong, the logs are matched across ranks to name the first message whose length its receiver did
 not expect: Gloo aborts on a longer one and silently fills a shorter one.
+
+Parts: run.py (the observer, the inputs, the rank job, the logs), this module (the bounds, the
+checks and their hints).
 """
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import tempfile
 
-import torch
-import torch.distributed as dist
-
-from labkit import netcount
-from labkit.check import Checker, Forbidden, Refused, collectives_refusal, fail, graded, reason_in
-from labkit.check.guards import CollectiveLog
-from labkit.launch import RankError, device, note
+from labkit.check import Checker, Forbidden, collectives_refusal, fail, graded, reason_in
+from labkit.check.ch01.halving_doubling.run import job, power_of_two_core, read_logs
+from labkit.launch import RankError
 
 EXERCISE, TITLE, POINTS = ("1.3", "all-reduce in O(log N) rounds: recursive halving, then "
                            "doubling, any N", 6)
@@ -57,12 +55,6 @@ BYTES_SLACK = 0.05        # over the optimum
 HEADER_BYTES = 512        # per message (Gloo's header is under 200 bytes)
 FORBIDDEN = Forbidden(("labkit.collectives",), why="write the all-reduce yourself from "
                       "isend/irecv")
-WHY = "build the all-reduce from send/recv (or isend/irecv) only"
-
-
-def power_of_two_core(n: int) -> int:
-    """P: the largest power of two <= n (the ranks that halve and double)."""
-    return 1 << (n.bit_length() - 1)
 
 
 def message_bound(n: int) -> int:
@@ -83,122 +75,6 @@ def optimal_bytes(numel: int, n: int, itemsize: int) -> tuple:
     one = 2 * sum(-(-numel // 2**k) for k in range(1, rounds + 1)) + (numel if n != p else 0)
     together = 2 * (p - 1) * numel + 2 * (n - p) * numel
     return one * itemsize, together * itemsize
-
-
-def _observer(path: str, case: int, rank: int, members: list, group):
-    """A CollectiveLog (refusing collectives) that also counts this rank's sends, refuses a message
-    over another process group than `group` or to a rank that does not exist, and appends
-    "case op peer elements" (peer: its global rank) to `path` before each send or receive is
-    posted (flushed at once, so the line survives a rank that Gloo aborts)."""
-
-
-    n = len(members)
-
-    class P2PObserver(CollectiveLog):
-        def __init__(self):
-            super().__init__(refuse=True, why=WHY)
-            self.sends = 0
-            self._file = open(path, "a", encoding="utf-8")
-
-        def __exit__(self, *exc):
-            self._file.close()
-            return super().__exit__(*exc)
-
-        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-            op = func.__name__.split(".")[0].rstrip("_")
-            if func.namespace == "c10d" and op in ("send", "recv", "recv_any_source"):
-                pg = dist.ProcessGroup.unbox(args[1])
-                if pg is not group:
-                    raise Refused(
-                        f"rank {rank} called dist.{op} over a process group of "
-                        f"{pg.size()} ranks, but this all-reduce runs over the group of {n} ranks "
-                        f"{members} passed as `group`: pass group= to every send and receive (and "
-                        f"count ranks in it: dist.get_rank(group), dist.get_world_size(group))")
-                peer = args[2] if op != "recv_any_source" else None
-                if peer is not None and not (0 <= peer < n and members[peer] != rank):
-                    raise Refused(
-                        f"rank {rank} called dist.{op} with rank {peer} of its group "
-                        f"of {n} as its partner. With N = {n}, only ranks "
-                        f"0..{power_of_two_core(n) - 1} halve and double after the fold: which "
-                        f"partner does your pairing give a rank whose partner would be {n} or "
-                        f"more (or itself)?")
-                self.sends += op == "send"
-                where = members[peer] if peer is not None else "any"
-                self._file.write(f"{case} {op} {where} {sum(t.numel() for t in args[0])}\n")
-                self._file.flush()
-            return super().__torch_dispatch__(func, types_, args, kwargs)
-
-    return P2PObserver()
-
-
-def _inputs(i: int, rank: int, dtype: str, shape: tuple):
-    """Rank `rank`'s input for vector i: drawn on the CPU, the same numbers on any device."""
-
-    g = torch.Generator().manual_seed(1000 * i + rank)
-    return torch.randint(-4, 5, shape, generator=g, device="cpu").to(getattr(torch, dtype))
-
-
-def _job(fn, vectors, logdir):
-    """Rank side: the reader's all-reduce on each vector, beside dist.all_reduce's result on the
-    same data; compared here (only a summary goes back), with the kernel's byte count and the
-    observer's send count around the reader's call. A rank outside a case's group returns None."""
-
-
-
-    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
-    sub = dist.new_group(list(range(1, n)))            # every rank takes part in making it
-    out = []
-    for i, (dtype, shape, on_sub) in enumerate(vectors):
-        group, members = (sub, list(range(1, n))) if on_sub else (dist.group.WORLD, list(range(n)))
-        dist.barrier()
-        if rank not in members:
-            out.append(None)
-            continue
-        where = f"over ranks {members[0]}..{members[-1]}" if on_sub else "over all ranks"
-        note(f"your all-reduce of a {dtype} tensor of shape {shape} {where} (call {i + 1} of "
-             f"{len(vectors)})")
-        x = _inputs(i, rank, dtype, shape).to(dev)
-        given, want = x.clone(), x.clone()
-        dist.all_reduce(want, group=group)
-        dist.barrier(group=group)                      # its bytes acknowledged before we count
-        watch = _observer(os.path.join(logdir, f"rank{rank}.txt"), i, rank, members, group)
-        with netcount.socket_bytes() as net, watch:
-            got = fn(x, group=sub) if on_sub else fn(x)
-        x, want, given = x.cpu(), want.cpu(), given.cpu()
-        r = {"rank": rank, "members": members, "sends": watch.sends, "sent": net.sent,
-             "ok": torch.equal(x, want), "bytes": x.numel() * x.element_size(),
-             "returned_ok": False, "unchanged": False, "missing": None, "first_bad": None}
-        if not r["ok"]:
-            r["returned_ok"] = isinstance(got, torch.Tensor) and got.shape == want.shape and \
-                torch.equal(got.cpu(), want)
-            r["unchanged"] = torch.equal(x, given)
-            diff = want - x
-            r["missing"] = next((j for j in members if j != rank and torch.equal(
-                diff, _inputs(i, j, dtype, shape))), None)
-            bad = (x != want).reshape(-1).nonzero().reshape(-1)
-            if len(bad):
-                k = bad[0].item()
-                r["first_bad"] = (k, len(bad), x.reshape(-1)[k].item(), want.reshape(-1)[k].item())
-        out.append(r)
-    return out
-
-
-def _read_logs(logdir: str, n: int) -> dict:
-    """{rank: [(case, op, peer, elements), ...]} from the observer's files (what got written)."""
-
-    logs = {}
-    for rank in range(n):
-        path = os.path.join(logdir, f"rank{rank}.txt")
-        rows = []
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    parts = line.split()
-                    if len(parts) == 4:
-                        case, op, peer, numel = parts
-                        rows.append((int(case), op, peer, int(numel)))
-        logs[rank] = rows
-    return logs
 
 
 def _length_mismatch(logs: dict, n: int, vectors: list, case: int | None = None) -> str:
@@ -225,8 +101,8 @@ def _length_mismatch(logs: dict, n: int, vectors: list, case: int | None = None)
 def _launch(c: Checker, fn, n: int, vectors: list):
     logdir = tempfile.mkdtemp(prefix="labkit-ch01-")
     try:
-        results = c.launch(_job, n, args=(fn, vectors, logdir), timeout=HANG_TIMEOUT)
-        return {"ranks": results, "logs": _read_logs(logdir, n), "vectors": vectors}
+        results = c.launch(job, n, args=(fn, vectors, logdir), timeout=HANG_TIMEOUT)
+        return {"ranks": results, "logs": read_logs(logdir, n), "vectors": vectors}
     except RankError as err:
         trace = err.remote_traceback
         if reason_in(trace):
@@ -235,7 +111,7 @@ def _launch(c: Checker, fn, n: int, vectors: list):
             fail(f"rank {err.rank}: {trace.strip().splitlines()[-1]}. With a group, dst= and "
                  f"src= are GLOBAL ranks: pass group ranks as group_dst=/group_src= (or convert "
                  f"with dist.get_global_rank(group, r))")
-        why = _length_mismatch(_read_logs(logdir, n), n, vectors)
+        why = _length_mismatch(read_logs(logdir, n), n, vectors)
         if why:
             fail(f"{why}\n(rank {err.rank}: {err.remote_traceback.strip().splitlines()[-1]})")
         raise
