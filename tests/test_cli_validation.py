@@ -95,7 +95,7 @@ BAD = {
     "sequence": [["--cp", "2"], ["--nproc", "3"]],
     "moe": [["--nproc", "3"], ["--top-k", "9"], ["--capacity-factor", "0"]],
     "precision": [["--steps", "0"], ["--nproc", "0"]],
-    "overlap": [["--rows", "4"], ["--rows", "0", "2"], ["--n-embd", "60"], ["--rounds", "0"],
+    "overlap": [["--nproc", "1"], ["--rows", "4"], ["--rows", "0", "2"], ["--n-embd", "60"], ["--rounds", "0"],
                 ["--sizes-kib", "64"]],
 }
 

@@ -188,6 +188,9 @@ def main(argv=()):
                    help="all-reduce sizes for the alpha-beta fit, KiB; two or more")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
     a = p.parse_args(list(argv))
+    if a.nproc < 2:
+        p.error(f"argument --nproc: there is no all-reduce to hide on {a.nproc} rank; "
+                f"e.g. --nproc 2")
     if len(set(a.rows)) < 2:
         p.error(f"argument --rows: sweep at least two batches (got {a.rows}); e.g. --rows 1 4 16")
     if len(set(a.sizes_kib)) < 2:
