@@ -267,3 +267,13 @@ def test_no_notebook_saves_a_widget_or_figure_twice():
                     bad.append(f"{folder}/{path.name}: {cell.source.strip()[:50]!r} "
                                f"shows a {_same_outputs(cell)[0]} twice")
     assert not bad, bad
+
+
+def test_website_defaults_print_what_the_notebook_widgets_saved():
+    """The text a calculator shows at its defaults is, character for character, what the chapter's
+    widget printed when the chapter was run (chapter 07's two widgets draw figures only)."""
+    for key, calc in web.CALCULATORS.items():
+        if calc.chapter == "07":
+            continue
+        saved = json.dumps(json.loads(next((ROOT / "chapters").glob(f"{calc.chapter}_*.ipynb")).read_text()))
+        assert json.dumps(web.render(key))[1:-1] in saved, key
