@@ -4,19 +4,14 @@
     labkit site serve [--dir build/site]      http://127.0.0.1:8000/, where the calculators run
 
 Builder: nbconvert's HTMLExporter with a small template extending its `lab` template
-(labkit/site_assets/book.html.j2). Why: nbconvert is already installed (JupyterLab and the
-grader need it), it renders notebooks exactly as JupyterLab shows them (same CSS, same output
-renderers), and a 40-line template plus this module is all the site needs. Jupyter Book would
-add Sphinx and dozens of packages to the book's requirements, and its theme loads fonts and
-scripts that would have to be hunted down one by one to work offline.
+(labkit/site_assets/book.html.j2): already installed, it renders notebooks as JupyterLab shows
+them; Jupyter Book would add Sphinx and dozens of packages, and fonts and scripts from CDNs.
 
 Everything is local: a page fetches nothing from outside the site (the build fetches one thing,
 once: the pinned Pyodide tarball).
-  * math: KaTeX 0.16.22 from the npm registry (`npm pack katex@0.16.22`; katex.min.js,
-    katex.min.css, contrib/auto-render.min.js and the woff2 fonts, MIT licence), vendored in
-    labkit/site_assets/katex/;
-  * figures: the chapters save plotly figures as application/vnd.plotly.v1+json; each becomes a
-    div plus its JSON, drawn by plotly.min.js copied from the installed `plotly` PyPI package;
+  * math: KaTeX 0.16.22 (npm; js, css, auto-render, woff2 fonts; MIT), in site_assets/katex/;
+  * figures: each saved plotly figure (application/vnd.plotly.v1+json) becomes a div and its
+    JSON, drawn by plotly.min.js from the installed `plotly` PyPI package;
   * calculators: a chapter's ipywidgets calculator becomes HTML controls over the same Python
     (labkit.widgets.web: the widget's text function, over labkit.costs), run in the reader's
     browser by Pyodide: the core runtime of the npm package pinned in scripts/pyodide-fetch.sh
@@ -25,16 +20,15 @@ once: the pinned Pyodide tarball).
     holds the defaults' text, computed at build time, so it reads the same with JavaScript off.
     Pyodide cannot load from file:// (browsers refuse fetch there): `labkit site serve` serves
     the site on 127.0.0.1; from file:// every page still renders, with the defaults' text.
-  * the lab template's CDN scripts (require.js, MathJax, mermaid, the widgets manager) are left
-    out; a widget with no website calculator (chapter 01's ring explorer) becomes a note.
+  * chapter 01's ring explorer: its frames drawn at build time, switched by two sliders;
+  * the lab template's CDN scripts (require.js, MathJax, mermaid, widgets manager) are left out.
 
 Pages: index.html (site_assets/index.md: the book for a web reader, with the generated table of
 contents), chapters/NN_x.html, exercises/NN_x.html, solutions/NN_x.html, and glossary.html from
 GLOSSARY.md. A sidebar lists every chapter (a "Contents" menu under 900 px, CSS only); the
 footer links chapter -> exercises -> solutions -> next chapter, then the previous and next page.
-Links between notebooks (x.ipynb) become links to pages; START_HERE and GLOSSARY.md links go to
-index.html and glossary.html. A chapter's closing-links cell (nav_markdown) is left out of its
-page: the footer holds the same links.
+Links to x.ipynb, START_HERE and GLOSSARY.md become links to pages. A chapter's closing-links
+cell (nav_markdown) is left out of its page: the footer holds the same links.
 """
 from __future__ import annotations
 
@@ -63,6 +57,7 @@ WIDGET = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ('<p class="book-widget-note">An interactive calculator is here in JupyterLab: '
                'open this notebook with <code>./book.sh</code> and run it.</p>')
 LINK = re.compile(r'href="(?![a-z]+:|#)([^"#]*?)\.ipynb(#[^"]*)?"')
+RING = re.compile(r"ring_explorer\((\d)\)")  # chapter 01's explorer: frames, not formulas
 START_LINK = re.compile(r'href="((?:\.\./)*)START_HERE\.html(#[^"]*)?"')
 REPO = Path(__file__).resolve().parents[1]
 PYODIDE_FETCH = REPO / "scripts" / "pyodide-fetch.sh"
@@ -124,7 +119,18 @@ def prepare(nb, chapter: str | None = None):
                     continue
                 seen_widget = True
                 key = web.find(chapter, cell.source) if chapter else None
-                out["data"] = {"text/html": web.calculator_html(key, WIDGET_NOTE) if key else WIDGET_NOTE}
+                ring = RING.fullmatch(cell.source.strip())
+                if ring:  # frames drawn now; the page's sliders switch between them
+                    from labkit.widgets.ring import frames  # imports torch: only for this page
+
+                    n += 1
+                    fr = frames()
+                    start = int(ring.group(1))
+                    fig = _figure_html(json.loads(fr[start][0]), f"fig{n}")
+                    out["data"] = {"text/html": web.frames_html(fig, fr, start, WIDGET_NOTE)}
+                else:
+                    out["data"] = {"text/html": web.calculator_html(key, WIDGET_NOTE) if key
+                                   else WIDGET_NOTE}
             kept.append(out)
         if "outputs" in cell:
             cell.outputs = kept
@@ -267,22 +273,20 @@ def build(root: Path, out: Path, runtime: Path | None | bool = True) -> list:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(body)
         written.append(target)
-    if live and runtime is True:
-        runtime = pyodide_dir()
+    runtime = pyodide_dir() if live and runtime is True else runtime
     if live and runtime:
         _copy_runtime(out / "_static", Path(runtime))
     return written
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    # Pyodide loads pyodide.asm.mjs as a module and compiles the .wasm streaming: both need
-    # their MIME types, which not every Python's mimetypes table has.
+    # Pyodide imports .mjs modules and compiles the .wasm streaming: both need their MIME types.
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
                       ".mjs": "text/javascript", ".wasm": "application/wasm",
                       ".js": "text/javascript", ".json": "application/json"}
 
-    def log_message(self, *args):
-        pass
+    def log_message(self, *args):  # quiet
+        return
 
 
 def server(folder: Path, port: int = 8000, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:

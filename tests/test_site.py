@@ -140,7 +140,7 @@ def _widget_cell(source, model_ids):
 def test_a_chapter_calculator_becomes_live_controls_with_its_default_text():
     nb = nbformat.v4.new_notebook(cells=[
         _widget_cell("view.bytes_widget(7e9)", ["a", "a"]),       # saved twice: shown once
-        _widget_cell("ring_explorer(4)", ["b"]),                   # no website calculator: a note
+        _widget_cell("other_widget()", ["b"]),                     # no website calculator: a note
         nbformat.v4.new_markdown_cell(site.NAV_MARK + "\n---\nlinks")])
     out = site.prepare(nb, "09")
     assert len(out.cells) == 2  # the closing-links cell: the page's footer has the same links
@@ -155,7 +155,7 @@ def test_a_chapter_calculator_becomes_live_controls_with_its_default_text():
 
 def test_every_chapter_calculator_has_a_website_calculator():
     """Each widget a chapter saves stands for a web calculator, except the ring's step explorer
-    (a figure, not a formula)."""
+    (frames drawn at build time, tests/e2e/test_site_browser.py)."""
     missing = []
     for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
@@ -267,3 +267,13 @@ def test_no_notebook_saves_a_widget_or_figure_twice():
                     bad.append(f"{folder}/{path.name}: {cell.source.strip()[:50]!r} "
                                f"shows a {_same_outputs(cell)[0]} twice")
     assert not bad, bad
+
+
+def test_website_defaults_print_what_the_notebook_widgets_saved():
+    """The text a calculator shows at its defaults is, character for character, what the chapter's
+    widget printed when the chapter was run (chapter 07's two widgets draw figures only)."""
+    for key, calc in web.CALCULATORS.items():
+        if calc.chapter == "07":
+            continue
+        saved = json.dumps(json.loads(next((ROOT / "chapters").glob(f"{calc.chapter}_*.ipynb")).read_text()))
+        assert json.dumps(web.render(key))[1:-1] in saved, key

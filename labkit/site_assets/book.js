@@ -14,6 +14,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const fig = JSON.parse(document.getElementById(div.id + "-json").textContent);
     Plotly.newPlot(div, fig.data || [], fig.layout || {}, {responsive: true, displaylogo: false});
   });
+  document.querySelectorAll("div.book-frames").forEach(startFrames);
   const calcs = [...document.querySelectorAll("div.book-calc")];
   if (calcs.length && location.protocol !== "file:") startCalculators(calcs);
 });
@@ -30,6 +31,27 @@ function showValue(el) {
   if (!out) return;
   const x = el.dataset.kind === "log" ? Math.pow(10, Number(el.value)) : Number(el.value);
   out.textContent = Number(x.toPrecision(3)).toString();
+}
+
+// A figure explorer over frames drawn at build time (chapter 01's ring): N picks the frame list,
+// step the frame; no Python needed, so it works from file:// too.
+function startFrames(box) {
+  const frames = JSON.parse(box.querySelector("script.book-frames-json").textContent);
+  const form = box.querySelector("form");
+  const n = form.elements.n, step = form.elements.step;
+  const div = box.querySelector("div.book-plotly");
+  const update = () => {
+    const list = frames[n.value];
+    step.max = String(list.length - 1);
+    if (Number(step.value) > list.length - 1) step.value = String(list.length - 1);
+    [n, step].forEach(showValue);
+    const fig = list[Number(step.value)];
+    div.style.height = ((fig.layout || {}).height || 450) + "px";
+    Plotly.react(div, fig.data || [], fig.layout || {});
+  };
+  [n, step].forEach((el) => el.addEventListener("input", update));
+  [n, step].forEach(showValue);
+  form.hidden = false;
 }
 
 async function startCalculators(calcs) {

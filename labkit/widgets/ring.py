@@ -3,6 +3,7 @@
     from labkit.widgets.ring import ring_explorer, ring_figure
     ring_explorer(4)          # a slider over the 2(N-1) steps
     ring_figure(4, step=3)    # one frame, as a plotly figure
+    frames()                  # every frame for N = 2..8 as plotly JSON (the website's explorer)
 
 The frames are computed from labkit.collectives.ring_schedule, the same plan the real ring
 follows, so the picture cannot drift from the code.
@@ -60,6 +61,15 @@ def ring_figure(n: int = 4, step: int = 0):
     fig.update_layout(title=f"Ring all-reduce, {n} ranks — {step_label(n, step)}",
                       yaxis=dict(autorange="reversed"), height=320 + 20 * n, width=620)
     return fig
+
+
+def frames(ns=range(2, 9)) -> dict:
+    """{N: [frame 0 .. 2(N-1) as plotly JSON dicts]}: the explorer's frames, drawn ahead of time
+    for the website, where its sliders switch between them (no Python in the browser)."""
+    import plotly.io as pio
+
+    return {n: [pio.to_json(ring_figure(n, k), validate=False) for k in range(2 * (n - 1) + 1)]
+            for n in ns}
 
 
 def ring_explorer(n: int = 4):

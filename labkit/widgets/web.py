@@ -254,3 +254,19 @@ def calculator_html(key: str, note: str) -> str:
             f'the site is served over HTTP (<code>python -m labkit site serve</code>) with '
             f'JavaScript on, or in JupyterLab: open this notebook with <code>./book.sh</code>.</p>'
             f'<noscript>{note}</noscript></div>')
+
+
+def frames_html(fig_div: str, frames: dict, start: int, note: str) -> str:
+    """A figure explorer with no Python in the browser: sliders over N and the step switch between
+    frames drawn at build time (frames: {N: [plotly JSON strings]}). fig_div: the page's figure
+    div for frames[start][0], drawn as every saved figure is."""
+    data = ("{" + ",".join(f'"{n}":[{",".join(fs)}]' for n, fs in frames.items()) + "}").replace("</", "<\\/")
+    lo, hi = min(frames), max(frames)
+    return (f'<div class="book-frames">'
+            f'<form class="book-calc-controls" hidden>'
+            f'<label><span>ranks N</span><input type="range" name="n" min="{lo}" max="{hi}" step="1" '
+            f'value="{start}"><output></output></label>'
+            f'<label><span>step</span><input type="range" name="step" min="0" '
+            f'max="{len(frames[start]) - 1}" step="1" value="0"><output></output></label></form>'
+            f'{fig_div}<script type="application/json" class="book-frames-json">{data}</script>'
+            f'<noscript>{note}</noscript></div>')

@@ -34,7 +34,7 @@ from labkit.costs import memory, models
 from labkit.costs import moe as mc
 from labkit.costs import precision as cp
 from labkit.costs import tensor_parallel as tpc
-from labkit.widgets import web
+from labkit.widgets import ring, web
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
@@ -244,6 +244,28 @@ def test_calculators_compute_what_labkit_computes(served, browser):
     assert seen == set(web.CALCULATORS), f"calculators never seen on a page: {set(web.CALCULATORS) - seen}"
     print(f"{len(seen)} calculators on {len(with_calc)} pages; live {min(live_ms) / 1e3:.1f} to "
           f"{max(live_ms) / 1e3:.1f} s after navigation (first page {live_ms[0] / 1e3:.1f} s)")
+
+
+def test_ring_explorer_switches_frames_from_file(built, browser):
+    """Chapter 01's explorer needs no Python in the browser: from file://, its sliders show the
+    frame ring_figure draws for that N and step."""
+    out, _ = built
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.goto((out / "chapters" / "01_collectives.html").resolve().as_uri(), wait_until="load")
+    box = page.locator("div.book-frames")
+    box.locator("svg.main-svg").first.wait_for(timeout=60_000)
+    for name, value, n, step in (("step", 3, 4, 3), ("n", 8, 8, 3), ("step", 14, 8, 14), ("n", 2, 2, 2)):
+        box.evaluate("(c, [name, v]) => { const el = c.querySelector(`[name=${name}]`);"
+                     " el.value = String(v); el.dispatchEvent(new Event('input')); }", [name, value])
+        want = f"{n} ranks — {ring.step_label(n, step)}"
+        try:  # Plotly.react may finish drawing after the event returns
+            page.wait_for_function("w => document.querySelector('div.book-frames .gtitle')"
+                                   ".textContent.endsWith(w)", arg=want, timeout=10_000)
+        except Exception:
+            pass
+        title = box.locator(".gtitle").text_content()
+        assert title.endswith(want), f"after {name} = {value}: {title!r}, want {want!r}"
+    page.close()
 
 
 PROSE = ".jp-RenderedMarkdown p, .jp-RenderedMarkdown li, .jp-RenderedMarkdown h1, .jp-RenderedMarkdown h2, .jp-RenderedMarkdown h3, footer"
