@@ -18,7 +18,8 @@ the code under test does not write:
                            collects every saved tensor's storage, and their sizes are summed once
                            forward is over (a freed whole-parameter buffer counts 0 bytes
                            then); for the plain model its parameters are left out. Not read
-                           for FSDP2, whose root keeps its parameters whole after forward.
+                           for FSDP2, whose root keeps its parameters whole after forward
+                           (torch/distributed/fsdp/_fully_shard/_fsdp_state.py, _lazy_init).
     inputs_bytes           the units' inputs (forward pre-hooks): what a unit that recomputes
                            would keep instead
     step_s                 median seconds of forward + backward + step, slowest rank, the
