@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+from labkit import roofline as here
 from labkit.check import Checker, fail, graded
 from labkit.costs import roofline as costs
 
@@ -39,8 +40,6 @@ MISTAKES = {
 @functools.lru_cache(maxsize=1)
 def measure_here():
     """This machine's roofs, quickly, once per process (timings from labkit.roofline)."""
-    from labkit import roofline as here    # torch stays out of the checker until it is needed
-
     r = here.measure(sizes=(512, 1024), nbytes=64 * 2**20, min_run_time=0.05)
     return r.peak["fp32"], r.bandwidth
 
@@ -84,8 +83,6 @@ def _compare(got, expected) -> None:
 def roofline_matmul(fn, cases=None):
     """Exercise 0.4: fn(m, k, n, itemsize, peak, bandwidth) -> {"flops", "bytes", "intensity",
     "bound", "seconds"} for (m, k) @ (k, n)."""
-    from labkit import roofline as here
-
     c = Checker(EXERCISE, TITLE, POINTS)
     peak, bandwidth = measure_here()
     for m, k, n in (SHAPES if cases is None else cases):

@@ -15,6 +15,9 @@ from __future__ import annotations
 import tempfile
 
 from labkit.check import Checker, Forbidden, fail, graded
+from labkit.profiling import read
+from labkit.profiling.jobs import ddp_job
+from labkit.profiling.read import Trace, breakdown
 
 EXERCISE, TITLE, POINTS = "5.5", "read a trace: the exposed communication", 4
 TOLERANCE_S = 1e-9           # interval arithmetic on the same numbers: exact up to rounding
@@ -46,8 +49,6 @@ HAND_CASES = [
 
 
 def _oracle(events) -> float:
-    from labkit.profiling.read import Trace, breakdown
-
     return breakdown(Trace("given", 0, [dict(e) for e in events], {}))["exposed_s"]
 
 
@@ -66,16 +67,12 @@ def _diagnose(got: float, events, want: float) -> str:
 
 
 def _ddp_job(folder):
-    from labkit.profiling.jobs import ddp_job
-
     return ddp_job(folder, kind="bucketed", steps=2, bucket_mb=0.05)
 
 
 @graded("5.5")
 def exposed_communication(fn, run: bool = True):
     """Exercise 5.5: the reader's exposed_comm(events) against labkit.profiling's reading."""
-    from labkit.profiling import read
-
     c = Checker(EXERCISE, TITLE, POINTS)
     c.refuse(FORBIDDEN.refusal(fn, who="exposed_comm"))
 
