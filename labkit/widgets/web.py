@@ -250,9 +250,9 @@ def calculator_html(key: str, note: str) -> str:
     return (f'<div class="book-calc" data-calc="{key}">'
             f'<form class="book-calc-controls" hidden>{controls}</form>'
             f'<pre class="book-calc-out">{html.escape(render(key))}</pre>'
-            f'<p class="book-calc-status">Calculator (default values shown). It runs live when '
-            f'the site is served over HTTP (<code>python -m labkit site serve</code>) with '
-            f'JavaScript on, or in JupyterLab: open this notebook with <code>./book.sh</code>.</p>'
+            f'<p class="book-calc-status">The calculator at its default values: its controls run '
+            f'in your browser when the site is served (<code>python -m labkit site serve</code>) '
+            f'and JavaScript is on.</p>'
             f'<noscript>{note}</noscript></div>')
 
 
