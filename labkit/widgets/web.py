@@ -23,6 +23,7 @@ from labkit.costs import comm, memory, models
 from labkit.costs import planner as P
 from labkit.widgets import checkpoint, context, ddp, intro, moe, pipeline, planner, precision, tp
 from labkit.widgets import memory as memview
+from labkit.widgets import roofline as roofview
 
 
 def rng(name, label, lo, hi, step, value):
@@ -76,6 +77,14 @@ CALCULATORS = {
         sel("recipe", "recipe", list(memory.RECIPES), "mixed"),
         rng("zero_stage", "ZeRO stage", 0, 3, 1, 0),
         rng("dp", "GPUs (dp)", 1, 64, 1, 8)], lambda v: intro.summary(**v)),
+    "roofline": Calculator("00", "roofview.calculator()", [
+        sel("layer", "layer", list(roofview.LAYERS), "MLP up (matmul)"),
+        sel("gpu", "GPU", list(roofview.roofline.CHIPS), "H100 SXM"),
+        sel("dtype", "dtype", ["bf16", "fp16", "fp32"], "bf16"),
+        rng("batch", "batch", 1, 64, 1, 1),
+        sel("seq", "sequence", [1, 128, 512, 2048, 4096, 8192], 512),
+        sel("width", "width", [1024, 2048, 4096, 8192, 12288], 4096)],
+        lambda v: roofview.verdict(**v)),
     "ddp": Calculator("02", "view.calculator()", [
         rng("compute_ms", "compute ms", 5, 500, 5, 100),
         rng("comm_ms", "comm ms", 0, 200, 1, 10),
