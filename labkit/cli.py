@@ -6,7 +6,8 @@
     labkit exercises [--check]                 generate exercises/ from solutions/ (or check)
     labkit grade PATH [PATH ...] [--csv FILE]  execute exercise notebooks and score them
     labkit book run [NN ...] [--solutions] [--check]   re-execute the book (or: which are stale)
-    labkit site build [--out build/site]       the book as a static website (offline)
+    labkit site build [--out build/site]       the book as a static website (readable offline)
+    labkit site serve [--dir build/site]       serve it on 127.0.0.1: its calculators run live
     labkit list                                labs (by chapter) and benchmarks available
 
 `labkit run` exits 0 when the lab ran, 1 when a rank failed or hung (its report is printed), and
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
                          help="seconds one cell may run before the grader stops it")
     sub.add_parser("list", help="list labs and benchmarks")
     sub.add_parser("book", help="re-execute notebooks, stamped; --check: which are stale", add_help=False)
-    sub.add_parser("site", help="build the book's static website (site build --out DIR)", add_help=False)
+    sub.add_parser("site", help="the book's static website (site build --out DIR; site serve)", add_help=False)
     args, rest = parser.parse_known_args(argv)
 
     if args.cmd == "run":

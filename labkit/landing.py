@@ -6,8 +6,8 @@ The table of contents is generated, never typed: every chapters/NN_*.ipynb becom
 its title (the chapter's first heading) and links to its exercise and solution notebooks where
 they exist, so a chapter added later appears the next time the book is opened. The file is only
 rewritten when its content changes (a launch leaves git clean when nothing was added). Under the
-table, a line links GLOSSARY.md when the book has one. The same notebook is the landing page of
-the website (labkit.site).
+table, a line links GLOSSARY.md when the book has one. The website (labkit.site) has a front
+page of its own, written for the web (labkit/site_assets/index.md).
 """
 from __future__ import annotations
 
