@@ -19,6 +19,7 @@ import statistics
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from labkit.observe.saved import saved_bytes
 from labkit.timing import now
 
 
@@ -36,13 +37,7 @@ def with_recompute(model) -> None:
 def saved_activation_bytes(model, x, y) -> int:
     """Bytes of the tensors autograd saves for backward during one forward (parameters excluded),
     each storage counted once. Runs backward afterwards so nothing leaks."""
-    from labkit.activation_memory import SavedBytes
-
-    with SavedBytes(exclude=model.parameters()) as saved:
-        _, loss = model(x, y)
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return saved.bytes
+    return saved_bytes(model, x, y, train=None)[0]
 
 
 def step_time(model, x, y, repeats: int = 5) -> float:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from labkit.parallel.mesh import flat_mesh
+
 
 def _mesh(group=None):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (dist.get_world_size(group),))
+    return flat_mesh(group)
 
 
 def to_dtensors(state: dict, mesh) -> dict:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from labkit.shard import even_bounds
 from labkit.checkpoint import atomic
 from labkit.checkpoint.errors import (CheckpointError, MissingShardError, TopologyError,
                                       WrongModelError, describe_mismatch)
@@ -57,8 +58,8 @@ def shapes_of(state: dict) -> dict:
 
 def _split(n: int, world: int, rank: int) -> tuple[int, int]:
     """Offset and length of rank's share of n: the first n % world ranks get one extra."""
-    base, extra = divmod(n, world)
-    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+    lo, hi = even_bounds(n, world, rank)
+    return lo, hi - lo
 
 
 def zero_layout(shapes: dict, world: int) -> dict:

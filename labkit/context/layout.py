@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from labkit.shard import even_bounds
+
 LAYOUTS = ("plain", "zigzag")
 
 
@@ -40,9 +42,7 @@ def positions(T: int, rank: int, cp: int, layout: str = "zigzag", device=None) -
     """The global positions of the tokens rank `rank` holds, in the order it holds them. (T_r,)"""
     check_layout(T, cp, layout)
     if layout == "plain":
-        base, extra = divmod(T, cp)
-        start = rank * base + min(rank, extra)
-        return torch.arange(start, start + base + (rank < extra), device=device)
+        return torch.arange(*even_bounds(T, cp, rank), device=device)
     c = T // (2 * cp)
     front, back = rank * c, (2 * cp - 1 - rank) * c
     return torch.cat([torch.arange(front, front + c, device=device),

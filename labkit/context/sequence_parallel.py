@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit import commlog
+from labkit.observe import commlog
 from labkit.tp.blocks import TensorParallelAttention, TensorParallelMLP
 from labkit.tp.gpt import apply_tp
 from labkit.tp.operators import conjugate, f, world_of

@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from labkit.observe.saved import SavedTensors
+
 BLOCK = 64  # tile edge (queries and keys); any size gives the same result up to rounding
 
 
@@ -195,9 +197,7 @@ def naive_attention(q, k, v):
 def saved_bytes(fn, *inputs) -> int:
     """Bytes autograd keeps for backward when running fn(*inputs), counted by a saved-tensor hook
     (each storage once: a tensor saved twice, or q saved as well as passed in, counts once)."""
-    from labkit.activation_memory import SavedBytes
-
-    with SavedBytes() as saved:
+    with SavedTensors() as saved:
         fn(*inputs)
     return saved.bytes
 

@@ -20,7 +20,7 @@ def train(plan, cfg_kwargs: dict, steps: int = 3, batch: int = 8, optimizer: str
           capture_grads: bool = True, **optimizer_overrides) -> dict:
     import torch
 
-    from labkit import commlog
+    from labkit.observe import commlog
     from labkit.launch import device, note
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit.parallel import build_mesh, parallelize
@@ -80,7 +80,7 @@ class _NoCounter:
 def _socket_counter():
     """The kernel's per-socket byte counter (labkit.netcount) where it exists and can count."""
     try:
-        from labkit import netcount
+        from labkit.observe import netcount
     except ImportError:
         return _NoCounter()
     try:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
+from labkit.observe import commlog
 from labkit.model import shard_rows
 from labkit.reference import optimizer_spec
 

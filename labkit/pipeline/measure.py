@@ -67,7 +67,7 @@ def _formula_bubble(name: str, P: int, K: int, v: int, pad, flush: bool = True):
 def transfer_latency(s, timeline) -> float:
     """Median time from a message's send (producer's end) to its use, over receivers that were
     already waiting for it: the per-message latency of this executor on this machine."""
-    from labkit.pipeline.schedules import Action
+    from labkit.pipeline.base import Action
     from labkit.pipeline.validate import is_local, needs, produces
 
     by_stage = {}
@@ -146,7 +146,7 @@ def _messages_job(specs, cfg, batch_size):
     import torch
     import torch.distributed as dist
 
-    from labkit import commlog, netcount
+    from labkit.observe import commlog, netcount
     from labkit.launch import device
     from labkit.pipeline.executor import GPT, make_batch, run_schedule
 

@@ -17,7 +17,7 @@ a bare object instead, so it may break when PyTorch renames them: it raises nami
 """
 from __future__ import annotations
 
-from labkit.pipeline.schedules import Action, Schedule, v_placement
+from labkit.pipeline.base import Action, Schedule, v_placement
 
 
 def _types():

@@ -33,7 +33,7 @@ def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
 
     from labkit.launch import device
     from labkit.model import GPT, MLP, get_batch, tiny_corpus
-    from labkit import commlog
+    from labkit.observe import commlog
     from labkit.tp import NaiveTensorParallelMLP, TensorParallelMLP, apply_tp
 
     cfg, dev = _config(h, s, n_head), device()
@@ -68,7 +68,7 @@ def _comm_jobs(h, s, b, n_head, whats):
     """{what: (events, bytes this rank sent in the fwd+bwd, counted by the kernel or None)}."""
     import torch.distributed as dist
 
-    from labkit import netcount
+    from labkit.observe import netcount
 
     out = {}
     for what in whats:
@@ -113,7 +113,7 @@ def wire_job(cfg_kwargs: dict, b: int, repeats: int = 3) -> dict:
 
     import torch.distributed as dist
 
-    from labkit import commlog, netcount
+    from labkit.observe import commlog, netcount
     from labkit.launch import device
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit.tp import apply_tp
@@ -174,7 +174,7 @@ def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
     import torch
     import torch.distributed as dist
 
-    from labkit import commlog, netcount
+    from labkit.observe import commlog, netcount
     from labkit.launch import device
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit.tp import apply_tp, gather_tp_grads
