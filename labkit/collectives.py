@@ -275,7 +275,7 @@ def parameter_server_all_reduce(tensor: torch.Tensor, op: str = "sum", group=Non
     group, rank, n = _setup(tensor, op, group)
     if not 0 <= root < n:
         raise ValueError(f"root={root} is not a rank of this group of {n}")
-    nbytes = tensor.numel() * tensor.element_size()
+    nbytes = tensor.nbytes
     post = p2p or exchange
     if rank == root:
         buf = _scratch(tensor.numel(), tensor.dtype, tensor.device).view_as(tensor)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from labkit.context.tiled import _tiles, _visible  # the same rule the tiles use
 from labkit.shard import even_bounds
 
 LAYOUTS = ("plain", "zigzag")
@@ -72,8 +73,6 @@ def computed_work(T: int, cp: int, layout: str = "zigzag", block: int = 64) -> l
     """Per rank: score entries ring attention actually computes with (block x block) tiles: a
     tile with any visible pair is computed whole (masked after), a tile entirely in the future
     is skipped. Approaches causal_work as block shrinks; the zig-zag balance holds for both."""
-    from labkit.context.tiled import _tiles, _visible  # the same rule the tiles use
-
     pos = [positions(T, r, cp, layout) for r in range(cp)]
     work = []
     for r in range(cp):

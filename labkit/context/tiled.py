@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from labkit.observe.saved import SavedTensors
 
@@ -206,8 +207,6 @@ def saved_bytes_table(lengths=(128, 256, 512, 1024), batch: int = 1, heads: int 
                       head_dim: int = 16, block: int = BLOCK, device=None) -> list:
     """Rows (T, naive softmax attention, tiled attention, torch's F.scaled_dot_product_attention):
     bytes saved for backward, fp32, measured with saved_tensors_hooks."""
-    import torch.nn.functional as F
-
     rows = []
     for T in lengths:
         g = torch.Generator().manual_seed(T)

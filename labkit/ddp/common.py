@@ -109,7 +109,7 @@ class DDPBase(nn.Module):
         """Start an async all-reduce (sum) of `flat`; return a future that completes when it is
         done and its end time is recorded."""
         record = {"name": name, "lane": "comm", "step": self.steps, "bytes":
-                  flat.numel() * flat.element_size(), "start": self.timeline.now(), "end": None}
+                  flat.nbytes, "start": self.timeline.now(), "end": None}
         self.launches.append(record)
         work = dist.all_reduce(flat, group=self.group, async_op=True)
 

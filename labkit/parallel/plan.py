@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.context.layout import check_layout
 from labkit.shard import even_sizes
 from labkit.topology import Topology, TopologyError, factorizations
 
@@ -135,8 +136,6 @@ def check_plan(plan: Plan, cfg, world: int | None = None, batch_size: int | None
         if plan.cp > 1:
             problems.append("sp=True with cp > 1: both split the sequence; use one of them")
     if plan.cp > 1:
-        from labkit.context.layout import check_layout
-
         try:
             check_layout(cfg.block_size, plan.cp, plan.cp_layout)
         except ValueError as err:
