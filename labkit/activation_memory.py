@@ -1,6 +1,6 @@
 """Bytes autograd saves for backward, counted by PyTorch's saved-tensor hooks, next to the formula.
 
-    from labkit.activation_memory import SavedBytes, measure_layer, compare, compare_llama_block
+    from labkit.activation_memory import measure_layer, compare, compare_llama_block
     from labkit.model import GPTConfig
     measure_layer(GPTConfig(n_layer=2, n_embd=32, n_head=4, n_kv_head=2), batch=2)
     compare(GPTConfig(n_layer=2, n_embd=32, n_head=4, dropout=0.1), batch=2)
@@ -21,63 +21,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from labkit.costs import activations, models
+from labkit.model import GPT, get_batch, tiny_corpus
+from labkit.observe.saved import SavedTensors, saved_bytes
 
-class SavedBytes:
-    """Count the bytes autograd saves for backward inside a `with` block:
-
-        with SavedBytes(exclude=model.parameters()) as saved:
-            loss = model(x)
-        saved.bytes, saved.tensors        # int, [(shape, dtype, bytes)]
-
-    The pack hook of torch.autograd.graph.saved_tensors_hooks sees every tensor an operation
-    keeps. Each storage counts once (a view and its base are one allocation; a tensor saved by two
-    operations is held once), and the storages of `exclude` (the parameters: they exist anyway)
-    not at all. The code being measured writes nothing here: the hook is PyTorch's."""
-
-    def __init__(self, exclude=()):
-        self._skip = {t.untyped_storage().data_ptr() for t in exclude}
-        self._storages: dict = {}                          # data_ptr -> (shape, dtype, bytes)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, t):
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr not in self._skip and ptr not in self._storages:
-            self._storages[ptr] = (tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes())
-        return t
-
-    def __enter__(self):
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._hooks.__exit__(*exc)
-
-    @property
-    def bytes(self) -> int:
-        return sum(v[2] for v in self._storages.values())
-
-    @property
-    def tensors(self) -> list:
-        return list(self._storages.values())
-
-
-def saved_bytes(model, x, y, *, train: bool = True) -> tuple[int, list]:
-    """(bytes, [(shape, dtype, bytes)]) of the distinct storages autograd saves in one forward
-    of `model(x, y)`, parameters excluded. The graph is freed by a backward afterwards."""
-    model.train(train)
-    with SavedBytes(exclude=model.parameters()) as saved:
-        _, loss = model(x, y)
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return saved.bytes, saved.tensors
+SavedBytes = SavedTensors   # moved to labkit.observe.saved (labkit.context.tiled, tests use it)
+__all__ = ["SavedBytes", "saved_bytes", "measure_layer", "predicted_layer", "compare",
+           "LlamaBlock", "compare_llama_block"]
 
 
 def measure_layer(cfg, batch: int = 2, n_layer: int = 3, seed: int = 0) -> dict:
     """Saved bytes per layer of labkit.model.GPT (fp32 on this process's default device):
     {"per_layer", "one_layer_model", "n_layer_model", "tensors"} (tensors: one layer's storages)."""
-    from labkit.model import GPT, get_batch, tiny_corpus
-
     if n_layer < 2:
         raise ValueError(f"n_layer={n_layer}: need at least 2 layers to isolate one")
     x, y = get_batch(tiny_corpus(), batch, cfg.block_size, step=0, seed=seed)
@@ -97,7 +52,7 @@ def measure_layer(cfg, batch: int = 2, n_layer: int = 3, seed: int = 0) -> dict:
 def _one_block_tensors(model, batch, cfg) -> list:
     """[(shape, dtype, bytes)] that one block saves, its input a leaf (it is the norm's input)."""
     h = torch.zeros(batch, cfg.block_size, cfg.n_embd, requires_grad=True)   # (B, T, h)
-    with SavedBytes(exclude=model.parameters()) as saved:
+    with SavedTensors(exclude=model.parameters()) as saved:
         model.blocks[0](h)
     return saved.tensors
 
@@ -107,8 +62,6 @@ def predicted_layer(cfg, batch: int = 2) -> dict:
     CPU dropout keeps a float mask (M = 4), the model repeats GQA's keys and values to all heads
     before attention (kv_expanded), and scaled_dot_product_attention runs its fused kernel
     unless dropout is on (then its math path, which keeps the scores)."""
-    from labkit.costs import activations, models
-
     spec = models.from_gpt_config(cfg)
     return activations.layer_terms(
         spec, seq_len=cfg.block_size, micro_batch=batch, dtype_bytes=4, mask_bytes=4,
@@ -153,11 +106,9 @@ class LlamaBlock(nn.Module):
 def compare_llama_block(hidden=32, heads=4, kv_heads=2, ffn=88, seq=16, batch=3) -> dict:
     """Bytes one LlamaBlock saves (hooks) against costs.activations for a gated-MLP, RMSNorm,
     native-GQA spec in fp32 (PyTorch's CPU nn.RMSNorm is not fused: fused_norm=False)."""
-    from labkit.costs import activations, models
-
     block = LlamaBlock(hidden, heads, kv_heads, ffn)
     x = torch.randn(batch, seq, hidden, requires_grad=True)               # (B, T, h)
-    with SavedBytes(exclude=block.parameters()) as saved:
+    with SavedTensors(exclude=block.parameters()) as saved:
         block(x)
     spec = models.ModelSpec("Llama-style block", vocab_size=1, hidden=hidden, n_layers=1,
                             n_heads=heads, n_kv_heads=kv_heads, ffn_hidden=ffn, gated_mlp=True)

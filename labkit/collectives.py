@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
+from labkit.observe import commlog
+from labkit.shard import even_ranges
 
 OPS = ("sum", "avg")
 MIN_PIECE_BYTES = 2 * 2**20  # below this a piece is latency-bound: do not cut further (measured)
@@ -57,13 +58,7 @@ class Traffic:
 # ----------------------------------------------------------------------------- the ring's plan
 def chunk_bounds(numel: int, n: int) -> list:
     """[(start, end)] of n chunks covering numel elements; the first numel % n are one longer."""
-    base, extra = divmod(numel, n)
-    bounds, start = [], 0
-    for i in range(n):
-        end = start + base + (1 if i < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
+    return even_ranges(numel, n)
 
 
 def ring_schedule(n: int, phase: str) -> list:
@@ -280,7 +275,7 @@ def parameter_server_all_reduce(tensor: torch.Tensor, op: str = "sum", group=Non
     group, rank, n = _setup(tensor, op, group)
     if not 0 <= root < n:
         raise ValueError(f"root={root} is not a rank of this group of {n}")
-    nbytes = tensor.numel() * tensor.element_size()
+    nbytes = tensor.nbytes
     post = p2p or exchange
     if rank == root:
         buf = _scratch(tensor.numel(), tensor.dtype, tensor.device).view_as(tensor)

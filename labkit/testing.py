@@ -3,6 +3,11 @@
     from labkit.testing import tensors_close, compare_dicts
     tensors_close(out, ref, what="the output")              # tolerance from the dtype
     compare_dicts(run["grads"], ref["grads"], what="grad")  # every key, first mismatch named
+    worst_difference(run["params"], ref["params"])          # a number for a table, no assert
+
+compare_dicts is the one comparator of runs against labkit.reference (DDP, pipeline, tests);
+labkit.parallel.compare prints worst_difference per rank. A checker may keep its own oracle
+on purpose, to stay independent of the code it grades.
 
 A parallel run computes the same sums as the one-process reference, in a different order (a
 ring, a tree, shards added separately), and floating-point addition is not associative: each
@@ -96,6 +101,15 @@ def compare_dicts(actual: dict, expected: dict, *, rtol: float | None = None,
     for key, ref in expected.items():
         tensors_close(actual[key], ref, rtol=rtol, atol=atol,
                       what=f"{what}{' ' if what else ''}{key!r}")
+
+
+def worst_difference(got: dict, want: dict, what: str = "") -> float:
+    """The largest |got - want| over every name of `got` (a subset of `want`'s names: one rank's
+    shard of the parameters), for tables that show how close a run came rather than assert."""
+    extra = set(got) - set(want)
+    if extra:
+        raise KeyError(f"{what}: names the reference lacks: {sorted(extra)[:3]}")
+    return max(((g - want[n]).abs().max().item() for n, g in got.items()), default=0.0)
 
 
 def _names(keys: list, shown: int = 6) -> str:

@@ -5,8 +5,8 @@
     topo.coords(5)                   # {'pp': 1, 'dp': 0, 'cp': 0, 'tp': 1}
     topo.groups("tp")                # [[0, 1], [2, 3], [4, 5], [6, 7]]
     print(topo.picture())            # which rank sits on which node, GPU and group
-    # inside a launched rank (every rank calls it, in the same order):
-    groups = build_groups(topo)      # groups.tp, groups.dp, groups.pp: this rank's groups
+    # inside a launched rank (every rank calls it, together): labkit.parallel.mesh builds the
+    mesh = build_mesh(topo)          # groups, the only place that does; mesh.group("tp")
 
 The dimensions (the order of Megatron-LM and torchtitan, outermost first):
   pp  pipeline stages: consecutive blocks of layers; neighbours exchange activations
@@ -23,6 +23,7 @@ arguments, never kept in a global.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -108,8 +109,6 @@ class Topology:
         """The ranks of every group along `dim` (ranks that differ only in that coordinate)."""
         if dim not in DIMS:
             raise TopologyError(f"dimension must be one of {DIMS}, got {dim!r}")
-        import itertools
-
         others = [d for d in DIMS if d != dim]
         out = []
         for fixed in itertools.product(*(range(self.sizes[d]) for d in others)):
@@ -170,47 +169,3 @@ class Topology:
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.world:
             raise TopologyError(f"rank {rank} is outside 0..{self.world - 1}")
-
-
-# ----------------------------------------------------------------------------- inside a rank
-@dataclass
-class Groups:
-    """This rank's process groups along each dimension (and its coordinates)."""
-    topology: Topology
-    rank: int
-    coords: dict
-    pp: object
-    dp: object
-    tp: object
-    cp: object = None
-
-    def __getitem__(self, dim: str):
-        return getattr(self, dim)
-
-
-def build_groups(topo: Topology, backend: str | None = None) -> Groups:
-    """Create every group with dist.new_group and return this rank's.
-
-    Every rank must create every group, in the same order (new_group is collective over the
-    world), even groups it is not in; that is why this loops over all of them."""
-    import torch.distributed as dist
-
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if world != topo.world:
-        raise TopologyError(f"the topology is for world={topo.world} ranks but "
-                            f"torch.distributed has {world}: launch {topo.world} processes.")
-    mine = {}
-    for dim in DIMS:
-        for ranks in topo.groups(dim):
-            g = dist.new_group(ranks, backend=backend)
-            if rank in ranks:
-                mine[dim] = g
-    return Groups(topo, rank, topo.coords(rank), mine["pp"], mine["dp"], mine["tp"], mine["cp"])
-
-
-def device_mesh(topo: Topology, device_type: str = "cpu"):
-    """The same grid as a torch DeviceMesh with dims ('pp', 'dp', 'cp', 'tp'): mesh['tp'] is a
-    1-D mesh whose .get_group() is this rank's TP group (torchtitan's way)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(device_type, tuple(topo.sizes[d] for d in DIMS), mesh_dim_names=DIMS)

@@ -68,16 +68,16 @@ def _sum_along_groups(topo):
     import torch
     import torch.distributed as dist
 
-    from labkit.topology import DIMS, build_groups, device_mesh
+    from labkit.parallel.mesh import build_mesh
+    from labkit.topology import DIMS
 
-    groups = build_groups(topo)
-    mesh = device_mesh(topo)
+    mesh = build_mesh(topo)      # the one place groups are built (labkit.topology has none)
     out = {}
     for dim in DIMS:
         t = torch.tensor([float(dist.get_rank())])
-        dist.all_reduce(t, group=groups[dim])
+        dist.all_reduce(t, group=mesh.group(dim))
         m = torch.tensor([float(dist.get_rank())])
-        dist.all_reduce(m, group=mesh[dim].get_group())
+        dist.all_reduce(m, group=mesh.device_mesh[dim].get_group())
         out[dim] = (t.item(), m.item())
     return out
 

@@ -15,10 +15,15 @@ left out (they exist anyway).
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
 
+from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+from labkit.observe.saved import saved_bytes
 from labkit.timing import now
 
 
@@ -36,13 +41,7 @@ def with_recompute(model) -> None:
 def saved_activation_bytes(model, x, y) -> int:
     """Bytes of the tensors autograd saves for backward during one forward (parameters excluded),
     each storage counted once. Runs backward afterwards so nothing leaks."""
-    from labkit.activation_memory import SavedBytes
-
-    with SavedBytes(exclude=model.parameters()) as saved:
-        _, loss = model(x, y)
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return saved.bytes
+    return saved_bytes(model, x, y, train=None)[0]
 
 
 def step_time(model, x, y, repeats: int = 5) -> float:
@@ -81,9 +80,6 @@ def count_work(model, x, y) -> dict:
     """FLOPs (torch's FlopCounterMode: matmuls and convolutions) and aten operator calls of one
     forward + backward. Counted by torch's dispatcher, not by labkit: a recomputed forward shows
     up as the ops it really runs again."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.flop_counter import FlopCounterMode
-
     class _Ops(TorchDispatchMode):
         calls = 0
 
@@ -111,10 +107,6 @@ def measure(cfg=None, batch: int = 8, repeats: int = 5, seed: int = 0, threads: 
     from the difference between cfg and a 1-layer twin, so the embedding / head / loss part
     (never recomputed) is separated out. `device`: where the models run (default the CPU; the
     clock synchronizes a GPU)."""
-    from dataclasses import replace
-
-    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-
     cfg = cfg or GPTConfig(n_layer=4, n_embd=64, n_head=4, block_size=64)
     if cfg.n_layer < 2:
         raise ValueError(f"n_layer={cfg.n_layer}: use at least 2 layers to separate per-block bytes")

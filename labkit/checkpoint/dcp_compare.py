@@ -9,21 +9,24 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from labkit.checkpoint import sharded as sh
+from labkit.parallel.mesh import flat_mesh
+
 
 def _mesh(group=None):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (dist.get_world_size(group),))
+    return flat_mesh(group)
 
 
 def to_dtensors(state: dict, mesh) -> dict:
     """Whole tensors (the same on every rank) -> flat DTensors sharded along dim 0 over mesh."""
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import Shard, distribute_tensor  # on use, as DCP below
 
     return {k: distribute_tensor(v.reshape(-1), mesh, [Shard(0)]) for k, v in state.items()}
 
 
 def dcp_save(state: dict, path: str, group=None) -> None:
+    # imported on use: torch.distributed.checkpoint takes seconds to import (8 s measured on a
+    # loaded 2-core machine), which the rest of labkit.checkpoint never needs
     import torch.distributed.checkpoint as dcp
 
     dcp.save(to_dtensors(state, _mesh(group)), checkpoint_id=path)
@@ -43,8 +46,6 @@ def reshard_both(root: str, mode: str, seed: int = 0):
     """One rank of the chapter's side-by-side: mode "save" writes the demo state (GPT weights +
     Adam moments) sharded with labkit (ZeRO layout) and with DCP; mode "load" reads both back at
     this world size (resharding) and returns (labkit equal?, DCP equal?, labkit pieces held)."""
-    from labkit.checkpoint import sharded as sh
-
     rank, world = dist.get_rank(), dist.get_world_size()
     state = sh.demo_state(seed=seed)
     shapes = sh.shapes_of(state)

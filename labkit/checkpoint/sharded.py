@@ -26,7 +26,9 @@ import torch
 from labkit.checkpoint import atomic
 from labkit.checkpoint.errors import (CheckpointError, MissingShardError, TopologyError,
                                       WrongModelError, describe_mismatch)
-from labkit.checkpoint.full import _barrier, _gather_objects, rank_world
+from labkit.checkpoint.full import _barrier, _gather_objects, rank_world, resolve
+from labkit.model import GPT, GPTConfig
+from labkit.shard import even_bounds
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,8 @@ def shapes_of(state: dict) -> dict:
 
 def _split(n: int, world: int, rank: int) -> tuple[int, int]:
     """Offset and length of rank's share of n: the first n % world ranks get one extra."""
-    base, extra = divmod(n, world)
-    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+    lo, hi = even_bounds(n, world, rank)
+    return lo, hi - lo
 
 
 def zero_layout(shapes: dict, world: int) -> dict:
@@ -159,8 +161,6 @@ def save_sharded(root, step: int, local: dict, layout: dict, *, group=None, extr
 
 def load_sharded(path, layout: dict, rank: int) -> dict:
     """This rank's pieces of `layout` ({piece key: tensor}), from a checkpoint saved with any layout."""
-    from labkit.checkpoint.full import resolve
-
     ckpt = resolve(path)
     meta = atomic.read_meta(ckpt)
     if meta.get("kind") != "sharded":
@@ -223,8 +223,6 @@ TP_SPLIT = {"attn.q_proj.weight": 0, "attn.k_proj.weight": 0, "attn.v_proj.weigh
 def demo_state(n_embd: int = 16, n_layer: int = 1, n_head: int = 4, seed: int = 0) -> dict:
     """A GPT's weights plus Adam-like moments for each (`exp_avg/...`, `exp_avg_sq/...`):
     what a ZeRO rank shards. The same on every rank (built from seed)."""
-    from labkit.model import GPT, GPTConfig
-
     model = GPT(GPTConfig(n_embd=n_embd, n_layer=n_layer, n_head=n_head), seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     state = {}

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from labkit.context.tiled import _tiles, _visible  # the same rule the tiles use
+from labkit.shard import even_bounds
+
 LAYOUTS = ("plain", "zigzag")
 
 
@@ -40,9 +43,7 @@ def positions(T: int, rank: int, cp: int, layout: str = "zigzag", device=None) -
     """The global positions of the tokens rank `rank` holds, in the order it holds them. (T_r,)"""
     check_layout(T, cp, layout)
     if layout == "plain":
-        base, extra = divmod(T, cp)
-        start = rank * base + min(rank, extra)
-        return torch.arange(start, start + base + (rank < extra), device=device)
+        return torch.arange(*even_bounds(T, cp, rank), device=device)
     c = T // (2 * cp)
     front, back = rank * c, (2 * cp - 1 - rank) * c
     return torch.cat([torch.arange(front, front + c, device=device),
@@ -72,8 +73,6 @@ def computed_work(T: int, cp: int, layout: str = "zigzag", block: int = 64) -> l
     """Per rank: score entries ring attention actually computes with (block x block) tiles: a
     tile with any visible pair is computed whole (masked after), a tile entirely in the future
     is skipped. Approaches causal_work as block shrinks; the zig-zag balance holds for both."""
-    from labkit.context.tiled import _tiles, _visible  # the same rule the tiles use
-
     pos = [positions(T, r, cp, layout) for r in range(cp)]
     work = []
     for r in range(cp):

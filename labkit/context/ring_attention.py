@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from labkit.collectives import exchange
 from labkit.context.layout import check_layout, positions, sizes
-from labkit.context.tiled import BLOCK, attend, attend_backward, merge_partials
+from labkit.context.tiled import BLOCK, attend, attend_backward, merge_partials, tiled_attention
 from labkit.zero.shard import all_gather_flat, reduce_scatter_sum
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 1, 2, 3, 4
@@ -190,8 +190,6 @@ def ring_attention(q, k, v, group=None, layout: str = "zigzag", seq_len: int | N
     seq_len: the whole T (default T_local * cp)."""
     T, (q, k, v) = _prepare(q, k, v, group, layout, seq_len)
     if dist.get_world_size(group) == 1:
-        from labkit.context.tiled import tiled_attention
-
         return tiled_attention(q, k, v, block=block)
     return _RingAttention.apply(q, k, v, group, T, layout, block)
 

@@ -40,7 +40,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit import commlog
+from labkit.layers import MLP
+from labkit.observe import commlog
 from labkit.tp.blocks import TensorParallelAttention, TensorParallelMLP
 from labkit.tp.gpt import apply_tp
 from labkit.tp.operators import conjugate, f, world_of
@@ -239,8 +240,6 @@ def apply_sp(model, group=None, regather: bool = True):
 
     model.forward still takes the whole (B, T) tokens: the first block scatters the sequence after
     the embedding, the final norm gathers it; logits and loss are whole on every rank."""
-    from labkit.model import MLP
-
     if any(not isinstance(b.mlp, MLP) for b in model.blocks):
         raise ValueError("apply_sp shards dense MLPs; a mixture-of-experts layer would need its "
                          "tokens gathered first (not built)")

@@ -28,6 +28,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+
+from labkit.observe.saved import SavedTensors
 
 BLOCK = 64  # tile edge (queries and keys); any size gives the same result up to rounding
 
@@ -195,9 +198,7 @@ def naive_attention(q, k, v):
 def saved_bytes(fn, *inputs) -> int:
     """Bytes autograd keeps for backward when running fn(*inputs), counted by a saved-tensor hook
     (each storage once: a tensor saved twice, or q saved as well as passed in, counts once)."""
-    from labkit.activation_memory import SavedBytes
-
-    with SavedBytes() as saved:
+    with SavedTensors() as saved:
         fn(*inputs)
     return saved.bytes
 
@@ -206,8 +207,6 @@ def saved_bytes_table(lengths=(128, 256, 512, 1024), batch: int = 1, heads: int 
                       head_dim: int = 16, block: int = BLOCK, device=None) -> list:
     """Rows (T, naive softmax attention, tiled attention, torch's F.scaled_dot_product_attention):
     bytes saved for backward, fp32, measured with saved_tensors_hooks."""
-    import torch.nn.functional as F
-
     rows = []
     for T in lengths:
         g = torch.Generator().manual_seed(T)

@@ -30,7 +30,7 @@ def assign_buckets(params, bucket_mb: float | None = 25.0) -> list:
     cap = float("inf") if bucket_mb is None else bucket_mb * MiB
     buckets, current, size = [], [], 0
     for p in reversed(list(params)):
-        nbytes = p.numel() * p.element_size()
+        nbytes = p.nbytes
         if current and (size + nbytes > cap or p.dtype != current[0].dtype):
             buckets.append(current)
             current, size = [], 0

@@ -110,7 +110,7 @@ class DDPBase(nn.Module):
         """Start an async all-reduce (sum) of `flat`; return a future that completes when it is
         done and its end time is recorded."""
         record = {"name": name, "lane": "comm", "step": self.steps, "bytes":
-                  flat.numel() * flat.element_size(), "start": self.timeline.now(), "end": None}
+                  flat.nbytes, "start": self.timeline.now(), "end": None}
         self.launches.append(record)
         with record_function(f"all_reduce {name}"):  # a span in profiler traces (queues it)
             work = dist.all_reduce(flat, group=self.group, async_op=True)

@@ -4,11 +4,14 @@ Rank side only (call inside labkit.launch.run). Float32, the tiny GPT, each rank
 `batch` rows per step (weak scaling: the per-rank work is fixed as ranks are added)."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
+from labkit.collectives import Traffic, ring_all_reduce
 from labkit.ddp.common import Timeline
 from labkit.ddp.verify import build_model, wrap
 from labkit.launch import device
@@ -34,7 +37,6 @@ def _step(ddp, opt, x, y, timeline=None):
 
 class _Null:
     def span(self, *a, **k):
-        import contextlib
         return contextlib.nullcontext()
 
 
@@ -104,8 +106,6 @@ def trace_step(kind: str, cfg: dict = BENCH, *, batch: int = 8, bucket_mb=25.0, 
 def torch_ddp_buckets(cfg: dict = BENCH, *, batch: int = 8, bucket_mb: float = 25.0) -> int:
     """All-reduces per step of PyTorch's DDP, counted by a communication hook (one call per
     bucket); the first step is skipped (PyTorch rebuilds its buckets after it)."""
-    from torch.nn.parallel import DistributedDataParallel
-
     calls = []
 
     def counting_hook(state, bucket):
@@ -128,8 +128,6 @@ def torch_ddp_buckets(cfg: dict = BENCH, *, batch: int = 8, bucket_mb: float = 2
 def ring_traffic(grad_bytes: int, sizes=(2, 3, 4)) -> dict:
     """Bytes this rank sent in a ring all-reduce of the gradients, in groups of each size
     (ranks 0..n-1 of the world); {n: bytes} on ranks that took part. Needs max(sizes) ranks."""
-    from labkit.collectives import Traffic, ring_all_reduce
-
     out = {}
     for n in sizes:
         group = dist.new_group(list(range(n)))  # every rank must call new_group

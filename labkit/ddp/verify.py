@@ -3,49 +3,49 @@ exercise checker, the lab and the benchmark (so a checker can never test somethi
 
 Inside a rank (labkit.launch.run):  report = train_on_rank("bucketed", steps=3, bucket_mb=0.01)
 In the parent:                      assert_matches(report, reference_train(steps=3))
+
+The reference is labkit.reference.train (spec() gives its options); the comparison is
+labkit.testing.compare_dicts, after a check of the parameters' names that says what to fix.
 """
 from __future__ import annotations
 
 import contextlib
 import time
 
-import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.nn.parallel import DistributedDataParallel
 
+from labkit.ddp.bucketed import BucketedDDP
+from labkit.ddp.naive import NaiveDDP
+from labkit.ddp.overlap import OverlapDDP
 from labkit.launch import device
-from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
-from labkit.testing import tensors_close
+from labkit.model import GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe.dispatch import CollectiveLog
+from labkit.reference import TrainSpec, build, make_optimizer, train
+from labkit.testing import compare_dicts
 
 SMALL = dict(n_layer=1, n_embd=16, n_head=2, block_size=16)  # fast enough for tests on 2 cores
 
 
+def spec(cfg: dict = SMALL, *, steps: int = 3, batch: int = 6, optimizer: str = "sgd",
+         frozen=(), dtype: str = "float64", seed: int = 0) -> tuple:
+    """(GPTConfig, labkit.reference.TrainSpec) of a DDP run: float64 by default, so that ranks
+    can be held to near-exact agreement with the reference (labkit.testing's table)."""
+    return GPTConfig(**cfg), TrainSpec(steps=steps, batch=batch, optimizer=optimizer, seed=seed,
+                                       data_seed=0, frozen=tuple(frozen), dtype=dtype)
+
+
 def build_model(cfg: dict, seed: int = 0, frozen=(), dtype: str = "float64"):
     """The tiny GPT with the named parameters frozen (requires_grad=False)."""
-    model = GPT(GPTConfig(**cfg), seed=seed).to(getattr(torch, dtype))
-    names = dict(model.named_parameters())
-    for name in frozen:
-        if name not in names:
-            raise ValueError(f"no parameter named {name!r}; choose from {sorted(names)}")
-        names[name].requires_grad_(False)
-    return model
-
-
-def make_optimizer(name: str, params):
-    """labkit.reference's registered optimizer over the parameters that train."""
-    from labkit.reference import make_optimizer as registered
-
-    return registered(name, params)
+    gpt, how = spec(cfg, frozen=frozen, dtype=dtype, seed=seed)
+    return build(gpt, how)
 
 
 def wrap(kind, model, group=None, bucket_mb: float | None = 25.0, timeline=None):
     """kind: 'naive' | 'overlap' | 'bucketed' | 'torch', or a callable (model, group) -> wrapper."""
-    from labkit.ddp import BucketedDDP, NaiveDDP, OverlapDDP
-
     if callable(kind):
         return kind(model, group)
     if kind == "torch":
-        from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_mb or 1e4)
     extra = {"timeline": timeline} if timeline is not None else {}
     if kind == "naive":
@@ -57,25 +57,7 @@ def wrap(kind, model, group=None, bucket_mb: float | None = 25.0, timeline=None)
     raise ValueError(f"unknown DDP kind {kind!r}: naive, overlap, bucketed or torch")
 
 
-class AllReduceCounter(TorchDispatchMode):
-    """Records when (perf_counter) each all-reduce is dispatched on this thread while active.
-
-    A dispatch mode observes the c10d operator every `dist.all_reduce` goes through, whoever
-    calls it (labkit's wrappers, a learner's code, torch DDP's C++ reducer): a counter the code
-    under test does not write, and nothing in torch.distributed is replaced."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False    # else the first dispatch imports torch._dynamo: seconds on a cold rank
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d" and func.__name__.startswith("allreduce"):
-            self.calls.append(time.perf_counter())
-        return func(*args, **(kwargs or {}))
+AllReduceCounter = CollectiveLog   # moved to labkit.observe.dispatch (chapter 02 names it)
 
 
 def _micro_batches(x, y, accum: int):
@@ -107,10 +89,10 @@ def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: 
     opt = make_optimizer(optimizer, module.parameters())
     tokens, block = tiny_corpus(), module.config.block_size
     per_step = []
-    with AllReduceCounter() as counter:
+    with CollectiveLog() as counter:
         for step in range(steps):
             x, y = get_batch(tokens, batch, block, step)                     # (batch, T)
-            first, windows = len(counter.calls), []
+            first, windows = len(counter.times("all_reduce")), []
             ready.clear()
             for i, (xm, ym) in enumerate(_micro_batches(x, y, accum)):
                 xl = shard_rows(xm, rank, world).to(dev)                        # (b, T)
@@ -125,7 +107,7 @@ def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: 
                 if not no_sync and not last:
                     finish()
             finish()
-            calls = counter.calls[first:]
+            calls = counter.times("all_reduce")[first:]
             last_start, last_end = windows[-1]
             per_step.append({"allreduces": len(calls),
                              "during_backward": sum(last_start <= t < last_end for t in calls),
@@ -143,11 +125,11 @@ def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: 
 
 def reference_train(cfg: dict = SMALL, *, steps: int = 3, batch: int = 6, optimizer: str = "sgd",
                     frozen=(), dtype: str = "float64") -> dict:
-    """One process, the whole global batch each step: what every DDP rank must end up with."""
-    from labkit.reference import reference_train as one_process
-
-    model = build_model(cfg, seed=0, frozen=frozen, dtype=dtype)
-    return one_process(None, steps, batch, optimizer, model=model)["params"]
+    """One process, the whole global batch each step (labkit.reference.train): the parameters
+    every DDP rank must end up with."""
+    gpt, how = spec(cfg, steps=steps, batch=batch, optimizer=optimizer, frozen=frozen,
+                    dtype=dtype)
+    return train(gpt, how).params
 
 
 # ----------------------------------------------------------------------------- assertions
@@ -161,10 +143,8 @@ def assert_matches(report: dict, expected: dict, *, rtol=1e-7, atol=1e-9, what="
     if list(got) != list(expected):
         _fail(f"{what}rank {report['rank']}: parameter names {list(got)[:4]}... differ from the "
               f"wrapped model's {list(expected)[:4]}...; keep .module's names and order")
-    for name, ref in expected.items():
-        tensors_close(got[name], ref, rtol=rtol, atol=atol,
-                      what=f"{what}rank {report['rank']}/{report['world']} parameter {name!r} "
-                           "after training")
+    compare_dicts(got, expected, rtol=rtol, atol=atol,
+                  what=f"{what}rank {report['rank']}/{report['world']}, after training, parameter")
 
 
 def assert_launches(report: dict, *, expected: int | None, overlapped: bool | None,

@@ -16,10 +16,14 @@ parallelism exchanges them with a small all-to-all of integers before the rows.
 """
 from __future__ import annotations
 
+import statistics
+
 import torch
 import torch.distributed as dist
 
 from labkit.collectives import exchange
+from labkit.launch import device
+from labkit.timing import now
 
 SCHEDULES = ("naive", "pairwise")
 
@@ -72,11 +76,6 @@ def all_to_all(x: torch.Tensor, out_splits, in_splits, group=None,
 def bench_job(numel_per_peer: int, repeats: int, schedules=("builtin",) + SCHEDULES) -> dict:
     """On each rank: median seconds of an all-to-all moving numel_per_peer float32 elements to
     every peer, for the built-in and each hand-written schedule; and whether they agree."""
-    import statistics
-
-    from labkit.launch import device
-    from labkit.timing import now
-
     torch.set_num_threads(1)
     dev, n, rank = device(), dist.get_world_size(), dist.get_rank()
     x = torch.arange(n * numel_per_peer, dtype=torch.float32, device=dev) + 1e6 * rank

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from labkit import commlog
+from labkit.observe import commlog
 from labkit.moe.layer import MoE, add_load, route_group
 from labkit.moe.router import switch_loss
 

@@ -18,17 +18,43 @@ groups (`token_groups`) so that both drop exactly the same assignments.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 import torch.nn as nn
 
+from labkit.layers import MLP
 from labkit.moe.router import bias_update, capacity, route, switch_loss
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """What an MoE layer is built from (labkit.model.GPTConfig has the same fields; MoE takes
+    either): widths, experts, routing and balancing."""
+    n_embd: int
+    n_expert: int
+    expert_top_k: int = 2
+    ffn_mult: int = 4                    # the dense MLP's; experts use expert_ffn_mult if set
+    expert_ffn_mult: int | None = None
+    capacity_factor: float | None = None
+    gate: str = "softmax"
+    shared_expert: bool = False
+    bias_update_rate: float = 0.0
+    bias: bool = True
+    dropout: float = 0.0
+
+    @classmethod
+    def of(cls, cfg) -> MoEConfig:
+        """The MoE fields of a GPTConfig (or an MoEConfig, as it is)."""
+        if isinstance(cfg, cls):
+            return cfg
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
 class MoE(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        from labkit.model import MLP
-
+        cfg = MoEConfig.of(cfg)
         h, E = cfg.n_embd, cfg.n_expert
         self.n_expert, self.k, self.gate = E, cfg.expert_top_k, cfg.gate
         self.capacity_factor, self.bias_rate = cfg.capacity_factor, cfg.bias_update_rate

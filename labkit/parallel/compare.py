@@ -15,19 +15,16 @@ of one update; a dimension left out (a missing all-reduce) is off by whole updat
 """
 from __future__ import annotations
 
+from labkit.context.layout import sizes
+from labkit.costs import parallel as pc
+from labkit.testing import worst_difference
+
 TOL = {"loss": 1e-5, "grads": 1e-6, "params": 1e-6}
 PARAMS_TOL = {"sgd": 1e-6, "adamw": 1e-3}
 
 
 def tolerances(optimizer: str) -> dict:
     return {**TOL, "params": PARAMS_TOL[optimizer]}
-
-
-def _worst(got: dict, want: dict, what: str) -> float:
-    extra = set(got) - set(want)
-    if extra:
-        raise KeyError(f"{what}: names the reference lacks: {sorted(extra)[:3]}")
-    return max(((g - want[n]).abs().max().item() for n, g in got.items()), default=0.0)
 
 
 def differences(results: list, ref: dict, optimizer: str = "adamw") -> list:
@@ -37,8 +34,8 @@ def differences(results: list, ref: dict, optimizer: str = "adamw") -> list:
     for rank, r in enumerate(results):
         d = {"rank": rank, "coords": r["coords"],
              "loss": max(abs(a - b) for a, b in zip(r["losses"], ref["losses"])),
-             "grads": _worst(r["grads"], ref["grads"], "grads") if r["grads"] else float("nan"),
-             "params": _worst(r["params"], ref["params"], "params")}
+             "grads": worst_difference(r["grads"], ref["grads"], "grads") if r["grads"] else float("nan"),
+             "params": worst_difference(r["params"], ref["params"], "params")}
         d["ok"] = all(not d[k] > tol[k] for k in tol)   # nan (not compared) is not a failure
         covered |= set(r["params"])
         rows.append(d)
@@ -53,15 +50,11 @@ def differences(results: list, ref: dict, optimizer: str = "adamw") -> list:
 def bytes_rows(results: list, plan, cfg, batch: int) -> list:
     """Per rank and mesh dimension: payload logged (labkit.commlog) vs labkit.costs.parallel,
     and the kernel's count of all bytes the rank sent vs the ring prediction."""
-    from labkit.costs import parallel as pc
-
     rows = []
     if cfg.n_expert or (plan.cp > 1 and plan.cp_method != "ring"):
         return rows      # routing decides MoE bytes; all-gather CP: no prediction written here
     cp_sizes = None
     if plan.cp > 1:
-        from labkit.context.layout import sizes
-
         cp_sizes = sizes(cfg.block_size, plan.cp, plan.cp_layout)
     for rank, r in enumerate(results):
         c = r["coords"]

@@ -15,17 +15,17 @@ kernel's count of bytes this rank sent (labkit.netcount, where it can count).
 """
 from __future__ import annotations
 
+import torch
+
+from labkit.launch import device, note
+from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+from labkit.observe import commlog, netcount
+from labkit.parallel import build_mesh, parallelize
+from labkit.timing import now
+
 
 def train(plan, cfg_kwargs: dict, steps: int = 3, batch: int = 8, optimizer: str = "adamw",
           capture_grads: bool = True, **optimizer_overrides) -> dict:
-    import torch
-
-    from labkit import commlog
-    from labkit.launch import device, note
-    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-    from labkit.parallel import build_mesh, parallelize
-    from labkit.timing import now
-
     torch.set_num_threads(1)   # many ranks share few cores
     cfg, dev = GPTConfig(**cfg_kwargs), device()
     mesh = build_mesh(plan)
@@ -79,10 +79,6 @@ class _NoCounter:
 
 def _socket_counter():
     """The kernel's per-socket byte counter (labkit.netcount) where it exists and can count."""
-    try:
-        from labkit import netcount
-    except ImportError:
-        return _NoCounter()
     try:
         return netcount.socket_bytes()
     except Exception:          # a backend the kernel counter cannot see (NCCL): no count

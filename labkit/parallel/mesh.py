@@ -11,10 +11,25 @@ labkit.commlog, so every logged call says which dimension it ran along.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
-from labkit import commlog
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from labkit.observe import commlog
 from labkit.topology import DIMS, Topology
+
+
+def backend_device(group=None) -> str:
+    """The device type a mesh over `group` lives on, from its backend: NCCL's ranks hold CUDA
+    tensors, Gloo's CPU ones."""
+    return "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+
+
+def flat_mesh(group=None):
+    """A 1-D DeviceMesh over the world (FSDP2 and DCP take one), on the backend's device."""
+    return init_device_mesh(backend_device(group), (dist.get_world_size(group),))
 
 
 @dataclass
@@ -38,18 +53,15 @@ class Mesh:
 
 
 def build_mesh(plan, device_type: str | None = None) -> Mesh:
-    """Every rank calls this, together: creates the groups of every dimension."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
+    """Every rank calls this, together: creates the groups of every dimension (a Plan, or a
+    bare Topology). The only place in labkit's core that creates process groups."""
     topo = plan.topology() if not isinstance(plan, Topology) else plan
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != topo.world:
         raise ValueError(f"the plan is for {topo.world} ranks but torch.distributed has {world}: "
                          f"launch {topo.world} processes")
-    if device_type is None:
-        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    dm = init_device_mesh(device_type, tuple(topo.sizes[d] for d in DIMS), mesh_dim_names=DIMS)
+    dm = init_device_mesh(device_type or backend_device(), tuple(topo.sizes[d] for d in DIMS),
+                          mesh_dim_names=DIMS)
     groups = {d: dm[d].get_group() for d in DIMS}
     for d, g in groups.items():
         commlog.name_group(g, d)
@@ -67,10 +79,6 @@ def build_mesh(plan, device_type: str | None = None) -> Mesh:
 def _dp_cp_group(topo: Topology, rank: int):
     """The ranks that differ only in dp and cp: one group of its own (even where dp = 1 makes it
     the cp group's ranks), so that the log tells gradient averaging from ring attention."""
-    import itertools
-
-    import torch.distributed as dist
-
     mine = None
     for pp, tp in itertools.product(range(topo.pp), range(topo.tp)):
         ranks = [topo.rank_of(pp=pp, dp=d, cp=c, tp=tp)
@@ -86,8 +94,6 @@ def _expert_groups(topo: Topology, ep: int, rank: int) -> tuple:
     """Split every dp group into consecutive runs of ep ranks ("ep": they share out the experts)
     and group the ranks that hold the same experts ("edp": they average those experts'
     gradients). Every rank creates every group, in the same order (new_group is collective)."""
-    import torch.distributed as dist
-
     mine = {}
     for dp_ranks in topo.groups("dp"):
         runs = [dp_ranks[i:i + ep] for i in range(0, len(dp_ranks), ep)]

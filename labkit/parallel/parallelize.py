@@ -45,9 +45,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
+from labkit.context import apply_cp, apply_sp
 from labkit.model import shard_rows
+from labkit.moe.expert_parallel import apply_ep, expert_parameters
+from labkit.moe.layer import moe_layers
+from labkit.observe import commlog
+from labkit.pipeline import executor, schedules
 from labkit.reference import optimizer_spec
+from labkit.tp import apply_tp
+from labkit.tp.gpt import gather_tp_tensors
+from labkit.zero import DataParallel, ZeRO1, ZeRO2, ZeRO3
 
 
 def parallelize(model, mesh, plan, optimizer: str = "adamw", **optimizer_overrides):
@@ -57,9 +64,6 @@ def parallelize(model, mesh, plan, optimizer: str = "adamw", **optimizer_overrid
 
 class ParallelGPT:
     def __init__(self, model, mesh, plan, optimizer="adamw", **optimizer_overrides):
-        from labkit.pipeline import executor, schedules
-        from labkit.tp import apply_tp
-
         self.model, self.mesh, self.plan = model, mesh, plan
         self.dp, self.d = mesh.size("dp"), mesh.coords["dp"]
         # the group gradients are averaged over: dp, or dp x cp under context parallelism
@@ -67,18 +71,12 @@ class ParallelGPT:
         self.avg = self.dp * plan.cp
         # 1. tp (with sequence parallelism: sp), then cp
         if plan.sp:
-            from labkit.context import apply_sp
-
             apply_sp(model, mesh.group("tp"))
         elif plan.tp > 1:
             apply_tp(model, mesh.group("tp"))
         if plan.cp > 1:
-            from labkit.context import apply_cp
-
             apply_cp(model, mesh.group("cp"), layout=plan.cp_layout, method=plan.cp_method)
         # 1b. ep: experts over groups of ep dp ranks
-        from labkit.moe.expert_parallel import apply_ep, expert_parameters
-
         if getattr(plan, "ep", 1) > 1:
             apply_ep(model, mesh.group("ep"))
         self.expert_ids = expert_parameters(model)   # empty for a dense model
@@ -100,8 +98,6 @@ class ParallelGPT:
         self.expert_stage = _ExpertDP(experts, cls, kw, edp, self.dp) if experts else None
 
     def _dp_stage(self, cls, kw):
-        from labkit.zero import DataParallel, ZeRO1, ZeRO2, ZeRO3
-
         params = [p for p in self.owned.values() if id(p) not in self.expert_ids]
         group = self.avg_group
         if self.avg == 1:
@@ -133,12 +129,11 @@ class ParallelGPT:
             (loss * weight).backward()
             loss = loss.detach()
         else:
-            from labkit.pipeline.executor import run_schedule
-
             # the weight enters as the loss's own gradient: an expert's gradient mixes the
             # tokens of several replicas (all-to-all), each of which must carry its weight
-            out = run_schedule(self.schedule, self.model, xs, ys, group=self.mesh.group("pp"),
-                               check=False, loss_scale=weight)
+            out = executor.run_schedule(self.schedule, self.model, xs, ys,
+                                        group=self.mesh.group("pp"), check=False,
+                                        loss_scale=weight)
             loss = out["loss"]                                         # last stage only
             if capture_grads:
                 self._captured = {n: p.grad.clone() for n, p in self.owned.items()
@@ -153,8 +148,6 @@ class ParallelGPT:
 
     def _balance_step(self) -> None:
         """DeepSeek-V3's bias step of every MoE layer, from the load summed over all of dp."""
-        from labkit.moe.layer import moe_layers
-
         for m in moe_layers(self.model):
             if not (m.bias_rate and m.step_load is not None):
                 continue
@@ -214,8 +207,6 @@ class ParallelGPT:
         return self._full(lambda name, p: p.detach())
 
     def _full(self, pick) -> dict:
-        from labkit.tp.gpt import gather_tp_tensors
-
         local = {n: pick(n, p) for n, p in self.model.named_parameters() if n in self.owned}
         if self.plan.tp > 1:
             local = gather_tp_tensors(self.model, local)

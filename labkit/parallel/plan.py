@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.context.layout import check_layout
+from labkit.shard import even_sizes
 from labkit.topology import Topology, TopologyError, factorizations
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -48,11 +50,8 @@ class Plan:
         """Rows of each group a mixture of experts counts capacity over, in the batch's row
         order: each replica's rows (labkit.model.shard_rows), cut into the K micro-batches of a
         pipeline step when pp > 1 (a stage sees one micro-batch per forward)."""
-        def split(n, parts):
-            base, extra = divmod(n, parts)
-            return [base + (i < extra) for i in range(parts)]
-        return [m for r in split(batch, self.dp)
-                for m in (split(r, self.K) if self.pp > 1 else [r])]
+        return [m for r in even_sizes(batch, self.dp)
+                for m in (even_sizes(r, self.K) if self.pp > 1 else [r])]
 
     def topology(self, gpus_per_node=None) -> Topology:
         return Topology(self.world, dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero,
@@ -137,8 +136,6 @@ def check_plan(plan: Plan, cfg, world: int | None = None, batch_size: int | None
         if plan.cp > 1:
             problems.append("sp=True with cp > 1: both split the sequence; use one of them")
     if plan.cp > 1:
-        from labkit.context.layout import check_layout
-
         try:
             check_layout(cfg.block_size, plan.cp, plan.cp_layout)
         except ValueError as err:

@@ -33,9 +33,14 @@ well above 1 when the P ranks and other work share few cores).
 """
 from __future__ import annotations
 
-from labkit.launch import run
+import torch
+import torch.distributed as dist
+
+from labkit.launch import device, run
 from labkit.model import GPTConfig
 from labkit.pipeline import causality, schedules
+from labkit.pipeline.executor import (GPT, compare_to_reference, make_batch, reference_step,
+                                      run_schedule)
 from labkit.pipeline.measure import _formula_bubble, _median, transfer_latency
 from labkit.pipeline.simulate import repeat, simulate, steady_state
 
@@ -49,12 +54,6 @@ def small_config(n_chunks: int) -> GPTConfig:
 
 
 def _job(specs, cfg, batch_size, pad, repeats, steps):
-    import torch
-    import torch.distributed as dist
-
-    from labkit.launch import device
-    from labkit.pipeline.executor import GPT, make_batch, run_schedule
-
     torch.set_num_threads(1)
     P = dist.get_world_size()
     model = GPT(cfg, seed=0).to(device())
@@ -196,7 +195,6 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
     if steps < 4:
         raise ValueError(f"steps={steps}: use steps >= 4, so that steps 1..steps-2 (away from the "
                          f"ramp and the drain) hold at least one period")
-    from labkit.pipeline.executor import compare_to_reference, reference_step
 
     batch_size = batch_size or max(K for _, K, _ in specs)
     if batch_size < max(K for _, K, _ in specs):

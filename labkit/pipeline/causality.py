@@ -35,7 +35,7 @@ Two floors under it:
 from __future__ import annotations
 
 from labkit import costs
-from labkit.pipeline.schedules import Action, Schedule
+from labkit.pipeline.base import Action, Schedule
 from labkit.pipeline.validate import replay
 
 FORMULA_SCHEDULES = ("gpipe", "1f1b", "interleaved")

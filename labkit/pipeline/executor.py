@@ -43,7 +43,7 @@ before its producer's `end`: labkit.pipeline.causality checks that on every meas
 earlier executor read `end` after posting the send; on a loaded machine the receiver then often
 started first, by milliseconds.) Each stage also counts the micro-batches and the bytes of saved
 activations it holds (saved-tensor hooks), to measure the peak: booked from each forward to its
-backward (or W), and live, until autograd frees them (ActivationMeter).
+backward (or W), and live, until autograd frees them (labkit.observe.saved.SavedTensors).
 """
 from __future__ import annotations
 
@@ -60,9 +60,13 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 from labkit.collectives import exchange
 from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe.saved import SavedTensors
 from labkit.pipeline import posting
-from labkit.pipeline.schedules import Schedule
+from labkit.pipeline.base import Schedule
 from labkit.pipeline.validate import ScheduleError, is_local, needs, validate
+from labkit.reference import TrainSpec, train
+from labkit.shard import even_ranges
+from labkit.testing import compare_dicts, tensors_close
 from labkit.timing import now
 
 
@@ -71,13 +75,7 @@ def split_blocks(n_layer: int, n_chunks: int) -> list:
     if n_layer < n_chunks:
         raise ValueError(f"n_layer={n_layer} blocks cannot fill {n_chunks} pipeline chunks "
                          f"(P*v); use n_layer >= {n_chunks} or fewer stages/chunks")
-    base, extra = divmod(n_layer, n_chunks)
-    out, start = [], 0
-    for c in range(n_chunks):
-        n = base + (1 if c < extra else 0)
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
+    return [list(range(lo, hi)) for lo, hi in even_ranges(n_layer, n_chunks)]
 
 
 class PipelineChunk(nn.Module):
@@ -116,71 +114,11 @@ def owned_parameters(model: GPT, chunks: dict) -> dict:
     return {name: p for name, p in model.named_parameters() if id(p) in mine}
 
 
+ActivationMeter = SavedTensors   # moved to labkit.observe.saved (labkit.check.ch05 imports it here)
+
+
 def _tag(s: Schedule, kind: str, mb: int, g: int) -> int:
     return (mb * s.n_chunks + g) * 2 + (0 if kind == "F" else 1)
-
-
-class _Saved:
-    """What the meter hands autograd for a saved tensor: a detached alias (holding the tensor
-    itself would tie a saved output to its own node, a cycle autograd never frees)."""
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t):
-        self.t = t
-
-
-class ActivationMeter:
-    """Bytes of tensors autograd saves for backward (parameters excluded), two ways.
-
-    Booked: per micro-batch, what its forward saved (a tensor saved twice counts once); the
-    executor adds it at the forward and takes it off at the backward (or the W of a split one).
-    Live: each saved storage counts from the forward that saves it until autograd frees the last
-    reference to it (a weakref finalizer on what the pack hook hands autograd): what really stays
-    allocated, whatever the executor believes. A split backward's B may free part early (PyTorch's
-    stage_backward_input detaches the stage output), so live <= booked there."""
-
-    def __init__(self, params):
-        self.param_ptrs = {p.data_ptr() for p in params}
-        self.storage_skip = {p.untyped_storage().data_ptr() for p in params}
-        self.current = None
-        self.per_mb = {}
-        self.live, self.live_bytes, self.peak_live = {}, 0, 0
-
-    def pack(self, t):
-        import weakref
-
-        ptr = t.data_ptr() if t.layout == torch.strided else None
-        if self.current is None or ptr in self.param_ptrs:
-            return t
-        seen = self.per_mb.setdefault(self.current, {})
-        seen[ptr] = t.numel() * t.element_size()  # a tensor saved twice counts once
-        st = t.untyped_storage()
-        sptr, n = st.data_ptr(), st.nbytes()
-        if n == 0 or sptr in self.storage_skip:
-            return t
-        if sptr in self.live:
-            self.live[sptr][1] += 1
-        else:
-            self.live[sptr] = [n, 1]
-            self.live_bytes += n
-            self.peak_live = max(self.peak_live, self.live_bytes)
-        held = _Saved(t.detach())
-        weakref.finalize(held, self._release, sptr)
-        return held
-
-    @staticmethod
-    def unpack(held):
-        return held.t if isinstance(held, _Saved) else held
-
-    def _release(self, sptr):
-        entry = self.live[sptr]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self.live[sptr]
-            self.live_bytes -= entry[0]
-
-    def bytes_of(self, key) -> int:
-        return sum(self.per_mb.pop(key, {}).values())
 
 
 def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, group=None,
@@ -245,7 +183,7 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
 
     actions = s.stages[stage]
     layout = _layout(s, stage, nccl)  # layout[i]: actions whose input is received in batch i
-    meter = ActivationMeter(params.values())
+    meter = SavedTensors(exclude=params.values(), live=True)
     saved, sends, pending, inbox, timeline, split_pending = {}, [], [], {}, [], {}
     local = {}  # message key -> tensor handed from one of this stage's chunks to the other
     held = held_bytes = peak = peak_bytes = 0.0
@@ -262,13 +200,11 @@ def run_schedule(s: Schedule, model: GPT, x: torch.Tensor, y: torch.Tensor, *, g
                 inp = take(i).requires_grad_(True)                       # (B_k, T, h)
             t0 = now(dev)
             span = record_function(f"{a.kind}{a.mb} chunk {a.chunk}").__enter__()  # in traces
-            meter.current = (a.mb, a.chunk)
-            with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+            with meter.saving((a.mb, a.chunk)):
                 out = chunk(inp)                                         # (B_k, T, h) or logits
                 if chunk.last:  # token-sum / all tokens: the K losses add up to the batch mean
                     out = F.cross_entropy(out.flatten(0, 1), ys[a.mb].flatten(),
                                           reduction="sum") / n_tokens    # () scalar
-            meter.current = None
             _pad(pad, 0, s.v)
             if chunk.last:
                 loss_total += out.detach()
@@ -419,12 +355,10 @@ def schedules_job(schedule_list, cfg: GPTConfig, batch_size: int, seed: int = 0,
 
 
 def reference_step(cfg: GPTConfig, batch_size: int, seed: int = 0) -> dict:
-    """The one-process reference: loss and every gradient of the whole batch, no pipeline."""
-    model = GPT(cfg, seed=seed)
-    x, y = make_batch(batch_size, cfg)
-    _, loss = model(x, y)
-    loss.backward()
-    return {"loss": loss.detach(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    """The one-process reference (labkit.reference.train, no optimizer step): loss and every
+    gradient of make_batch's whole batch, no pipeline."""
+    ref = train(cfg, TrainSpec(steps=1, batch=batch_size, optimizer=None, seed=seed, data_seed=0))
+    return {"loss": ref.loss, "grads": ref.grads}
 
 
 def merge(results: list) -> dict:
@@ -443,11 +377,8 @@ def merge(results: list) -> dict:
 
 
 def compare_to_reference(merged: dict, ref: dict, rtol: float = 1e-4, atol: float = 1e-6) -> None:
-    """Assert the pipeline's loss and every gradient equal the reference's (names the first miss)."""
-    from labkit.testing import tensors_close
-
-    tensors_close(merged["loss"].reshape(()), ref["loss"].reshape(()), rtol=rtol, atol=atol, what="the loss")
-    missing = sorted(set(ref["grads"]) - set(merged["grads"]))
-    assert not missing, f"no stage returned a gradient for {missing[0]} (and {len(missing) - 1} more)"
-    for name, g in ref["grads"].items():
-        tensors_close(merged["grads"][name], g, rtol=rtol, atol=atol, what=f"the gradient of {name}")
+    """Assert the pipeline's loss and every gradient equal the reference's (labkit.testing's
+    comparator: a missing or unexpected name first, then the first that differs)."""
+    tensors_close(merged["loss"].reshape(()), ref["loss"].reshape(()), rtol=rtol, atol=atol,
+                  what="the loss")
+    compare_dicts(merged["grads"], ref["grads"], rtol=rtol, atol=atol, what="the gradient of")

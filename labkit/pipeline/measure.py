@@ -18,24 +18,23 @@ stage owning its own accelerator and makes the measured bubble comparable to the
 """
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
+
 from labkit import costs
-from labkit.launch import run
+from labkit.launch import device, run
 from labkit.model import GPTConfig
-from labkit.pipeline import schedules
-from labkit.pipeline import causality
+from labkit.observe import commlog, netcount
+from labkit.pipeline import causality, schedules
+from labkit.pipeline.base import Action
+from labkit.pipeline.executor import GPT, make_batch, run_schedule
 from labkit.pipeline.simulate import simulate
+from labkit.pipeline.validate import is_local, needs, produces
 
 DEFAULT_CFG = GPTConfig(n_layer=8, n_embd=32, n_head=4, block_size=32)
 
 
 def _job(specs, cfg, batch_size, pad, repeats):
-    import torch.distributed as dist
-
-    import torch
-
-    from labkit.launch import device
-    from labkit.pipeline.executor import GPT, make_batch, run_schedule
-
     torch.set_num_threads(1)
     P = dist.get_world_size()
     model = GPT(cfg, seed=0).to(device())       # this rank's GPU under NCCL, else the CPU
@@ -67,9 +66,6 @@ def _formula_bubble(name: str, P: int, K: int, v: int, pad, flush: bool = True):
 def transfer_latency(s, timeline) -> float:
     """Median time from a message's send (producer's end) to its use, over receivers that were
     already waiting for it: the per-message latency of this executor on this machine."""
-    from labkit.pipeline.schedules import Action
-    from labkit.pipeline.validate import is_local, needs, produces
-
     by_stage = {}
     for e in sorted(timeline, key=lambda e: e["start"]):
         by_stage.setdefault(e["stage"], []).append(e)
@@ -143,13 +139,6 @@ def measure(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, p
 
 
 def _messages_job(specs, cfg, batch_size):
-    import torch
-    import torch.distributed as dist
-
-    from labkit import commlog, netcount
-    from labkit.launch import device
-    from labkit.pipeline.executor import GPT, make_batch, run_schedule
-
     torch.set_num_threads(1)
     model = GPT(cfg, seed=0).to(device())
     x, y = make_batch(batch_size, cfg)

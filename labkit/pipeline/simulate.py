@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.pipeline.schedules import Action, Schedule
+from labkit.pipeline.base import Action, Schedule
 from labkit.pipeline.validate import replay, validate
 
 

@@ -17,10 +17,12 @@ a bare object instead, so it may break when PyTorch renames them: it raises nami
 """
 from __future__ import annotations
 
-from labkit.pipeline.schedules import Action, Schedule, v_placement
+from labkit.pipeline.base import Action, Schedule, v_placement
 
 
 def _types():
+    # imported on use: torch.distributed.pipelining takes seconds to import (7 s measured on a
+    # loaded 2-core machine), and only the comparison with PyTorch's orders needs it
     from torch.distributed.pipelining import schedules as T
     return T
 

@@ -22,7 +22,7 @@ the order they are sent (NCCL ignores tags).
 """
 from __future__ import annotations
 
-from labkit.pipeline.schedules import Action, Schedule
+from labkit.pipeline.base import Action, Schedule
 
 
 class ScheduleError(ValueError):

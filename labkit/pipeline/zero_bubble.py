@@ -44,7 +44,7 @@ under NCCL the executor posts those receives early (labkit.pipeline.posting.nccl
 """
 from __future__ import annotations
 
-from labkit.pipeline.schedules import Action, Schedule, _check, one_f_one_b_stage, v_placement
+from labkit.pipeline.base import Action, Schedule, check_sizes, one_f_one_b_stage, v_placement
 
 CAPS = {  # micro-batches whose W has not run that stage p of P may hold
     "zb-h2": lambda p, P: 2 * P - 1,       # the paper's ZB-H2 peak
@@ -64,7 +64,7 @@ def list_schedule(P: int, K: int, cap, t_f: float = 1.0, t_b: float = 1.0, t_w: 
     """Greedy order for v = 1: each free stage runs a ready B, else F (if below cap(p, P)
     micro-batches held), else its oldest pending W. Stages are served in the order of the time
     they decide at, so no message can arrive before a decision already taken."""
-    _check(P, K)
+    check_sizes(P, K)
     caps = [max(1, min(K, cap(p, P))) for p in range(P)]
     free = [0.0] * P
     next_f = [0] * P                # next micro-batch to forward
@@ -132,7 +132,7 @@ def zb_h1(P: int, K: int) -> Schedule:
     the W of micro-batch i only after the B of micro-batch i + p, so its last p W's fill the
     cool-down. Stage p then holds up to (P - p) + p = P micro-batches: 1F1B's peak (stage 0's),
     on every stage. Bubble (P-1)(t_F + t_B - t_W) per stage for K >= P."""
-    _check(P, K)
+    check_sizes(P, K)
     stages = []
     for p in range(P):
         d, order = min(p, K), []
@@ -207,7 +207,7 @@ def zb_v(P: int, K: int) -> Schedule:
     micro-batches' actions are dropped (removing actions of whole micro-batches removes waits,
     never adds one, so the order stays valid; PyTorch's ScheduleZBVZeroBubble does the same).
     Any P >= 1, K >= 1; for K <= P its bubble is ZB-H1's (the ramp is all there is)."""
-    _check(P, K)
+    check_sizes(P, K)
     n = max(K, 2 * P - 1)
     stages = [[a for a in zb_v_stage(r, P, n) if a.mb < K] for r in range(P)]
     return Schedule("zb-v", P, K, 2, stages, placement=v_placement(P))

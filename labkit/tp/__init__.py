@@ -1,7 +1,7 @@
 """Tensor parallelism, Megatron style (Shoeybi et al., "Megatron-LM: Training Multi-Billion
 Parameter Language Models Using Model Parallelism", 2019, arXiv:1909.08053).
 
-    from labkit import commlog
+    from labkit.observe import commlog
     from labkit.tp import apply_tp, gather_tp_state
     model = apply_tp(GPT(cfg, seed=0), group)   # every rank: the same model, its own shard
     with commlog.record() as log:

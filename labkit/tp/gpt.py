@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from labkit.layers import MLP
 from labkit.tp.blocks import TensorParallelAttention, TensorParallelMLP
-from labkit.tp.layers import ColumnParallelLinear, RowParallelLinear
+from labkit.tp.layers import ColumnParallelLinear, RowParallelLinear, _gather_dim
 from labkit.tp.operators import world_of
 
 
@@ -39,8 +40,6 @@ def apply_tp(model, group=None):
     A mixture-of-experts layer (labkit.moe) is left whole on every TP rank: its input is whole
     there (after g) and so is its output, so it is correct, only computed tp times; experts are
     split over ranks by expert parallelism (labkit.moe.expert_parallel) instead."""
-    from labkit.model import MLP
-
     _, tp = world_of(group)
     check_tp_sizes(model.config, tp)
     for block in model.blocks:
@@ -89,8 +88,6 @@ def gather_tp_tensors(model, local: dict) -> dict:
 
 
 def _whole(layer, pname: str, t: torch.Tensor) -> torch.Tensor:
-    from labkit.tp.layers import _gather_dim
-
     if isinstance(layer, ColumnParallelLinear):
         return _gather_dim(t, 0, layer.group)
     if pname == "weight":

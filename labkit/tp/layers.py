@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -142,8 +143,6 @@ class RowParallelLinear(nn.Module):
 
 def _gather_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
     """All-gather equal shards along `dim` (not in labkit.commlog: a save, not a step)."""
-    import torch.distributed as dist
-
     _, tp = world_of(group)
     if tp == 1:
         return t.clone()

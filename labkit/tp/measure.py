@@ -15,13 +15,22 @@ Each function launches its own processes (labkit.launch.run; under torchrun it r
 """
 from __future__ import annotations
 
+import statistics
+
+import torch
+import torch.distributed as dist
+
 from labkit.costs import tensor_parallel as tpc
-from labkit.launch import run
+from labkit.launch import device, run
+from labkit.layers import MLP
+from labkit.model import GPT, Block, GPTConfig, get_batch, tiny_corpus
+from labkit.observe import commlog, netcount
+from labkit.timing import now
+from labkit.tp import (NaiveTensorParallelMLP, TensorParallelAttention, TensorParallelMLP, apply_tp,
+                       gather_tp_grads)
 
 
 def _config(h: int, s: int, n_head: int, n_layer: int = 1):
-    from labkit.model import GPTConfig
-
     return GPTConfig(n_layer=n_layer, n_embd=h, n_head=n_head, block_size=s, vocab_size=96)
 
 
@@ -29,13 +38,6 @@ def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
     """On each rank: one fwd+bwd of a 1-layer TP GPT ('layer'), a TP MLP ('mlp') or the naive
     all-gathering MLP ('naive mlp'), on labkit.launch.device(); returns the comm log's events,
     each marked by pass."""
-    import torch
-
-    from labkit.launch import device
-    from labkit.model import GPT, MLP, get_batch, tiny_corpus
-    from labkit import commlog
-    from labkit.tp import NaiveTensorParallelMLP, TensorParallelMLP, apply_tp
-
     cfg, dev = _config(h, s, n_head), device()
     if what in ("mlp", "naive mlp"):
         cls = NaiveTensorParallelMLP if what == "naive mlp" else TensorParallelMLP
@@ -58,18 +60,12 @@ def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
 
 def _input(b: int, s: int, h: int, dev):
     """(b, s, h) activations drawn on the CPU (the same numbers on any device), then moved."""
-    import torch
-
     x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(1), device="cpu")
     return x.to(dev).requires_grad_()
 
 
 def _comm_jobs(h, s, b, n_head, whats):
     """{what: (events, bytes this rank sent in the fwd+bwd, counted by the kernel or None)}."""
-    import torch.distributed as dist
-
-    from labkit import netcount
-
     out = {}
     for what in whats:
         dist.barrier()
@@ -109,15 +105,6 @@ def count_layer_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int 
 def wire_job(cfg_kwargs: dict, b: int, repeats: int = 3) -> dict:
     """On each rank: one forward + backward of the TP GPT, the bytes this rank's sockets sent
     counted by the kernel (median over `repeats`), and the all-reduces the comm log saw."""
-    import statistics
-
-    import torch.distributed as dist
-
-    from labkit import commlog, netcount
-    from labkit.launch import device
-    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-    from labkit.tp import apply_tp
-
     cfg, dev = GPTConfig(**cfg_kwargs), device()
     model = apply_tp(GPT(cfg, seed=0).to(dev), None)
     x, y = (t.to(dev) for t in get_batch(tiny_corpus(), b, cfg.block_size, step=0))  # (b, s)
@@ -171,14 +158,6 @@ def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
     collectives (comm log events marked forward/backward), "sent": bytes this rank's sockets
     sent in the last step's TP forward + backward, counted by the kernel (labkit.netcount; None
     where it cannot count, "wire_reason" says why), "backend", "device"}."""
-    import torch
-    import torch.distributed as dist
-
-    from labkit import commlog, netcount
-    from labkit.launch import device
-    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-    from labkit.tp import apply_tp, gather_tp_grads
-
     cfg, dev = GPTConfig(**cfg_kwargs), device()
     ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0).to(dev), None)
     opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ref, tp)]
@@ -207,16 +186,6 @@ def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
 def time_job(kinds, h: int, s: int, b: int, n_head: int, repeats: int, warmup: int = 2):
     """On each rank: median seconds of fwd+bwd for each kind ('mlp', 'block'), synchronised,
     on labkit.launch.device() (the clock is read after the GPU finished: labkit.timing.now)."""
-    import statistics
-
-    import torch
-    import torch.distributed as dist
-
-    from labkit.launch import device
-    from labkit.model import MLP, Block
-    from labkit.timing import now
-    from labkit.tp import TensorParallelAttention, TensorParallelMLP
-
     cfg, dev = _config(h, s, n_head), device()
     torch.manual_seed(0)
     out = {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
+from labkit.observe import commlog
 
 def world_of(group) -> tuple:
     """(rank, size) of this process in `group` (None: the default group)."""
