@@ -36,7 +36,7 @@ LABS = {
     "moe": (["--steps", "1", "--batch", "4"], "expert parallel vs one-process MoE"),
     "precision": (["--steps", "2"], "resident bytes/param"),
     "overlap": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
-                 "--sizes-kib", "64", "2048"],
+                 "--sizes-kib", "64", "1024", "4096"],
                 "where the step turns communication-bound"),
 }
 CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons

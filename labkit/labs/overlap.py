@@ -57,12 +57,30 @@ def measured_crossover(tokens, comm, backward):
     return math.exp(-a / b) if b < 0 else None
 
 
+def _fit(ar, n: int) -> dict:
+    """fit_ring's alpha and bandwidth; when noise makes its best alpha negative, a plain least
+    squares line with alpha clamped at 0 (costs.comm.fit_alpha_beta), said in "clamped"."""
+    from labkit.costs import comm
+    from labkit.labs.intro import fit_ring
+
+    nbytes, seconds = [r["bytes"] for r in ar], [r["median"] for r in ar]
+    try:
+        return dict(fit_ring(nbytes, seconds, n), clamped=False)
+    except ValueError:
+        per_rank = [comm.ring_bytes_sent_per_rank("all_reduce", b, n) for b in nbytes]
+        a, bw = comm.fit_alpha_beta(per_rank, seconds)
+        alpha = a / comm.ring_steps("all_reduce", n)
+        model = [comm.ring_allreduce_time(b, n, alpha, bw) for b in nbytes]
+        return {"alpha": alpha, "bandwidth": bw, "clamped": True,
+                "max_residual": max(abs(m - t) / t for m, t in zip(model, seconds))}
+
+
 def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float = 4.0,
             rounds: int = 5, sizes_kib=SIZES_KIB) -> dict:
     """Run the three measurements and compare: the lab's whole result as a dict (JSON-ready)."""
     from labkit.costs import hiding
     from labkit.ddp.crossover import WIDE
-    from labkit.labs.intro import fit_ring, medians
+    from labkit.labs.intro import medians
     from labkit.launch import run
 
     cfg = dict(WIDE if cfg is None else cfg)
@@ -70,7 +88,7 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
     numels = [k * 1024 // 4 for k in sizes_kib]
     per_rank = run(_measure, nproc, args=(cfg, rows, bucket_mb, rounds, numels))
     ar = medians([r["all_reduce"] for r in per_rank], numels)
-    fit = fit_ring([r["bytes"] for r in ar], [r["median"] for r in ar], nproc)
+    fit = _fit(ar, nproc)
     r0 = per_rank[0]
     n_params, e_g, buckets = r0["params"], r0["grad_bytes"] / r0["params"], r0["buckets"]
     rate = min(r["rate"] for r in per_rank)          # the slowest rank sets the step
@@ -96,7 +114,8 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
     return {"nproc": nproc, "cfg": cfg, "bucket_mb": bucket_mb, "rounds": rounds,
             "params": n_params, "grad_bytes": r0["grad_bytes"], "buckets": buckets,
             "flops_per_s": rate, "alpha": fit["alpha"], "bandwidth": fit["bandwidth"],
-            "fit_max_residual": fit["max_residual"], "all_reduce": ar, "steps": steps,
+            "fit_max_residual": fit["max_residual"], "fit_clamped": fit["clamped"],
+            "all_reduce": ar, "steps": steps,
             "predicted_tokens": flops.value, "binds": flops.binds,
             "predicted_timed_tokens": timed, "backward_fixed_s": b0,
             "backward_s_per_token": k, "measured_tokens": measured,
@@ -115,7 +134,8 @@ def report(res: dict) -> str:
             f"{ran_on(*res['ran_on'])}; load average {res['load']:.1f}")
     fit = (f"measured: {res['flops_per_s'] / 1e9:.1f} GFLOP/s on the model's matmuls, all-reduce "
            f"alpha {1e6 * res['alpha']:.0f} us, bandwidth {res['bandwidth'] / 1e9:.2f} GB/s "
-           f"(fit within {100 * res['fit_max_residual']:.0f}%)")
+           f"(fit within {100 * res['fit_max_residual']:.0f}%"
+           f"{'; alpha clamped at 0: noisy times' if res.get('fit_clamped') else ''})")
     steps = table(res["steps"], [
         ("rows/rank", "rows"), ("tokens", "tokens"),
         ("forward ms", lambda s: 1e3 * s["forward"], ".1f"),
