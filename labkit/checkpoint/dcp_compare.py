@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from labkit.checkpoint import sharded as sh
-from labkit.parallel.mesh import flat_mesh
+from labkit.launch import device
 
 
 def _mesh(group=None):
-    return flat_mesh(group)
+    """1-D over the world, on the backend's device (labkit.launch.device: CUDA under NCCL)."""
+    return init_device_mesh(device().type, (dist.get_world_size(group),))
 
 
 def to_dtensors(state: dict, mesh) -> dict:

@@ -17,19 +17,9 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from labkit.launch import device
 from labkit.observe import commlog
 from labkit.topology import DIMS, Topology
-
-
-def backend_device(group=None) -> str:
-    """The device type a mesh over `group` lives on, from its backend: NCCL's ranks hold CUDA
-    tensors, Gloo's CPU ones."""
-    return "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-
-
-def flat_mesh(group=None):
-    """A 1-D DeviceMesh over the world (FSDP2 and DCP take one), on the backend's device."""
-    return init_device_mesh(backend_device(group), (dist.get_world_size(group),))
 
 
 @dataclass
@@ -60,7 +50,8 @@ def build_mesh(plan, device_type: str | None = None) -> Mesh:
     if world != topo.world:
         raise ValueError(f"the plan is for {topo.world} ranks but torch.distributed has {world}: "
                          f"launch {topo.world} processes")
-    dm = init_device_mesh(device_type or backend_device(), tuple(topo.sizes[d] for d in DIMS),
+    # the device type from the backend (labkit.launch.device: CUDA under NCCL, else the CPU)
+    dm = init_device_mesh(device_type or device().type, tuple(topo.sizes[d] for d in DIMS),
                           mesh_dim_names=DIMS)
     groups = {d: dm[d].get_group() for d in DIMS}
     for d, g in groups.items():
