@@ -1,8 +1,21 @@
 """Exercise checkers: run the reader's code on real processes and say what passed.
 
-Each chapter has a module `labkit.check.chNN` with an `EXERCISES` table
-({"1.1": ("ring reduce-scatter", points), ...}) and one function per exercise, called from the
-exercise notebook's checker cell with the reader's function. A checker is a list of cases:
+Each chapter is a package `labkit.check.chNN` with one module per exercise (named after its
+idea) and an `EXERCISES` table ({"1.1": ("ring reduce-scatter", points), ...}); its __init__
+re-exports the checkers, called from the notebook's checker cells with the reader's code.
+Exercise modules import the shared tools below (and their chapter's common.py, where one
+exists), never each other: tests/test_check_layout.py holds the import graph to a DAG.
+
+    this module    Checker, Result, fail: the cases, the table, the score
+    answers        @graded(id): the registry the grader (labkit.grade, worker) runs from
+    worker         the grader's checker process
+    source         the one reader of the reader's source (ast): calls, collectives
+    forbidden      what of a set of modules and names the reader's code reaches
+    refusal        the one refusal: Forbidden (before a run), Refused (during one)
+    guards         CollectiveLog: the collectives really dispatched (a TorchDispatchMode)
+    mistakes       mistake tables as data: a wrong answer's ratio -> its hint
+
+A checker is a list of cases:
 
     def ring_all_reduce(fn):
         c = Checker("1.3", "ring all-reduce", points=4)
