@@ -20,6 +20,8 @@ Toward Training Trillion Parameter Models"), each checked against one process.
     unit        one ZeRO-3 unit's hooks, as FSDP2 places them (forward: gather, run, free;
                 pre-backward: gather again into the storage the saved activations point at;
                 post-backward: free, reduce-scatter); no forward runs twice
+    backward    what ZeRO-3's backward keeps (activations) and runs (no forward), next to FSDP2
+    reduce      a unit's gradients: reduce-scatter (sharded), all-reduce (replicated), flags
     prefetch    the next unit's all-gather posted before this one computes (order of step 1)
     overlap     measuring it: timeline, hidden share, peak unsharded bytes by storage
     scaling     ShardedLossScaler: fp16 dynamic loss scaling, every rank skips the same steps

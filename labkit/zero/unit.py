@@ -34,6 +34,7 @@ import torch.nn as nn
 
 from labkit.zero.params import require_grads
 from labkit.zero.precision import cast_floating
+from labkit.zero.reduce import reduce_grads
 
 
 def default_units(model: nn.Module) -> list:
@@ -196,7 +197,7 @@ def post_backward(zero, call, pgrads) -> None:
         return
     if not zero.find_unused:
         require_grads(trainable, grads)
-    for p, g in zero._reduce_grads(trainable, grads, zero.device).items():
+    for p, g in reduce_grads(zero, trainable, grads, zero.device).items():
         if g is not None:
             s = zero.shard_for[p]
             s.grad = g if s.grad is None else s.grad + g

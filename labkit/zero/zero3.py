@@ -1,5 +1,5 @@
-"""ZeRO stage 3: shard the parameters too, all-gathered just in time (ZeRO paper, P_os+g+p;
-PyTorch's FSDP with FULL_SHARD, FSDP2's fully_shard).
+"""ZeRO stage 3: shard the parameters too, all-gathered just in time (Rajbhandari et al. 2020,
+the ZeRO paper's P_os+g+p; PyTorch's FSDP with FULL_SHARD, FSDP2's fully_shard).
 
     model = GPT(cfg)
     zero = ZeRO3(model, torch.optim.AdamW, lr=1e-3)     # inside a launched rank; model changed
@@ -53,13 +53,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from labkit import commlog
 from labkit.zero.params import clip_
 from labkit.zero.params import param_groups as _param_groups
 from labkit.zero.precision import replicated_ids, resolve
 from labkit.zero.prefetch import ExecutionOrder, GatherInFlight
 from labkit.zero.shard import (all_gather_flat, all_gather_full, chunk_size,
-                               reduce_scatter_mean_many, shard_of, storage_bytes, unique_params)
+                               shard_of, storage_bytes, unique_params)
 from labkit.zero.unit import default_units, wrap_forward  # noqa: F401 (default_units: this API)
 
 
@@ -279,50 +278,6 @@ class ZeRO3:
     def _free(self, params) -> None:
         for p in params:
             p.data = p.data.new_empty(0)
-
-    def _payload(self, params, grads, world: int, device) -> tuple:
-        """The gradients in reduce_dtype (zeros where missing), and [has-grad flags repeated
-        world times] if find_unused_parameters, else []."""
-        fulls = [(torch.zeros(self.shapes[id(p)], device=device) if g is None else g)
-                 .to(self.reduce_dtype_of(p)) for p, g in zip(params, grads)]
-        if not self.find_unused:
-            return fulls, []
-        flags = torch.tensor([float(g is not None) for g in grads], device=device)   # (P,)
-        return fulls, [flags.to(fulls[0].dtype).repeat(world)]                      # (N*P,)
-
-    def _reduce_grads(self, params, grads, device) -> dict:
-        """id(p) -> the mean gradient for p's master, in the master's dtype: this rank's chunk
-        (reduce-scatter) or the whole tensor if replicated (all-reduce); None: no rank had one."""
-        out = {}
-        sharded = [(p, g) for p, g in zip(params, grads) if id(p) not in self.replicated]
-        whole = [(p, g) for p, g in zip(params, grads) if id(p) in self.replicated]
-        if sharded:
-            out.update(self._reduce_scatter(*zip(*sharded), device))
-        if whole:
-            out.update(self._all_reduce(*zip(*whole), device))
-        return out
-
-    def _reduce_scatter(self, params, grads, device) -> dict:
-        fulls, flags = self._payload(params, grads, dist.get_world_size(self.group), device)
-        chunks = reduce_scatter_mean_many(                            # (c_i,) each, one message
-            fulls + flags, self.group, where="ZeRO-3 grads", algorithm=self.reduce_scatter)
-        used = chunks.pop().tolist() if flags else [1.0] * len(chunks)
-        return {id(p): self._to_master(p, c) if u > 0 else None   # up to fp32 (offload: CPU)
-                for p, c, u in zip(params, chunks, used)}
-
-    def _to_master(self, p, g) -> torch.Tensor:
-        master = self.shard_for[id(p)]
-        return g.to(master.device, master.dtype)
-
-    def _all_reduce(self, params, grads, device) -> dict:
-        fulls, flags = self._payload(params, grads, 1, device)
-        parts = fulls + flags
-        flat = torch.cat([t.reshape(-1) for t in parts])              # (sum numel,) one message
-        commlog.all_reduce(flat, group=self.group, where="ZeRO-3 replicated grads")
-        reduced = flat.div_(dist.get_world_size(self.group)).split([t.numel() for t in parts])
-        used = reduced[-1].tolist() if flags else [1.0] * len(params)
-        return {id(p): self._to_master(p, r.view(self.shapes[id(p)]))
-                if u > 0 else None for p, r, u in zip(params, reduced, used)}
 
     def step(self) -> None:
         self._settle()
