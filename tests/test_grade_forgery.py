@@ -13,8 +13,8 @@ from labkit.grade import grade, grade_notebook
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "00_why_distribute.ipynb"
 SOLUTION, EXERCISE = ROOT / "solutions" / NAME, ROOT / "exercises" / NAME
-ZERO = {"0.1": 0, "0.2": 0, "0.3": 0}
-FULL = {"0.1": 3, "0.2": 2, "0.3": 5}
+ZERO = {"0.1": 0, "0.2": 0, "0.3": 0, "0.4": 0}
+FULL = {"0.1": 3, "0.2": 2, "0.3": 5, "0.4": 2}
 DOC = '    """Bytes of a training state on one GPU'   # the first line of 0.1's answer
 SHIFT = "def shift_right(x):"                      # 0.2's answer
 
@@ -130,7 +130,7 @@ def test_points_come_from_the_graders_table_and_floods_and_interrupts_are_named(
 def test_sys_exit_in_an_answer_and_in_a_cell_are_reported_with_their_cells(graded):
     rows, table, notebooks = graded
     row, nb = rows["exits"], notebooks["exits"]
-    assert row["scores"] == {"0.1": 0, "0.2": 0, "0.3": 5}, row
+    assert row["scores"] == {"0.1": 0, "0.2": 0, "0.3": 5, "0.4": 2}, row
     answer, call = _code_cell(nb, "def predict_state_bytes"), _code_cell(nb, "ch00.state_bytes(")
     exit_cell, shift_call = _code_cell(nb, "sys.exit(1)"), _code_cell(nb, "ch00.shift_right(")
     assert all(f"the answer called sys.exit(3) (code cell {answer}, line" in f
@@ -148,7 +148,7 @@ def test_sys_exit_in_an_answer_and_in_a_cell_are_reported_with_their_cells(grade
 def test_a_checker_process_that_dies_is_reported_and_the_rest_still_graded(graded):
     rows, _, notebooks = graded
     row = rows["osexit"]
-    assert row["scores"] == {"0.1": 0, "0.2": 2, "0.3": 5}, row
+    assert row["scores"] == {"0.1": 0, "0.2": 2, "0.3": 5, "0.4": 2}, row
     call = _code_cell(notebooks["osexit"], "ch00.state_bytes(")
     assert (f"0.1: answer from code cell {call} ('ch00.state_bytes(predict_state_bytes);'): the "
             f"checker's process exited with status 7") in row["error"], row["error"]
@@ -166,7 +166,7 @@ def test_a_hung_answer_is_stopped_and_the_next_exercises_graded(tmp_path):
     # 45 s, not less: on CI's two loaded cores the next answer's checker (0.2 starts ranks at
     # three world sizes, 5 s here when idle) runs under the same limit and must finish within it
     row = grade_notebook(path, checker_timeout=45)
-    assert row["scores"] == {"0.1": 0, "0.2": 2, "0.3": 5}, (row["error"], row["failures"])
+    assert row["scores"] == {"0.1": 0, "0.2": 2, "0.3": 5, "0.4": 2}, (row["error"], row["failures"])
     assert "0.1: answer from code cell 3" in row["error"]
     assert "still running after 45 s and was stopped" in row["error"], row["error"]
 

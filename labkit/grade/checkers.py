@@ -75,8 +75,12 @@ class Checkers:
         out, done, pid = Outcome(), None, None
         try:
             self.sock.sendall(f"{exercise} {len(answer)}\n".encode() + answer)
-            pid = (self._read(GRACE) or {}).get("pid")
-            done = self._read(timeout)
+            # the child's pid comes first; before the first answer's the worker starts the warm
+            # zygote, which takes seconds under load: wait for it as for any start, or the pid
+            # would be read as this answer's reply and every later reply shifted by one
+            first = self._read(STARTUP_TIMEOUT + GRACE) or {}
+            pid = first.get("pid")
+            done = first if "status" in first else self._read(timeout)
         except OSError:
             pass
         elapsed = time.perf_counter() - start
