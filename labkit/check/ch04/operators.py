@@ -65,7 +65,7 @@ def f_job(f):
 @graded("4.1")
 def f_operator(f):
     """Exercise 4.1: f(x, group) against its definition at 2 and 3 ranks."""
-    c = Checker("4.1", "4.1", *EXERCISES["4.1"])
+    c = Checker("4.1", *EXERCISES["4.1"])
     for n in (2, 3):
         with c.case(f"{n} ranks: f forward is the identity, backward sums the gradients"):
             assert_pairs(c.launch(f_job, n, args=(f,)))
@@ -75,7 +75,7 @@ def f_operator(f):
 @graded("4.2")
 def g_operator(g):
     """Exercise 4.2: g(x, group) against its definition at 2 and 3 ranks."""
-    c = Checker("4.2", "4.2", *EXERCISES["4.2"])
+    c = Checker("4.2", *EXERCISES["4.2"])
     for n in (2, 3):
         with c.case(f"{n} ranks: g forward sums over ranks, backward is the identity"):
             assert_pairs(c.launch(g_job, n, args=(g,)))
