@@ -179,6 +179,12 @@ def test_no_process_left_behind(graded):
     from labkit.launch import warm
 
     own = warm._ZYGOTE.proc.pid if warm._ZYGOTE is not None else None
-    left = [p.cmdline() for p in psutil.Process().children(recursive=True)
-            if p.pid != own and any(k in " ".join(p.cmdline()) for k in ("ipykernel", "labkit", "zygote"))]
+    def cmdline(p):   # a zombie has exited (only its exit status is left): nothing runs
+        try:
+            return " ".join(p.cmdline())
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            return ""
+
+    left = [cmdline(p) for p in psutil.Process().children(recursive=True)
+            if p.pid != own and any(k in cmdline(p) for k in ("ipykernel", "labkit", "zygote"))]
     assert not left, left

@@ -277,3 +277,30 @@ def test_website_defaults_print_what_the_notebook_widgets_saved():
             continue
         saved = json.dumps(json.loads(next((ROOT / "chapters").glob(f"{calc.chapter}_*.ipynb")).read_text()))
         assert json.dumps(web.render(key))[1:-1] in saved, key
+
+
+ZIP_ONLY = """
+import sys
+sys.path = [p for p in sys.path if "site-packages" not in p and not p.startswith(sys.argv[2])]
+sys.path.insert(0, sys.argv[1])
+class Block:   # what Pyodide's core runtime does not have
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "numpy", "plotly", "ipywidgets", "IPython"):
+            raise ImportError("not in the browser: " + name)
+sys.meta_path.insert(0, Block())
+from labkit.widgets import web
+for key in web.CALCULATORS:
+    web.render(key, web.defaults(key))
+print("rendered", len(web.CALCULATORS))
+"""
+
+
+def test_every_calculator_renders_from_the_zip_alone(tmp_path):
+    """What the browser gets is the zip: every calculator renders from it with nothing else of
+    labkit on the path and no torch, numpy, plotly or ipywidgets (a module left out of
+    site.CALC_PACKAGES fails here, not in the reader's browser)."""
+    zipped = site.calculators_zip(tmp_path / site.CALC_ZIP)
+    out = subprocess.run([sys.executable, "-I", "-c", ZIP_ONLY, str(zipped), str(ROOT)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"rendered {len(web.CALCULATORS)}", out.stdout
