@@ -66,9 +66,9 @@ PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_s
                  "pyodide-lock.json")
 CALC_ZIP = "labkit-calculators.zip"
 # What the calculators import (labkit.widgets.web and what it imports; all pure Python).
-CALC_PACKAGES = ("labkit/__init__.py", "labkit/costs/*.py", "labkit/costs/planner/*.py",
-                 "labkit/widgets/*.py", "labkit/pipeline/__init__.py", *(f"labkit/pipeline/{m}.py"
-                 for m in ("base", "schedules", "simulate", "validate", "zero_bubble")))
+CALC_PACKAGES = tuple(f"labkit/{m}.py" for m in (
+    "__init__", "table", "costs/*", "costs/planner/*", "widgets/*", "pipeline/__init__",
+    "pipeline/base", "pipeline/schedules", "pipeline/simulate", "pipeline/validate", "pipeline/zero_bubble"))
 GLOSSARY_LINK = re.compile(r'href="((?:\.\./)*)GLOSSARY\.md(#[^"]*)?"')
 GLOSSARY_PAGE = "glossary.html"
 

@@ -283,6 +283,7 @@ ZIP_ONLY = """
 import sys
 sys.path = [p for p in sys.path if "site-packages" not in p and not p.startswith(sys.argv[2])]
 sys.path.insert(0, sys.argv[1])
+sys.meta_path = [f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f)]
 class Block:   # what Pyodide's core runtime does not have
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("torch", "numpy", "plotly", "ipywidgets", "IPython"):
