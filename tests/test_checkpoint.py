@@ -180,12 +180,12 @@ def test_async_save_snapshots_and_keeps_one_in_flight(tmp_path):
 
     from labkit.checkpoint.async_save import AsyncSaver, save_local
 
-    gate = threading.Event()
+    gates = {1: threading.Event(), 2: threading.Event()}
     order = []
 
     def slow_write(step):
         def write(snap):
-            gate.wait(10)  # the first write is held until the test lets it go
+            gates[step].wait(10)  # each write is held until the test lets it go
             save_local(tmp_path, step, snap)
             order.append(step)
         return write
@@ -195,9 +195,12 @@ def test_async_save_snapshots_and_keeps_one_in_flight(tmp_path):
     saver.save(state, slow_write(1))
     state["w"].add_(1.0)  # training changes the weights while the save is in flight
     assert saver.in_flight
-    threading.Timer(0.3, gate.set).start()
+    threading.Timer(0.3, gates[1].set).start()
     saver.save(state, slow_write(2))  # must wait for save 1 to finish: one in flight
+    # save 2 is still held by its own gate, so only save 1 can have committed here (a shared
+    # gate let save 2 finish too on a loaded machine before this line ran)
     assert order == [1], "the second save started before the first was committed"
+    gates[2].set()
     saver.wait()
     assert order == [1, 2]
     one = atomic.load_file(tmp_path / "step_00000001" / "state.pt")

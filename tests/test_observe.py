@@ -54,6 +54,33 @@ def test_saved_tensors_storages_booked_and_live():
     y.sum().backward()
 
 
+def test_live_meter_knows_a_storage_by_identity_and_reads_its_size_now():
+    """ZeRO-3 frees a saved weight's storage after forward and gathers it back for backward; the
+    allocator may meanwhile put another saved tensor at its address. Keyed by address the meter
+    drifted (a weight's bytes left over after the step); keyed by storage it cannot."""
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8, requires_grad=True)
+    meter = SavedTensors(exclude=[x], live=True)
+    with meter:
+        y = (x @ w).sum()                                      # saves w (x is excluded)
+    assert meter.live_bytes == meter.peak_live == 8 * 8 * 4
+    keep = w.detach().clone()
+    w.untyped_storage().resize_(0)                             # "free after forward"
+    assert meter.live_bytes == 0                               # held by autograd, 0 bytes now
+    others = [torch.randn(16) for _ in range(8)]               # may land at w's old address
+    with meter:
+        z = sum((o.requires_grad_() * 2).sin().sum() for o in others)   # sin saves its input
+    assert meter.live_bytes == 8 * 16 * 4                      # each `o * 2`, once
+    w.untyped_storage().resize_(8 * 8 * 4)                     # "gather before backward"
+    with torch.no_grad():
+        w.copy_(keep)
+    assert meter.live_bytes == 8 * 8 * 4 + 8 * 16 * 4
+    y.backward()
+    z.backward()
+    del y, z
+    assert meter.live_bytes == 0 and not meter._live
+
+
 def test_measured_row_and_table():
     rows = [Measured("bytes sent", 1100, 1000, "kernel TCP", "bytes"),
             Measured("over NVLink", None, 1000, "kernel TCP", "bytes")]

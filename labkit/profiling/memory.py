@@ -10,21 +10,24 @@ _snapshot: every alloc and free with its time), summed into bytes allocated over
 
 On the CPU, three counters sampled before every operator (a TorchDispatchMode sees each aten
 call, in forward, in backward and in the collectives), none written by the code under test:
-  full params   bytes of the model's own parameters' storages: ZeRO-3 empties them to 0
-                elements and a unit's all-gather fills them, so this is what is unsharded now
-  model states  ZeRO3.held_bytes(): shards, their gradients, the optimizer's state (storages)
-  saved         bytes autograd holds for backward, alive now (saved-tensor hooks: a storage
-                counts from its first pack until autograd drops every packed reference)
+  full params   bytes of the storages ZeRO-3 gathers parameters into (ZeRO3.full_buffers()):
+                0 while sharded, a unit's parameters while it works, forward and backward
+  model states  ZeRO3.held_bytes() less the full params: shards, their gradients, the
+                optimizer's state (storages)
+  saved         bytes autograd holds for backward, alive now (labkit.observe.saved, live: a
+                storage counts from its first pack until autograd drops every packed reference,
+                at its size now), the gathered weights' views excluded: they are the full params
+The three are disjoint storages, so the figure stacks them.
 Each sample carries the phase (forward, backward, optimizer) and the unit working: in forward
 the one whose forward began last (module forward pre-hooks on the blocks and other top-level
 modules), in backward the one whose output's gradient arrived last (a hook on that output, which
 fires as the unit's backward begins): only public
-entry points of labkit.zero.ZeRO3 (its constructor, step, zero_grad, held_bytes) are used.
+entry points of labkit.zero.ZeRO3 (its constructor, step, zero_grad, held_bytes, full_buffers)
+are used.
 """
 from __future__ import annotations
 
 import time
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -32,58 +35,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe.saved import SavedTensors
+from labkit.observe.storage import storage_bytes
 
 MEMORY_CFG = GPTConfig(vocab_size=96, block_size=32, n_layer=3, n_head=4, n_embd=64)
-
-
-class _Held:
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t):
-        self.t = t
-
-
-class LiveSaved:
-    """Bytes autograd holds for backward right now (saved_tensors_hooks; parameters excluded)."""
-
-    def __init__(self, exclude=()):
-        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
-        self.live, self.bytes = {}, 0
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-    def pack(self, t):
-        st = t.untyped_storage()
-        ptr, n = st.data_ptr(), st.nbytes()
-        if n == 0 or ptr in self.exclude:
-            return t
-        count = self.live.get(ptr, (n, 0))[1]
-        if count == 0:
-            self.bytes += n
-        self.live[ptr] = (n, count + 1)
-        held = _Held(t.detach())
-        weakref.finalize(held, self._release, ptr)
-        return held
-
-    @staticmethod
-    def unpack(held):
-        return held.t if isinstance(held, _Held) else held
-
-    def _release(self, ptr):
-        n, count = self.live[ptr]
-        if count == 1:
-            del self.live[ptr]
-            self.bytes -= n
-        else:
-            self.live[ptr] = (n, count - 1)
-
-
-def _storage_bytes(tensors) -> int:
-    seen = {}
-    for t in tensors:
-        if t is not None and t.numel():
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-    return sum(seen.values())
 
 
 class Sampler(TorchDispatchMode):
@@ -93,9 +48,9 @@ class Sampler(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         return False    # else the first dispatch imports torch._dynamo: seconds on a cold rank
 
-    def __init__(self, model, zero, saved: LiveSaved):
+    def __init__(self, zero, saved: SavedTensors):
         super().__init__()
-        self.model, self.zero, self.saved = model, zero, saved
+        self.zero, self.saved = zero, saved
         self.phase, self.unit, self.samples, self.t0 = "forward", "", [], time.perf_counter()
         self._busy = False
 
@@ -103,11 +58,12 @@ class Sampler(TorchDispatchMode):
         if not self._busy:          # the counters' own calls are not sampled
             self._busy = True
             try:
-                held = self.zero.held_bytes()
+                held = self.zero.held_bytes()              # its "params" include the full ones
+                full = storage_bytes(self.zero.full_buffers())
                 self.samples.append(dict(
                     t=time.perf_counter() - self.t0, phase=self.phase, unit=self.unit,
-                    op=str(func.__name__), full_params=_storage_bytes(self.model.parameters()),
-                    model_states=sum(held.values()), saved=self.saved.bytes))
+                    op=str(func.__name__), full_params=full,
+                    model_states=sum(held.values()) - full, saved=self.saved.live_bytes))
             finally:
                 self._busy = False
         return func(*args, **(kwargs or {}))
@@ -142,8 +98,9 @@ def zero3_memory_job(steps: int = 2, batch: int = 4, cfg: GPTConfig = MEMORY_CFG
     dist.barrier()
     if dev.type == "cuda":
         return {"rank": rank, "kind": "cuda", "samples": _cuda_step(model, zero, x, y)}
-    saved = LiveSaved(exclude=list(model.parameters()))
-    sampler = Sampler(model, zero, saved)
+    # the gathered weights' views autograd saves are the full parameters, counted once (there)
+    saved = SavedTensors(exclude=list(model.parameters()) + zero.full_buffers(), live=True)
+    sampler = Sampler(zero, saved)
     def entered(name):      # forward: the unit's forward begins
         return lambda m, a: setattr(sampler, "unit", name)
 
@@ -157,7 +114,7 @@ def zero3_memory_job(steps: int = 2, batch: int = 4, cfg: GPTConfig = MEMORY_CFG
              for h in (m.register_forward_pre_hook(entered(name)),
                        m.register_forward_hook(left(name)))]
     try:
-        with saved.hooks, sampler:
+        with saved, sampler:
             loss = model(x, y)[1]
             sampler.phase = "backward"
             loss.backward()

@@ -302,13 +302,19 @@ class ZeRO3:
                 else all_gather_full(s.detach().to(self.device), self.shapes[id(p)], self.group)
                 for p, s in zip(self.params, self.shards)}
 
+    def full_buffers(self) -> list:
+        """The buffers the sharded parameters are gathered into: one per parameter, its storage
+        0 bytes except while a unit holds the parameter whole (a memory meter excludes them
+        from what autograd saves, and reads them as the full parameters held now)."""
+        return list(self.flat.values())
+
     def held_bytes(self) -> dict:
         """Bytes this rank keeps, by storage (a view is not counted twice): on the device
         "params", "grads", "optimizer"; with offload also "cpu_grads" and "cpu_optimizer" (the
         fp32 masters and the optimizer's state: the memory calculator's offload_optimizer).
         Full parameters held at this moment (e.g. reshard_after_forward=False between forward
         and backward) count as params."""
-        full = list(self.flat.values())         # 0 bytes each unless whole now
+        full = self.full_buffers()              # 0 bytes each unless whole now
         state = [v for st in self.optimizer.state.values() for v in st.values()
                  if isinstance(v, torch.Tensor) and v.dim() > 0]
         grads = [s.grad for s in self.shards]

@@ -5,7 +5,7 @@ job, and the one-process reference.
 from __future__ import annotations
 
 import sys
-import weakref
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from labkit.check.guards import CollectiveLog
 from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, shard_rows
+from labkit.observe.saved import SavedTensors
 from labkit.pipeline import schedules
 from labkit.pipeline.executor import build_chunks, make_batch, owned_parameters
 
@@ -38,55 +39,41 @@ def stage_config():
     return GPTConfig(n_layer=3, n_embd=16, n_head=2, block_size=8, tie_weights=False)
 
 
-class _Held:
-    """What the pack hook hands autograd instead of the tensor: freed when autograd frees it."""
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t):
-        self.t = t
-
-
 class StageObserver:
     """The checker's eyes inside the reader's stage: what happened, in order ("F" forward, "B"
     input gradient, "W" weight gradient), and the bytes saved for backward that are alive.
 
-    Bytes: torch.autograd.graph.saved_tensors_hooks. Each saved storage counts once while any
-    packed reference to it is alive (the packed object dies when autograd frees the node or the
-    graph), parameters, buffers and the caller's token ids not at all. Order: a forward is the
-    module's call; B is a hook on the stage's input tensor (it fires when the input's gradient
-    is computed); W is a hook on one weight (it fires when that weight's gradient is)."""
+    Bytes: labkit.observe.saved's meter in live mode (saved-tensor hooks). Each saved storage
+    counts once while any packed reference to it is alive (the packed object dies when autograd
+    frees the node or the graph), parameters, buffers and the caller's token ids not at all;
+    per_mb: the bytes of the storages each forward saved first. Order: a forward is the module's
+    call; B is a hook on the stage's input tensor (it fires when the input's gradient is
+    computed); W is a hook on one weight (it fires when that weight's gradient is)."""
 
-    def __init__(self, exclude_ptrs):
-        self.exclude = set(exclude_ptrs)
+    def __init__(self, exclude):
+        self.meter = SavedTensors(exclude=exclude, live=True)
         self.events, self.per_mb = [], []
-        self.live, self.live_bytes, self.peak = {}, 0, 0
 
-    def pack(self, t):
-        st = t.untyped_storage()
-        ptr, n = st.data_ptr(), st.nbytes()
-        if n == 0 or ptr in self.exclude:
-            return t
-        if ptr in self.live:
-            self.live[ptr][1] += 1
-        else:
-            self.live[ptr] = [n, 1]
-            self.live_bytes += n
-            self.per_mb[-1] += n
-            self.peak = max(self.peak, self.live_bytes)
-        held = _Held(t.detach())  # detached: a saved output would otherwise hold its own node
-        weakref.finalize(held, self._release, ptr)    # (a cycle through autograd, never freed)
-        return held
+    @property
+    def peak(self) -> int:
+        return self.meter.peak_live
 
-    @staticmethod
-    def unpack(held):
-        return held.t if isinstance(held, _Held) else held
+    @property
+    def live_bytes(self) -> int:
+        return self.meter.live_bytes
 
-    def _release(self, ptr):
-        entry = self.live[ptr]
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self.live[ptr]
-            self.live_bytes -= entry[0]
+    @contextmanager
+    def forward(self):
+        """One micro-batch's forward: its F event and the bytes it saves first."""
+        self.events.append("F")
+        key = len(self.per_mb)
+        self.per_mb.append(0)
+        try:
+            with self.meter.saving(key):
+                yield
+        finally:
+            self.per_mb[key] = self.meter.fresh_bytes_of(key)
+            self.meter.bytes_of(key)                    # booked too: forget it
 
 
 class ObservedStage:
@@ -101,9 +88,8 @@ class ObservedStage:
         self.chunk = build_chunks(model, s, stage)[0]
         self.first, self.last = self.chunk.first, self.chunk.last
         self.hidden, self.n_tokens = model.config.n_embd, n_tokens
-        ptrs = [t.untyped_storage().data_ptr() for t in
-                list(self.chunk.parameters()) + list(self.chunk.buffers()) + list(exclude)]
-        self.observer = StageObserver(ptrs)
+        self.observer = StageObserver(
+            list(self.chunk.parameters()) + list(self.chunk.buffers()) + list(exclude))
         weights = [p for p in self.chunk.parameters() if p.requires_grad]
         self._hook = weights[-1].register_hook(self._weight_grad)
         assert isinstance(self.chunk, nn.Module)
@@ -123,12 +109,9 @@ class ObservedStage:
         return self.chunk.named_parameters()
 
     def __call__(self, x, y=None):
-        obs = self.observer
-        obs.events.append("F")
-        obs.per_mb.append(0)
         if x.requires_grad:
             x.register_hook(self._input_grad)
-        with torch.autograd.graph.saved_tensors_hooks(obs.pack, obs.unpack):
+        with self.observer.forward():
             out = self.chunk(x)                                        # (B_k, T, h) or logits
             if self.last:
                 if y is None:
