@@ -104,7 +104,6 @@ def main(argv=None) -> int:
         return site.main(rest)
     if args.cmd == "list":
         from labkit.labs import CHAPTER_LABS
-
         from labkit.table import table
 
         rows = [(f"{ch:02d}", title, ", ".join(labs))

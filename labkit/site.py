@@ -49,7 +49,6 @@ import nbformat
 from labkit import landing
 from labkit.widgets import web
 
-
 ASSETS = Path(__file__).resolve().parent / "site_assets"
 KATEX_VERSION = "0.16.22"
 PLOTLY = "application/vnd.plotly.v1+json"

@@ -1,6 +1,5 @@
 """Chapter 10's exercises: the reference solutions score full marks, the stubs score zero, and
 known-wrong answers lose points for the reason they are wrong (the hint says which)."""
-import math
 import sys
 
 import cloudpickle

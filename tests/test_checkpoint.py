@@ -4,12 +4,16 @@ import json
 import pytest
 import torch
 
+from labkit.check.ch06 import assert_resume_matches, assert_round_trip, assert_weights_only
 from labkit.checkpoint import atomic
-from labkit.checkpoint.errors import (CorruptCheckpointError, MissingShardError, TopologyError,
-                                      WrongModelError)
+from labkit.checkpoint.errors import (
+    CorruptCheckpointError,
+    MissingShardError,
+    TopologyError,
+    WrongModelError,
+)
 from labkit.checkpoint.full import load_full, save_full
 from labkit.checkpoint.resume import RunConfig, build, resume_jobs, train
-from labkit.check.ch06 import assert_resume_matches, assert_round_trip, assert_weights_only
 from labkit.launch import run
 
 CFG = RunConfig()

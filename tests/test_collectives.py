@@ -13,8 +13,14 @@ def _compare_all(sizes, dtype_name, op):
     import torch
     import torch.distributed as dist
 
-    from labkit.collectives import (Traffic, chunk_bounds, parameter_server_all_reduce,
-                                    ring_all_gather, ring_all_reduce, ring_reduce_scatter)
+    from labkit.collectives import (
+        Traffic,
+        chunk_bounds,
+        parameter_server_all_reduce,
+        ring_all_gather,
+        ring_all_reduce,
+        ring_reduce_scatter,
+    )
 
     rank, n = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, dtype_name)
@@ -143,10 +149,15 @@ def _on_the_input_device(sizes, dtype_name):
     buffer made without device= would be a meta tensor and break the result."""
     import torch
     import torch.distributed as dist
-
     from devicecheck import default_device
-    from labkit.collectives import (chunk_bounds, parameter_server_all_reduce, ring_all_gather,
-                                    ring_all_reduce, ring_reduce_scatter)
+
+    from labkit.collectives import (
+        chunk_bounds,
+        parameter_server_all_reduce,
+        ring_all_gather,
+        ring_all_reduce,
+        ring_reduce_scatter,
+    )
 
     rank, n = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, dtype_name)
@@ -208,6 +219,7 @@ def test_ring_and_pipeline_messages_go_through_exchange():
 
 def _bench_rank_side():
     from devicecheck import RANK_SIDE, ImplicitDevice
+
     from labkit.bench.collectives import _time_on_ranks
 
     with ImplicitDevice(RANK_SIDE) as mode:
@@ -230,8 +242,13 @@ def _shaped(sizes, bandwidth):
     import torch
     import torch.distributed as dist
 
-    from labkit.collectives import (chunk_bounds, parameter_server_all_reduce, ring_all_gather,
-                                    ring_all_reduce, ring_reduce_scatter)
+    from labkit.collectives import (
+        chunk_bounds,
+        parameter_server_all_reduce,
+        ring_all_gather,
+        ring_all_reduce,
+        ring_reduce_scatter,
+    )
     from labkit.launch import device
     from labkit.shaped import Shaper
 
@@ -349,6 +366,7 @@ def test_alpha_beta_fit_recovers_a_known_model_and_refuses_a_negative_alpha():
 
 def _labs_rank_side():
     from devicecheck import ImplicitDevice
+
     from labkit.labs import intro, ring
 
     files = ("labkit/labs/ring.py", "labkit/labs/intro.py", "labkit/shaped.py",

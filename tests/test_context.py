@@ -10,8 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from labkit.context import layout as lay
-from labkit.context.tiled import (attend, growth_exponent, merge_partials, saved_bytes_table,
-                                  tiled_attention)
+from labkit.context.tiled import (
+    attend,
+    growth_exponent,
+    merge_partials,
+    saved_bytes_table,
+    tiled_attention,
+)
 from labkit.costs import context as cc
 from labkit.launch import run
 from labkit.testing import tensors_close
@@ -123,8 +128,8 @@ def _cp_job(cases):
     import torch.distributed as dist
 
     from labkit import netcount
-    from labkit.context.ring_attention import all_gather_kv_attention, ring_attention
     from labkit.context.layout import positions
+    from labkit.context.ring_attention import all_gather_kv_attention, ring_attention
     from labkit.context.tiled import saved_bytes
     from labkit.launch import device
 
@@ -240,8 +245,7 @@ def _sp_job(cfg_kwargs, T, bad_T):
     import torch.distributed as dist
 
     from labkit import netcount
-    from labkit.context.sequence_parallel import (apply_sp, gather_sequence,
-                                                  reduce_scatter_sequence)
+    from labkit.context.sequence_parallel import apply_sp, gather_sequence, reduce_scatter_sequence
     from labkit.launch import device
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit.tp import apply_tp, f, g

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from labkit.ddp import assign_buckets
-from labkit.ddp.verify import (SMALL, assert_launches, assert_matches, build_model,
-                               reference_train)
+from labkit.ddp.verify import SMALL, assert_launches, assert_matches, build_model, reference_train
 from labkit.launch import run
 
 FROZEN = ("blocks.0.mlp.fc.weight", "blocks.0.attn.q_proj.bias")

@@ -1,9 +1,10 @@
 """One locked environment: what is installed is exactly requirements.lock, and the lock covers
 every package the book asks for (requirements.txt and pyproject.toml)."""
 import re
-import tomllib
 from importlib import metadata
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

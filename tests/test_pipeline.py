@@ -271,8 +271,8 @@ def _pipeline_on_the_model_device(schedule_list, cfg, batch):
     activation or gradient buffer made without device= would be meta and break the step. Then
     the benchmark's rank function, watched for factory calls without device=."""
     import torch
-
     from devicecheck import RANK_SIDE, ImplicitDevice, default_device
+
     from labkit.pipeline import executor, measure
 
     torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import torch
 from labkit.check import ch09
 from labkit.costs import memory
 from labkit.costs import precision as cp
-from labkit.precision import fp8, formats, master
+from labkit.precision import formats, fp8, master
 from labkit.precision import memory as pmem
 from labkit.precision.scaler import DynamicLossScaler
 

@@ -6,10 +6,10 @@ tests/prose_numbers.toml. So a re-run that changes an output the prose quotes fa
 prose follows, and a number taken from a paper has to say which one.
 """
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from prose_numbers import prose_numbers, unprinted
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,6 @@
 """Rooflines: labkit.costs.roofline's formulas against hand counts, labkit.roofline's measurement
 (positive, finite), the figure placing points where the formulas say, the calculator's text, and
 exercise 0.4's checker on right and wrong answers. About 10 s, most of it the timed kernels."""
-import json
 import math
 import subprocess
 import sys

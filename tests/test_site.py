@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import nbformat
-import pytest
 
 from labkit import landing, site
 from labkit.widgets import web

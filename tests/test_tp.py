@@ -26,8 +26,8 @@ def _gpt_job(cfg_kwargs, batch, steps=2):
     import torch
     import torch.distributed as dist
 
-    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit import commlog
+    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit.tp import apply_tp, gather_tp_grads, gather_tp_state
 
     cfg = GPTConfig(**cfg_kwargs)
@@ -185,7 +185,6 @@ def test_costs_formula():
 
 def _operators_and_wrong_row():
     """labkit's f and g through the checker's jobs, and a wrong row layer (bias before g)."""
-    import torch.nn as nn
     import torch.nn.functional as F
 
     from labkit.check.ch04 import f_job, g_job, linear_job
@@ -239,8 +238,8 @@ def _tp_on_the_model_device(cfg_kwargs):
     (tests/devicecheck.py): a tensor made without device= would be meta and break them. Then
     the lab's and benchmark's rank functions, watched for factory calls without device=."""
     import torch.distributed as dist
-
     from devicecheck import RANK_SIDE, ImplicitDevice, default_device
+
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit.tp import apply_tp, gather_tp_grads, gather_tp_state
     from labkit.tp.measure import comm_job, time_job, train_side_by_side

@@ -8,8 +8,6 @@ import pytest
 import torch
 
 from labkit.check import ch03
-from labkit.costs import memory
-from labkit.costs import zero as costs_zero
 from labkit.launch import run
 from labkit.model import GPT
 from labkit.zero import chunk_size, padded_flat, shard_of

@@ -82,10 +82,11 @@ def _dtype_probe():
 
 def _replicated_probe():
     """Replicated 1-D parameters (bf16 policy too): whole on this rank, and their values."""
+    import torch.distributed as dist
+
     from labkit.launch import device
     from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
     from labkit.zero import ZeRO3
-    import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = GPT(TINY).to(device())

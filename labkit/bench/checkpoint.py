@@ -26,9 +26,8 @@ def _state(mbytes: float, n: int = 8) -> dict:
 
 def _job(root: str, mbytes: float, load_from: str | None):
     """Sharded save (labkit, DCP) of the state at this world size, then loads of the N=4 save."""
-    import torch.distributed as dist
-
     import torch
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
 

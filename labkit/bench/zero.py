@@ -60,8 +60,8 @@ def _on_rank(cfg, steps, warmup, batch_size):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
-    from labkit.zero.shard import optimizer_state_bytes
     from labkit.zero.precision import MixedPrecisionPolicy as Policy
+    from labkit.zero.shard import optimizer_state_bytes
     from labkit.zero.train import make_stage
 
     rank, world = dist.get_rank(), dist.get_world_size()

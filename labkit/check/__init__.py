@@ -45,8 +45,7 @@ import time
 import traceback
 
 from labkit.check.answers import graded  # noqa: F401 - every checker's decorator, re-exported
-from labkit.check.refusal import (MARK, Forbidden, Refused,  # noqa: F401 - re-exported
-                                  collectives_refusal, reason_in)
+from labkit.check.refusal import MARK, Forbidden, Refused, collectives_refusal, reason_in  # noqa: F401 - re-exported
 from labkit.launch import HangError, RankError, run
 from labkit.launch.source import cell_name, frame_line
 from labkit.testing import tensors_close  # noqa: F401 - the checkers' comparison, re-exported

@@ -21,8 +21,12 @@ import torch
 import torch.distributed as dist
 
 from labkit.checkpoint import atomic
-from labkit.checkpoint.errors import (CheckpointError, TopologyError, WrongModelError,
-                                      describe_mismatch)
+from labkit.checkpoint.errors import (
+    CheckpointError,
+    TopologyError,
+    WrongModelError,
+    describe_mismatch,
+)
 from labkit.checkpoint.rng import rng_state, set_rng_state
 
 

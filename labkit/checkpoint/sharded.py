@@ -24,8 +24,13 @@ from pathlib import Path
 import torch
 
 from labkit.checkpoint import atomic
-from labkit.checkpoint.errors import (CheckpointError, MissingShardError, TopologyError,
-                                      WrongModelError, describe_mismatch)
+from labkit.checkpoint.errors import (
+    CheckpointError,
+    MissingShardError,
+    TopologyError,
+    WrongModelError,
+    describe_mismatch,
+)
 from labkit.checkpoint.full import _barrier, _gather_objects, rank_world, resolve
 from labkit.model import GPT, GPTConfig
 from labkit.shard import even_bounds

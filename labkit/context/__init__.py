@@ -16,8 +16,13 @@ Modules, one idea each:
 from labkit.context.context_parallel import apply_cp, average_cp_grads
 from labkit.context.layout import causal_work, positions, split_sequence
 from labkit.context.ring_attention import all_gather_kv_attention, ring_attention
-from labkit.context.sequence_parallel import (apply_sp, gather_linear, gather_sequence,
-                                              reduce_scatter_sequence, scatter_sequence)
+from labkit.context.sequence_parallel import (
+                                              apply_sp,
+                                              gather_linear,
+                                              gather_sequence,
+                                              reduce_scatter_sequence,
+                                              scatter_sequence,
+)
 from labkit.context.tiled import merge_partials, saved_bytes_table, tiled_attention
 
 __all__ = ["tiled_attention", "merge_partials", "saved_bytes_table", "apply_sp",

@@ -30,9 +30,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.observe import commlog
 from labkit.context.layout import LAYOUTS, positions, sizes
 from labkit.context.ring_attention import all_gather_kv_attention, ring_attention
+from labkit.observe import commlog
 from labkit.tp.blocks import TensorParallelAttention
 from labkit.tp.operators import f
 from labkit.zero.shard import all_gather_flat

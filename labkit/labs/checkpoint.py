@@ -54,7 +54,8 @@ def _reshard_job(root: str, mode: str):
 
 def main(argv=None) -> int:
     from labkit import faults
-    from labkit.launch import run, under_torchrun as _under_torchrun
+    from labkit.launch import run
+    from labkit.launch import under_torchrun as _under_torchrun
     from labkit.progress import Progress
 
     p = ArgParser(prog="labkit run checkpoint")

@@ -66,14 +66,13 @@ def activation_job(cfg_kwargs: dict, batch: int) -> dict:
     """Rank side (tp ranks): bytes block 0 saves under each CASES entry, on this rank."""
     import torch
     import torch.distributed as dist
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from labkit.checkpoint.activation import with_recompute
     from labkit.context import apply_sp
     from labkit.launch import device
     from labkit.model import GPT, GPTConfig
     from labkit.tp import apply_tp
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     cfg, dev = GPTConfig(**cfg_kwargs), device()
     T, h = cfg.block_size, cfg.n_embd

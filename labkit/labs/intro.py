@@ -129,9 +129,8 @@ def model_state_bytes(n_layer: int = 2, n_embd: int = 32, n_head: int = 4) -> di
     AdamW's one-element `step` counter per tensor is not per parameter and is left out."""
     import torch
 
-    from labkit.model import GPT, GPTConfig, get_batch, num_parameters, tiny_corpus
-
     from labkit.launch import device
+    from labkit.model import GPT, GPTConfig, get_batch, num_parameters, tiny_corpus
 
     dev = device()
     model = GPT(GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head), seed=0).to(dev)

@@ -170,7 +170,7 @@ def report(res: dict) -> str:
 
 def figure(res: dict):
     """Step, backward and all-reduce time against tokens per rank, crossovers marked (plotly)."""
-    import plotly.graph_objects as go   # here, not at the top: the CLI never draws
+    import plotly.graph_objects as go  # here, not at the top: the CLI never draws
 
     x = [s["tokens"] for s in res["steps"]]
     fig = go.Figure()

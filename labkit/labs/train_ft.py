@@ -101,7 +101,8 @@ def _default_ckpt() -> tuple:
 def main(argv=None) -> int:
     import shutil
 
-    from labkit.launch import RankError, run, under_torchrun as _under_torchrun
+    from labkit.launch import RankError, run
+    from labkit.launch import under_torchrun as _under_torchrun
     from labkit.progress import Progress
 
     p = ArgParser(prog="labkit run train_ft")

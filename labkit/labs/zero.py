@@ -17,7 +17,6 @@ import os
 from labkit.cliargs import ArgParser, BadOption, at_least_zero, count
 from labkit.profiling.folder import check_folder
 
-
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
 
@@ -75,8 +74,7 @@ def main(argv=()):
           f"'Ψ vals': sent / (4 bytes x Ψ); the ring predicts 2(N-1)/N = {2 * (n - 1) / n:.2f} "
           f"for stages 0-2 and 3(N-1)/N = {3 * (n - 1) / n:.2f} for stage 3")
     if args.trace:
-        from labkit.profiling import folder, read
-        from labkit.profiling import jobs
+        from labkit.profiling import folder, jobs, read
 
         run(jobs.zero3_job, n, args=(str(args.trace),), kwargs=dict(batch=max(1, batch // n)))
         print(read.summary(read.load_folder(args.trace), title=(

@@ -49,11 +49,12 @@ def main():
     _pdeathsig()
     import cloudpickle  # noqa: F401 - warm imports, shared by every rank after fork
     import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
+
     # torch.optim's first optimizer, and the first TorchDispatchMode, import torch._dynamo: 3-10 s
     # per rank on 2 busy cores, in every run that trains. Once here, every fork has it (no threads
     # are started by it: forking stays safe).
     import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
 
     signal.signal(signal.SIGCHLD, _reap)
     # A notebook interrupt (or a kernel shutdown) signals the kernel's whole process group: the

@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from labkit.observe import commlog
 from labkit.moe.layer import MoE, add_load, route_group
 from labkit.moe.router import switch_loss
+from labkit.observe import commlog
 
 
 class _AllToAll(torch.autograd.Function):

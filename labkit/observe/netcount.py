@@ -120,7 +120,7 @@ def why_not(group=None) -> str | None:
         return "no /proc: the kernel's per-socket counters are read on Linux only"
     if not hasattr(socket, "TCP_INFO"):
         return "this platform has no TCP_INFO socket option"
-    import torch.distributed as dist   # on use: the counters themselves need no torch
+    import torch.distributed as dist  # on use: the counters themselves need no torch
 
     if dist.is_available() and dist.is_initialized():
         backend = str(dist.get_backend(group)).lower()

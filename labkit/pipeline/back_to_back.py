@@ -39,8 +39,13 @@ import torch.distributed as dist
 from labkit.launch import device, run
 from labkit.model import GPTConfig
 from labkit.pipeline import causality, schedules
-from labkit.pipeline.executor import (GPT, compare_to_reference, make_batch, reference_step,
-                                      run_schedule)
+from labkit.pipeline.executor import (
+    GPT,
+    compare_to_reference,
+    make_batch,
+    reference_step,
+    run_schedule,
+)
 from labkit.pipeline.measure import _formula_bubble, _median, transfer_latency
 from labkit.pipeline.simulate import repeat, simulate, steady_state
 

@@ -53,9 +53,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.profiler import record_function
-
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.profiler import record_function
 
 from labkit.collectives import exchange
 from labkit.launch import device, note

@@ -34,8 +34,16 @@ send_forward_recv_backward does), checked by `check_posted_order` and `stuck`.
 from __future__ import annotations
 
 from labkit.pipeline.base import Schedule
-from labkit.pipeline.validate import (ScheduleError, _describe, check_message_order, is_local,
-                                     message_orders, needs, produces, receiver)
+from labkit.pipeline.validate import (
+    ScheduleError,
+    _describe,
+    check_message_order,
+    is_local,
+    message_orders,
+    needs,
+    produces,
+    receiver,
+)
 
 
 def _message(s: Schedule, key):

@@ -27,9 +27,19 @@ labkit.pipeline.zero_bubble, and `make` picks one by name.
 from __future__ import annotations
 
 from labkit.pipeline import zero_bubble
-from labkit.pipeline.base import (B, F, W, Action, Schedule, from_stage_fn,  # noqa: F401
-                                  gpipe, interleaved_1f1b, one_f_one_b, one_f_one_b_stage,
-                                  v_placement)
+from labkit.pipeline.base import (  # noqa: F401
+    Action,
+    B,
+    F,
+    Schedule,
+    W,
+    from_stage_fn,
+    gpipe,
+    interleaved_1f1b,
+    one_f_one_b,
+    one_f_one_b_stage,
+    v_placement,
+)
 
 
 def make(name: str, P: int, K: int, v: int = 1) -> Schedule:

@@ -18,10 +18,10 @@ Modules, one idea each:
     measure     rank jobs that count bytes and time layers (lab, benchmark, chapter)
     gpt         apply_tp(model, group): the one-process GPT turned into its TP version; gather back
 """
-from labkit.tp.operators import f, g, gather_last_dim, split_last_dim
-from labkit.tp.layers import ColumnParallelLinear, RowParallelLinear
 from labkit.tp.blocks import NaiveTensorParallelMLP, TensorParallelAttention, TensorParallelMLP
 from labkit.tp.gpt import apply_tp, check_tp_sizes, gather_tp_grads, gather_tp_state
+from labkit.tp.layers import ColumnParallelLinear, RowParallelLinear
+from labkit.tp.operators import f, g, gather_last_dim, split_last_dim
 
 __all__ = ["f", "g", "gather_last_dim", "split_last_dim", "ColumnParallelLinear",
            "RowParallelLinear", "NaiveTensorParallelMLP", "TensorParallelAttention", "TensorParallelMLP", "apply_tp",

@@ -26,8 +26,13 @@ from labkit.layers import MLP
 from labkit.model import GPT, Block, GPTConfig, get_batch, tiny_corpus
 from labkit.observe import commlog, netcount
 from labkit.timing import now
-from labkit.tp import (NaiveTensorParallelMLP, TensorParallelAttention, TensorParallelMLP, apply_tp,
-                       gather_tp_grads)
+from labkit.tp import (
+    NaiveTensorParallelMLP,
+    TensorParallelAttention,
+    TensorParallelMLP,
+    apply_tp,
+    gather_tp_grads,
+)
 
 
 def _config(h: int, s: int, n_head: int, n_layer: int = 1):

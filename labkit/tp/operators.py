@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from labkit.observe import commlog
 
+
 def world_of(group) -> tuple:
     """(rank, size) of this process in `group` (None: the default group)."""
     return dist.get_rank(group), dist.get_world_size(group)

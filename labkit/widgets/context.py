@@ -147,7 +147,6 @@ def comm_calculator():
 
 def layout_figure(T: int = 16, cp: int = 4):
     """Which rank holds each token (plain vs zig-zag), and the causal work each rank gets."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from labkit.context.layout import causal_work, positions

@@ -28,7 +28,6 @@ def time_parts(e: P.Estimate) -> dict:
 
 def ranked_figure(estimates, cluster: P.Cluster, title: str = ""):
     """Left: the step time of each configuration split into its parts. Right: memory per GPU."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     labels = [str(e.config) for e in estimates][::-1]
@@ -50,7 +49,6 @@ def ranked_figure(estimates, cluster: P.Cluster, title: str = ""):
 def stability_figure(result, title: str = ""):
     """One panel per swept input: each top plan's time per step (failures included) against the
     input's value. Lines that cross are a ranking that does not hold."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     names = list(result["sweeps"])

@@ -40,8 +40,15 @@ Process groups are arguments (default: the world).
 from labkit.zero.params import param_groups, weight_decay_groups
 from labkit.zero.precision import MixedPrecisionPolicy, one_dimensional, smaller_than
 from labkit.zero.scaling import ShardedLossScaler
-from labkit.zero.shard import (all_gather_full, chunk_size, padded_flat, reduce_scatter_algorithm,
-                               reduce_scatter_mean, shard_of, shard_optimizer)
+from labkit.zero.shard import (
+                               all_gather_full,
+                               chunk_size,
+                               padded_flat,
+                               reduce_scatter_algorithm,
+                               reduce_scatter_mean,
+                               shard_of,
+                               shard_optimizer,
+)
 from labkit.zero.zero1 import DataParallel, ZeRO1, naive_zero1_step, zero1_step, zero1_step_flat
 from labkit.zero.zero2 import ZeRO2
 from labkit.zero.zero3 import ZeRO3

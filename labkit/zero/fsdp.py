@@ -9,8 +9,6 @@ root (embeddings, final norm, tied head). Its parameters become DTensors sharded
 """
 from __future__ import annotations
 
-import torch
-
 from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
 from labkit.zero.train import optimizer_spec
 

@@ -30,8 +30,12 @@ import torch
 
 from labkit.zero.params import clip_, flat_params, param_groups
 from labkit.zero.precision import resolve_model_policy
-from labkit.zero.shard import (all_gather_many, master_shards, reduce_scatter_mean_many,
-                               storage_bytes)
+from labkit.zero.shard import (
+    all_gather_many,
+    master_shards,
+    reduce_scatter_mean_many,
+    storage_bytes,
+)
 from labkit.zero.zero1 import DataParallel
 
 

@@ -57,8 +57,14 @@ from labkit.zero.params import clip_
 from labkit.zero.params import param_groups as _param_groups
 from labkit.zero.precision import replicated_ids, resolve
 from labkit.zero.prefetch import ExecutionOrder, GatherInFlight
-from labkit.zero.shard import (all_gather_flat, all_gather_full, chunk_size,
-                               shard_of, storage_bytes, unique_params)
+from labkit.zero.shard import (
+    all_gather_flat,
+    all_gather_full,
+    chunk_size,
+    shard_of,
+    storage_bytes,
+    unique_params,
+)
 from labkit.zero.unit import default_units, wrap_forward  # noqa: F401 (default_units: this API)
 
 
@@ -303,9 +309,7 @@ class ZeRO3:
                 for p, s in zip(self.params, self.shards)}
 
     def full_buffers(self) -> list:
-        """The buffers the sharded parameters are gathered into: one per parameter, its storage
-        0 bytes except while a unit holds the parameter whole (a memory meter excludes them
-        from what autograd saves, and reads them as the full parameters held now)."""
+        """The buffers sharded parameters are gathered into, 0 bytes unless held whole now."""
         return list(self.flat.values())
 
     def held_bytes(self) -> dict:

@@ -27,8 +27,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-
 from e2e_common import free_port, need
+
 from labkit import site
 from labkit.costs import memory, models
 from labkit.costs import moe as mc

@@ -20,8 +20,14 @@ from labkit import netcount
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.costs.comm import ring_bytes_sent_per_rank
 from labkit.ddp import assign_buckets as reference_buckets
-from labkit.ddp.verify import (SMALL, assert_launches, assert_matches, build_model, reference_train,
-                               train_on_rank)
+from labkit.ddp.verify import (
+    SMALL,
+    assert_launches,
+    assert_matches,
+    build_model,
+    reference_train,
+    train_on_rank,
+)
 
 EXERCISE, TITLE, POINTS = "2.2", "bucketed DDP with overlap, the whole wrapper", 7
 FORBIDDEN = Forbidden(("labkit.ddp", "torch.nn.parallel"),

@@ -9,9 +9,17 @@ One module per exercise:
 from __future__ import annotations
 
 from labkit.check.ch03 import held, state_bytes, zero2
-from labkit.check.ch03.common import (ATOL, HEADER_BYTES, RTOL, assert_held_bytes,
-                                      assert_matches_reference, assert_optimal_traffic,
-                                      assert_ranks_agree, assert_state_sharded, predicted_held)
+from labkit.check.ch03.common import (
+                                      ATOL,
+                                      HEADER_BYTES,
+                                      RTOL,
+                                      assert_held_bytes,
+                                      assert_matches_reference,
+                                      assert_optimal_traffic,
+                                      assert_ranks_agree,
+                                      assert_state_sharded,
+                                      predicted_held,
+)
 from labkit.check.ch03.held import HELD_CASES, held_and_sent
 from labkit.check.ch03.state_bytes import model_state_bytes
 from labkit.check.ch03.zero2 import zero2_optimizer

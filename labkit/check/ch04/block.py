@@ -22,7 +22,7 @@ from labkit.check import Checker, Forbidden, fail, graded, tensors_close
 from labkit.check.ch04.common import off_by_one_vector
 from labkit.check.guards import CollectiveLog
 from labkit.launch import device, note
-from labkit.model import CausalSelfAttention, GPTConfig, MLP
+from labkit.model import MLP, CausalSelfAttention, GPTConfig
 
 EXERCISE, TITLE, POINTS = "4.3", "a tensor-parallel MLP and attention from your f and g", 6
 FORBIDDEN = Forbidden(("labkit.tp", "torch.distributed.tensor"),

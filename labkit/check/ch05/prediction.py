@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.pipeline import measure, schedules
-from labkit.pipeline.executor import ActivationMeter, GPT, build_chunks, make_batch
+from labkit.pipeline.executor import GPT, ActivationMeter, build_chunks, make_batch
 from labkit.pipeline.measure import DEFAULT_CFG
 from labkit.pipeline.simulate import simulate
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from labkit.check.ch06 import on_disk, resume, sharded_save
 from labkit.check.ch06.on_disk import checkpoint_size, costs_prediction, size_model_params
-from labkit.check.ch06.resume import (assert_resume_matches, assert_round_trip, assert_weights_only,
-                                      exact_resume)
+from labkit.check.ch06.resume import (
+                                      assert_resume_matches,
+                                      assert_round_trip,
+                                      assert_weights_only,
+                                      exact_resume,
+)
 from labkit.check.ch06.sharded_save import FORBIDDEN, resharding, split_range
 
 EXERCISES = {m.EXERCISE: (m.TITLE, m.POINTS) for m in (resume, sharded_save, on_disk)}

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from labkit.check.ch09 import fp8_blocks, loss_scaling, precision_state, trainer
 from labkit.check.ch09.fp8_blocks import block_quantizer
-from labkit.check.ch09.loss_scaling import (PATTERNS, gradscaler_decisions, loss_scaler,
-                                            scaler_decisions)
+from labkit.check.ch09.loss_scaling import (
+                                            PATTERNS,
+                                            gradscaler_decisions,
+                                            loss_scaler,
+                                            scaler_decisions,
+)
 from labkit.check.ch09.precision_state import measure_state, state_bytes
 from labkit.check.ch09.trainer import mixed_precision_trainer
 

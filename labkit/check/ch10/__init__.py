@@ -9,7 +9,8 @@ per exercise:
 """
 from __future__ import annotations
 
-from labkit.check.ch10 import estimator as _estimator, hybrid_wire, plan_search
+from labkit.check.ch10 import estimator as _estimator
+from labkit.check.ch10 import hybrid_wire, plan_search
 from labkit.check.ch10.common import FORBIDDEN, HIDDEN_SCENARIO, SCENARIOS
 from labkit.check.ch10.estimator import ESTIMATE_CASES, estimator
 from labkit.check.ch10.hybrid_wire import HYBRID_CASES, hybrid_bytes

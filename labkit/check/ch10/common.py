@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from labkit.check import Forbidden
 from labkit.check.refusal import calls_refused
-from labkit.costs import memory, planner as P
+from labkit.costs import memory
+from labkit.costs import planner as P
 from labkit.costs.plan_inputs import Cluster, Job
 
 SCENARIOS = {

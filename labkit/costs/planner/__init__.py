@@ -68,11 +68,17 @@ sequence's activations do not fit even with TP (and SP); EP when replicated expe
 inside a node while the all-to-alls can stay there.
 """
 from labkit.costs.flops import ADAM_BYTES_PER_PARAM, cpu_adam_s  # noqa: F401 (planner API)
-from labkit.costs.plan_inputs import (LLAMA3_CKPT_BW, LLAMA3_GPU_MTBF_H, Cluster,  # noqa: F401
-                                      Config, Job)
+from labkit.costs.plan_inputs import LLAMA3_CKPT_BW, LLAMA3_GPU_MTBF_H, Cluster, Config, Job  # noqa: F401
 from labkit.costs.planner.conditions import binding, conditions, conditions_table  # noqa: F401
 from labkit.costs.planner.estimate import Estimate, evaluate, memory_of  # noqa: F401
-from labkit.costs.planner.search import (CP_FROM_SEQ, candidates, cp_degrees,  # noqa: F401
-                                         ep_degrees, plan, rank_of, table)
+from labkit.costs.planner.search import (  # noqa: F401
+                                      CP_FROM_SEQ,
+                                      candidates,
+                                      cp_degrees,
+                                      ep_degrees,
+                                      plan,
+                                      rank_of,
+                                      table,
+)
 from labkit.costs.planner.stability import stability  # noqa: F401
 from labkit.costs.planner.why import reasons  # noqa: F401

@@ -6,8 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from labkit.costs import (activations, checkpoint, comm, context, flops, memory, models, moe,
-                          pipeline)
+from labkit.costs import (
+    activations,
+    checkpoint,
+    comm,
+    context,
+    flops,
+    memory,
+    models,
+    moe,
+    pipeline,
+)
 from labkit.costs.flops import cpu_adam_s
 from labkit.costs.plan_inputs import Cluster, Config, Job
 

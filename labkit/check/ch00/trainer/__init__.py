@@ -35,8 +35,13 @@ checks, each with its hints), this module (the cases).
 from __future__ import annotations
 
 from labkit.check import Checker, Forbidden, graded
-from labkit.check.ch00.trainer.checks import (check_clip, check_communication, check_mean,
-                                              check_replicas, check_rows)
+from labkit.check.ch00.trainer.checks import (
+    check_clip,
+    check_communication,
+    check_mean,
+    check_replicas,
+    check_rows,
+)
 from labkit.check.ch00.trainer.runs import DP_TIMEOUT, DP_WORLDS, dp_job
 
 EXERCISE, TITLE, POINTS = "0.3", "data-parallel training by hand", 5

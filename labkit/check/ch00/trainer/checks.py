@@ -8,10 +8,22 @@ from collections import Counter
 import torch
 
 from labkit.check import fail
-from labkit.check.ch00.trainer.runs import (BYTES_HEADROOM, BYTES_SLACK, EXTRA_ELEMENTS, NAMES,
-                                            dp_batch, members, mlp, reference, rows, seed_of, state,
-                                            trainable_numel)
+from labkit.check.ch00.trainer.runs import (
+    BYTES_HEADROOM,
+    BYTES_SLACK,
+    EXTRA_ELEMENTS,
+    NAMES,
+    dp_batch,
+    members,
+    mlp,
+    reference,
+    rows,
+    seed_of,
+    state,
+    trainable_numel,
+)
 from labkit.costs.comm import ring_bytes_sent_per_rank
+
 
 # ----------------------------------------------------------------------------- the five checks
 def _runs(res, cfg, index, world):

@@ -20,9 +20,18 @@ from __future__ import annotations
 import torch
 
 from labkit.check import Checker, Forbidden, collectives_refusal, fail, graded, tensors_close
-from labkit.check.ch05.stage.observe import (MEMORY_SLACK, STAGE_BATCH, STAGE_CASES, STAGE_MODULES,
-                                             STAGE_NAMES, expected_order, expected_peak,
-                                             fused_pairs, reference, stage_job)
+from labkit.check.ch05.stage.observe import (
+    MEMORY_SLACK,
+    STAGE_BATCH,
+    STAGE_CASES,
+    STAGE_MODULES,
+    STAGE_NAMES,
+    expected_order,
+    expected_peak,
+    fused_pairs,
+    reference,
+    stage_job,
+)
 from labkit.pipeline import schedules
 
 EXERCISE, TITLE, POINTS = ("5.3", "a pipeline stage on real processes: forward, B, W, sends and "

@@ -41,11 +41,27 @@ the known mistakes that name a failure), this module (the cases).
 from __future__ import annotations
 
 from labkit.check import Checker, Forbidden, graded
-from labkit.check.ch09.trainer.judge import (check_agreement, check_bf16, check_resume, check_scale,
-                                             check_storage, check_tracking, check_wire,
-                                             element_bytes, ring)
-from labkit.check.ch09.trainer.run import (HIDDEN, LAUNCH_TIMEOUT, RESUME, RUNS, STEPS, WORLDS,
-                                           train_job, train_many_job)
+from labkit.check.ch09.trainer.judge import (
+    check_agreement,
+    check_bf16,
+    check_resume,
+    check_scale,
+    check_storage,
+    check_tracking,
+    check_wire,
+    element_bytes,
+    ring,
+)
+from labkit.check.ch09.trainer.run import (
+    HIDDEN,
+    LAUNCH_TIMEOUT,
+    RESUME,
+    RUNS,
+    STEPS,
+    WORLDS,
+    train_job,
+    train_many_job,
+)
 from labkit.launch import run as run_ranks
 
 EXERCISE, TITLE, POINTS = ("9.3", "a data-parallel mixed-precision trainer: masters, loss "

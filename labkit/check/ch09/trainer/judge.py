@@ -6,9 +6,20 @@ from __future__ import annotations
 import torch
 
 from labkit.check import fail
-from labkit.check.ch09.trainer.run import (RESUME, RUNS, STEPS, TRACK, WIRE_HEADERS, WIRE_SLACK,
-                                           expected_scales, mlp, plan, reference)
+from labkit.check.ch09.trainer.run import (
+    RESUME,
+    RUNS,
+    STEPS,
+    TRACK,
+    WIRE_HEADERS,
+    WIRE_SLACK,
+    expected_scales,
+    mlp,
+    plan,
+    reference,
+)
 from labkit.costs.comm import ring_bytes_sent_per_rank
+
 
 # ----------------------------------------------------------------------------- judging
 def check_storage(res: list, world: int) -> None:
