@@ -82,7 +82,7 @@ def hang_error(procs, rundir: Path, timeout: float, done, names: dict | None = N
                 pass
     time.sleep(0.3)
     stacks, notes, parts = {}, {}, []
-    for r, p in enumerate(procs):
+    for r in range(len(procs)):
         notes[r] = notes_raw[r * NOTE_BYTES:(r + 1) * NOTE_BYTES].split(b"\0", 1)[0].decode("utf-8", "replace")
         if done[r]:
             stacks[r] = "(finished)"

@@ -10,19 +10,19 @@ from __future__ import annotations
 import torch
 
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+from labkit.observe.storage import storage_bytes
 
 
 def storage_nbytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors` (a tied weight counts once)."""
-    from labkit.zero.shard import storage_bytes
-
     return storage_bytes(tensors)
 
 
-def measure_step(cfg: GPTConfig = GPTConfig(), dtype=torch.bfloat16, seed: int = 0,
+def measure_step(cfg: GPTConfig | None = None, dtype=torch.bfloat16, seed: int = 0,
                  master: bool = True) -> dict:
     """One AdamW step with (master=True) or without fp32 master weights; bytes by category and
-    per parameter."""
+    per parameter. cfg: the model (None: GPTConfig()'s tiny default)."""
+    cfg = GPTConfig() if cfg is None else cfg
     model = GPT(cfg, seed=seed).to(dtype)
     x, y = get_batch(tiny_corpus(), 4, cfg.block_size, 0, seed)
     model(x, y)[1].backward()
