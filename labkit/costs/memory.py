@@ -278,7 +278,8 @@ class MemoryPlan:
         """[(label, value in unit)] for each component and the total."""
         scale = {"GB": GB, "GiB": GiB}[unit]
         rows = [(self.LABELS[c], getattr(self, c) / scale) for c in self.COMPONENTS]
-        return rows + [("total per GPU", self.total / scale), ("CPU memory per GPU", self.cpu / scale)]
+        return rows + [("total per GPU", self.total / scale),
+                       ("CPU memory per GPU", self.cpu / scale)]
 
 
 def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: int = 1,

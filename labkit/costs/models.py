@@ -65,7 +65,8 @@ class ModelSpec:
             raise ValueError(f"{self.name}: top_k={self.top_k} must be between 1 and "
                              f"n_experts={self.n_experts} (a token visits k of the E experts)")
         if self.norm not in ("rmsnorm", "layernorm"):
-            raise ValueError(f"{self.name}: norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
+            raise ValueError(f"{self.name}: norm must be 'rmsnorm' or 'layernorm', "
+                             f"got {self.norm!r}")
 
     @property
     def kv_heads(self) -> int:

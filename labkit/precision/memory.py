@@ -38,8 +38,9 @@ def measure_step(cfg: GPTConfig | None = None, dtype=torch.bfloat16, seed: int =
     opt.step()
     n = sum(p.numel() for p in params)
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
-    out = {"params": n, "weights": storage_nbytes(params), "grads": storage_nbytes(p.grad for p in params),
-           "master": storage_nbytes(masters), "master_grads": storage_nbytes(m.grad for m in masters),
+    out = {"params": n, "weights": storage_nbytes(params),
+           "grads": storage_nbytes(p.grad for p in params), "master": storage_nbytes(masters),
+           "master_grads": storage_nbytes(m.grad for m in masters),
            "optimizer_state": storage_nbytes(state)}
     out["per_param"] = {k: out[k] / n for k in ("weights", "grads", "master", "master_grads",
                                                 "optimizer_state")}

@@ -65,7 +65,7 @@ def reduce_scatter_sum(flat: torch.Tensor, group=None, where: str = "ZeRO reduce
     if algorithm != "ring":
         raise ValueError(f"algorithm must be 'ring' or 'backend', got {algorithm!r}")
     with commlog.composite("reduce_scatter", flat, group=group, where=where):
-        return ring_reduce_scatter(flat.clone(), "sum", group)      # (c,); the ring writes its input
+        return ring_reduce_scatter(flat.clone(), "sum", group)   # (c,); the ring writes its input
 
 
 def all_gather_flat(mine: torch.Tensor, group=None, where: str = "ZeRO all-gather") -> torch.Tensor:
