@@ -75,7 +75,8 @@ class Crossover:
 
 def intensity(flops_per_s: float, bandwidth: float) -> float:
     """The link's arithmetic intensity C / bw, FLOPs per byte: how many FLOPs must run per byte
-    moved for the transfer to hide (H100 at 50% of 989 TFLOP/s over NVLink 4's 450 GB/s: 1,099)."""
+    moved for the transfer to hide (H100 at 50% of 989.5 TFLOP/s over NVLink 4's 450 GB/s:
+    1,099)."""
     _pos(flops_per_s=flops_per_s, bandwidth=bandwidth)
     return flops_per_s / bandwidth
 
