@@ -86,7 +86,8 @@ class LlamaBlock(nn.Module):
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
         kv = kv_heads * self.head_dim
         self.norm_1, self.norm_2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
-        self.q, self.o = nn.Linear(hidden, hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
+        self.q = nn.Linear(hidden, hidden, bias=False)
+        self.o = nn.Linear(hidden, hidden, bias=False)
         self.k, self.v = nn.Linear(hidden, kv, bias=False), nn.Linear(hidden, kv, bias=False)
         self.gate, self.up = nn.Linear(hidden, ffn, bias=False), nn.Linear(hidden, ffn, bias=False)
         self.down = nn.Linear(ffn, hidden, bias=False)

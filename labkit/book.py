@@ -74,7 +74,8 @@ class Sources:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     found.add(a.name)
-                    alias[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                    top = a.name.split(".")[0]
+                    alias[a.asname or top] = a.name if a.asname else top
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -89,7 +90,7 @@ class Sources:
                     found |= {node.value, node.value + ".__main__"}
                 elif package and re.fullmatch(r"\w+\.py", node.value):  # a sibling run as a file
                     found.add(f"{package}.{node.value[:-3]}")
-        for node in ast.walk(tree):  # attribute chains on a bound module: costs.memory.f, labkit.x.y
+        for node in ast.walk(tree):  # attribute chains on a bound module: costs.memory.f
             chain = []
             while isinstance(node, ast.Attribute):
                 chain.append(node.attr)
@@ -99,7 +100,7 @@ class Sources:
         return {self._module_prefix(n) for n in found if n.split(".")[0] == self.pkg.name} - {None}
 
     def _module_prefix(self, name: str):
-        """The longest prefix of a dotted name that is a module (labkit.costs.memory.f -> ...memory)."""
+        """The longest prefix of a dotted name that is a module (costs.memory.f -> costs.memory)."""
         parts = name.split(".")
         for n in range(len(parts), 0, -1):
             if self.is_module(".".join(parts[:n])):
@@ -113,11 +114,12 @@ class Sources:
             if path is not None:
                 tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
                 names = self.names_in(tree, name, path.name == "__init__.py")
-                data = {f for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                data = {f for n in ast.walk(tree)
+                        if isinstance(n, ast.Constant) and isinstance(n.value, str)
                         and re.fullmatch(r"[\w./-]+\.(txt|json|csv|npz|pt)", n.value)
                         for f in (self.pkg / n.value, path.parent / n.value) if f.is_file()}
             self._imports[name] = names
-            self._data[name] = data  # files it reads by name: resources.files("labkit") / "data/x.txt"
+            self._data[name] = data  # read by name: resources.files("labkit") / "data/x.txt"
         return self._imports[name]
 
     def closure(self, names) -> dict:
@@ -131,7 +133,8 @@ class Sources:
                 if sub not in seen:
                     seen.add(sub)
                     todo.extend(self._imports_of(sub))
-        files = ({self.file_of(n) for n in seen} | {f for n in seen for f in self._data.get(n, ())}) - {None}
+        files = ({self.file_of(n) for n in seen}
+                 | {f for n in seen for f in self._data.get(n, ())}) - {None}
         keyed = {self.key(p): p for p in files}
         return {k: _digest(p.read_bytes()) for k, p in sorted(keyed.items()) if k not in EXCLUDED}
 
@@ -246,20 +249,22 @@ def main(argv=None) -> int:
     parser.add_argument("chapters", nargs="*", type=chapter_number, help="00 07 or 0 7; none = all")
     parser.add_argument("--solutions", action="store_true", help="solutions/ too")
     parser.add_argument("--solutions-only", action="store_true", help="solutions/ only")
-    parser.add_argument("--check", action="store_true", help="only say which are stale (exit 1 if any)")
-    parser.add_argument("--root", type=Path, default=None, help="folder holding chapters/ solutions/")
+    parser.add_argument("--check", action="store_true",
+                        help="only say which are stale (exit 1 if any)")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="folder holding chapters/ solutions/")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     args = parser.parse_args(argv)
     root = (args.root or _default_root()).resolve()
     chapters = set(args.chapters)
+    # --check reads solutions too: a stale solution is as wrong as a stale chapter
     folders = (["chapters"] if not args.solutions_only else []) + (
-        ["solutions"] if args.solutions or args.solutions_only else [])
+        ["solutions"] if args.solutions or args.solutions_only or args.check else [])
     sources = Sources()
-    if args.check:  # both folders: a stale solution is as wrong as a stale chapter
-        folders = ["chapters", "solutions"] if not (args.solutions or args.solutions_only) else folders
     paths = select(root, chapters, folders)
     if not paths:
-        print(f"labkit book: no notebooks under {root} for {sorted(chapters) or 'all'}", file=sys.stderr)
+        print(f"labkit book: no notebooks under {root} for {sorted(chapters) or 'all'}",
+              file=sys.stderr)
         return 2
     import nbformat
 
@@ -278,12 +283,13 @@ def main(argv=None) -> int:
                 flag = " --solutions-only" if p.parent.name == "solutions" else ""
                 print(f"STALE {p.parent.name}/{p.name}: {'; '.join(reasons)} "
                       f"-> labkit book run {p.name[:2]}{flag}")
-        print(f"{stale} of {len(paths)} notebooks stale" if stale else f"{len(paths)} notebooks current")
+        print(f"{stale} of {len(paths)} notebooks stale" if stale
+              else f"{len(paths)} notebooks current")
         if "solutions" in folders and (root / "exercises").is_dir():
             from labkit import exercises
 
             unsynced = exercises.out_of_sync(root / "solutions", root / "exercises")
-            print("\n".join(f"STALE {line}" for line in unsynced) or "exercises/ in sync with solutions/")
+            print("\n".join(f"STALE {x}" for x in unsynced) or "exercises/ in sync with solutions/")
             stale += len(unsynced)
         return 1 if stale else 0
     return _run_all(root, paths, args.timeout, sources)
@@ -311,13 +317,14 @@ def _run_all(root: Path, paths: list, timeout: int, sources: Sources) -> int:
             seconds = time.perf_counter() - start
             failed.append(p)
             first = str(err).strip().splitlines()[-1:] or [type(err).__name__]
-            print(f"{p.parent.name}/{p.name}  {seconds:7.1f} s  FAILED (left as it was): {first[0]}",
-                  flush=True)
+            print(f"{p.parent.name}/{p.name}  {seconds:7.1f} s  FAILED (left as it was): "
+                  f"{first[0]}", flush=True)
         total += seconds
     if any(p.parent.name == "solutions" for p in paths):
         from labkit import exercises
 
         written = exercises.generate(root / "solutions", root / "exercises")
         print(f"regenerated {len(written)} exercise notebooks from solutions/")
-    print(f"total {total:.1f} s for {len(paths)} notebooks" + (f", {len(failed)} failed" if failed else ""))
+    print(f"total {total:.1f} s for {len(paths)} notebooks"
+          + (f", {len(failed)} failed" if failed else ""))
     return 1 if failed else 0

@@ -62,4 +62,5 @@ if __name__ == "__main__":
     if "--write-readme" in sys.argv:
         write_readme()
     for row in all_stats(Path(".")):
-        print(f"{row['number']}  words {row['words']:,}  refs {row['refs']}  run {row['minutes']} min")
+        print(f"{row['number']}  words {row['words']:,}  refs {row['refs']}  "
+              f"run {row['minutes']} min")

@@ -43,7 +43,8 @@ class ExerciseError(ValueError):
 def chapter_of(path: Path) -> int:
     m = re.match(r"(\d+)_", Path(path).name)
     if not m:
-        raise ExerciseError(f"{path}: notebook names start with the chapter number, e.g. 01_collectives.ipynb")
+        raise ExerciseError(f"{path}: notebook names start with the chapter number, "
+                            f"e.g. 01_collectives.ipynb")
     return int(m.group(1))
 
 

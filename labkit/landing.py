@@ -118,7 +118,8 @@ def glossary_line(root: Path) -> str:
     if not (Path(root) / GLOSSARY).exists():
         return ""
     return (f"\n\n**Glossary.** [{GLOSSARY}]({GLOSSARY}): every term the book uses (all-reduce, "
-            "ZeRO-3, 1F1B, capacity factor, e4m3, MFU, …) in a sentence or three, with the chapters "
+            "ZeRO-3, 1F1B, capacity factor, e4m3, MFU, …) in a sentence or three, "
+            "with the chapters "
             "that teach it.")
 
 
@@ -132,7 +133,8 @@ def landing_notebook(root: Path, link_ext: str = ".ipynb"):
         cell["id"] = f"start-here-{i}"
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["title"] = "Start here"
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     return nb
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from labkit.costs import models
 from labkit.layers import MLP, CausalSelfAttention
 from labkit.moe.layer import MoE
 from labkit.shard import even_bounds
@@ -65,7 +66,7 @@ class GPTConfig:
 
     @property
     def kv_heads(self) -> int:
-        return self.n_head if self.n_kv_head is None else self.n_kv_head
+        return models.kv_heads(self.n_head, self.n_kv_head)
 
     @property
     def head_dim(self) -> int:

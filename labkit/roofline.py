@@ -76,7 +76,8 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, device: str = "cpu", op: str = "cop
         stmt, env, moved = "out.copy_(x)", {"x": x, "out": out}, 2 * numel * 4
     elif op == "add":
         y = torch.rand(numel, device=device)
-        stmt, env, moved = "torch.add(x, y, out=out)", {"torch": torch, "x": x, "y": y, "out": out}, 3 * numel * 4
+        stmt, moved = "torch.add(x, y, out=out)", 3 * numel * 4
+        env = {"torch": torch, "x": x, "y": y, "out": out}
     else:
         raise ValueError(f"op={op!r}: choose 'read', 'copy' or 'add'")
     return moved / _median_seconds(stmt, env, device, min_run_time)

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
-import http.server
 import json
 import re
 import shutil
@@ -47,6 +45,7 @@ from pathlib import Path
 import nbformat
 
 from labkit import landing
+from labkit.site_serve import server
 from labkit.widgets import web
 
 ASSETS = Path(__file__).resolve().parent / "site_assets"
@@ -67,7 +66,8 @@ CALC_ZIP = "labkit-calculators.zip"
 # What the calculators import (labkit.widgets.web and what it imports; all pure Python).
 CALC_PACKAGES = tuple(f"labkit/{m}.py" for m in (
     "__init__", "table", "costs/*", "costs/planner/*", "widgets/*", "pipeline/__init__",
-    "pipeline/base", "pipeline/schedules", "pipeline/simulate", "pipeline/validate", "pipeline/zero_bubble"))
+    "pipeline/base", "pipeline/schedules", "pipeline/simulate", "pipeline/validate",
+    "pipeline/zero_bubble"))
 GLOSSARY_LINK = re.compile(r'href="((?:\.\./)*)GLOSSARY\.md(#[^"]*)?"')
 GLOSSARY_PAGE = "glossary.html"
 
@@ -171,7 +171,9 @@ def _nav(rel: str, row, folder, rows: list, order: list) -> dict:
     i = next((k for k, p in enumerate(same) if p[0] == rel), None)
 
     def link(k):
-        return {"href": up + same[k][0], "title": same[k][2]} if i is not None and 0 <= k < len(same) else None
+        if i is None or not 0 <= k < len(same):
+            return None
+        return {"href": up + same[k][0], "title": same[k][2]}
 
     # chapter -> exercises -> solutions -> next chapter, on every chapter's three pages
     path = []
@@ -193,7 +195,8 @@ def pyodide_dir() -> Path | None:
     if not PYODIDE_FETCH.exists():
         return None
     r = subprocess.run(["bash", str(PYODIDE_FETCH)], capture_output=True, text=True)
-    path = Path(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
+    ok = r.returncode == 0 and r.stdout.strip()
+    path = Path(r.stdout.strip().splitlines()[-1]) if ok else None
     if path is None or not all((path / f).exists() for f in PYODIDE_FILES):
         print(f"labkit site: no Pyodide runtime ({r.stderr.strip()[-300:]}); calculators will show "
               "their default values only", file=sys.stderr)
@@ -267,7 +270,8 @@ def build(root: Path, out: Path, runtime: Path | None | bool = True) -> list:
         live = live or 'class="book-calc"' in body
         body = LINK.sub(lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body)
         body = START_LINK.sub(lambda m: f'href="{m.group(1)}index.html{m.group(2) or ""}"', body)
-        body = GLOSSARY_LINK.sub(lambda m: f'href="{m.group(1)}{GLOSSARY_PAGE}{m.group(2) or ""}"', body)
+        body = GLOSSARY_LINK.sub(
+            lambda m: f'href="{m.group(1)}{GLOSSARY_PAGE}{m.group(2) or ""}"', body)
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(body)
@@ -276,22 +280,6 @@ def build(root: Path, out: Path, runtime: Path | None | bool = True) -> list:
     if live and runtime:
         _copy_runtime(out / "_static", Path(runtime))
     return written
-
-
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    # Pyodide imports .mjs modules and compiles the .wasm streaming: both need their MIME types.
-    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
-                      ".mjs": "text/javascript", ".wasm": "application/wasm",
-                      ".js": "text/javascript", ".json": "application/json"}
-
-    def log_message(self, *args):  # quiet
-        return
-
-
-def server(folder: Path, port: int = 8000, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
-    """An HTTP server for the built site (the calculators' Pyodide cannot load from file://)."""
-    handler = functools.partial(_Handler, directory=str(folder))
-    return http.server.ThreadingHTTPServer((host, port), handler)
 
 
 def main(argv=None) -> int:
@@ -318,7 +306,8 @@ def main(argv=None) -> int:
         return 0
     root = Path(args.root)
     if not (root / "chapters").is_dir():
-        print(f"labkit site: no chapters/ folder in {root.resolve()}; pass --root REPO", file=sys.stderr)
+        print(f"labkit site: no chapters/ folder in {root.resolve()}; pass --root REPO",
+              file=sys.stderr)
         return 2
     pages = build(root, Path(args.out))
     print(f"wrote {len(pages)} pages to {args.out} (open {Path(args.out) / 'index.html'})")

@@ -142,7 +142,8 @@ class Topology:
 
     def describe(self, rank: int) -> str:
         c = self.coords(rank)
-        return (f"rank {rank}: node {self.node_of(rank)}, pp stage {c['pp']}, dp replica {c['dp']}, "
+        return (f"rank {rank}: node {self.node_of(rank)}, pp stage {c['pp']}, "
+                f"dp replica {c['dp']}, "
                 f"tp shard {c['tp']}")
 
     def picture(self) -> str:

@@ -51,11 +51,11 @@ def step_time(model, x, y, repeats: int = 5) -> float:
 
 def step_times(models: dict, x, y, repeats: int = 5, threads: int | None = 1) -> dict:
     """Median seconds of forward + backward ("step") and of the forward alone ("forward", with
-    autograd recording, as a recomputed forward runs) of each model, in interleaved rounds (round r times
-    every model once, so drifting load hits each alike), with `threads` intra-op threads for the
-    measurement (restored after; None: leave as is). One thread by default: on a machine busier
-    than its cores, each op's parallel region waits for a descheduled helper thread, and which
-    model happens to run while the load peaks decides the ratio (this was ch06's 6.8x)."""
+    autograd recording, as a recomputed forward runs) of each model, in interleaved rounds (round r
+    times every model once, so drifting load hits each alike), with `threads` intra-op threads for
+    the measurement (restored after; None: leave as is). One thread by default: on a machine busier
+    than its cores, each op's parallel region waits for a descheduled helper thread, and which model
+    happens to run while the load peaks decides the ratio (this was ch06's 6.8x)."""
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -109,7 +109,8 @@ def measure(cfg=None, batch: int = 8, repeats: int = 5, seed: int = 0, threads: 
     clock synchronizes a GPU)."""
     cfg = cfg or GPTConfig(n_layer=4, n_embd=64, n_head=4, block_size=64)
     if cfg.n_layer < 2:
-        raise ValueError(f"n_layer={cfg.n_layer}: use at least 2 layers to separate per-block bytes")
+        raise ValueError(f"n_layer={cfg.n_layer}: use at least 2 layers to separate per-block "
+                         f"bytes")
     dev = torch.device(device or "cpu")
     x, y = (t.to(dev) for t in get_batch(tiny_corpus(), batch, cfg.block_size, step=0, seed=seed))
     out = {"n_layer": cfg.n_layer, "predicted_factor": 4 / 3,
@@ -138,5 +139,6 @@ def measure(cfg=None, batch: int = 8, repeats: int = 5, seed: int = 0, threads: 
     out["b_over_f"] = (total - f) / f
     out["predicted_time_factor"] = (total + f) / total
     # peak while backward recomputes one block: the kept inputs + that block's intermediates
-    out["recompute"]["peak_bytes"] = out["recompute"]["saved_bytes"] + out["plain"]["per_block_bytes"]
+    out["recompute"]["peak_bytes"] = (out["recompute"]["saved_bytes"]
+                                      + out["plain"]["per_block_bytes"])
     return out

@@ -118,7 +118,10 @@ def measure_stall(root, mbytes: float = 64, saves: int = 3, work_s: float = 0.05
                 save_local(f"{root}/{mode}", i, state)
                 stalls.append(now() - t0)
             else:
-                stalls.append(saver.save(state, lambda s, i=i: save_local(f"{root}/{mode}", i, s)))
+                def write(s, i=i, mode=mode):  # runs before this mode's saver.wait()
+                    save_local(f"{root}/{mode}", i, s)
+
+                stalls.append(saver.save(state, write))
         saver.wait()
         out[mode] = {"stall_s": sorted(stalls)[len(stalls) // 2],
                      "loop_s": now() - t_start}

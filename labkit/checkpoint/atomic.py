@@ -52,7 +52,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def save_file(obj, path: Path) -> dict:
-    """torch.save `obj` to `path` (flushed and fsynced); return {"bytes", "sha256"} for meta.json."""
+    """torch.save `obj` to `path` (flushed and fsynced); return {"bytes", "sha256"} for
+    meta.json."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     data = buf.getbuffer()
@@ -93,7 +94,8 @@ def tmp_dir(root: Path, name: str) -> Path:
 
 
 def begin(root: Path, name: str) -> Path:
-    """Create a fresh temporary folder for checkpoint `name` (a stale one from a crash is removed)."""
+    """Create a fresh temporary folder for checkpoint `name` (a stale one from a crash is
+    removed)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir(root, name)

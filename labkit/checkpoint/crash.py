@@ -83,6 +83,6 @@ def crash_during_save(root, atomic: bool = True, timeout: float = 60.0) -> list:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    if not any(l.startswith("wrote") for l in lines):
+    if not any(line.startswith("wrote") for line in lines):
         raise RuntimeError(f"the saver never reached the middle of its save: {lines}")
     return lines

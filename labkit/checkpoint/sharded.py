@@ -38,7 +38,8 @@ from labkit.shard import even_bounds
 
 @dataclass(frozen=True)
 class Piece:
-    """Rank `rank` holds the box offsets..offsets+lengths of tensor `name` (flat: of its 1-d view)."""
+    """Rank `rank` holds the box offsets..offsets+lengths of tensor `name` (flat: of its 1-d
+    view)."""
     name: str
     rank: int
     offsets: tuple
@@ -136,7 +137,8 @@ def layout_to_json(layout: dict) -> dict:
 
 
 def layout_from_json(j: dict) -> dict:
-    return {"world": j["world"], "tensors": {k: (tuple(s), d) for k, (s, d) in j["tensors"].items()},
+    return {"world": j["world"],
+            "tensors": {k: (tuple(s), d) for k, (s, d) in j["tensors"].items()},
             "pieces": [Piece(p["name"], p["rank"], tuple(p["offsets"]), tuple(p["lengths"]),
                              p["flat"]) for p in j["pieces"]]}
 
@@ -165,7 +167,8 @@ def save_sharded(root, step: int, local: dict, layout: dict, *, group=None, extr
 
 
 def load_sharded(path, layout: dict, rank: int) -> dict:
-    """This rank's pieces of `layout` ({piece key: tensor}), from a checkpoint saved with any layout."""
+    """This rank's pieces of `layout` ({piece key: tensor}), from a checkpoint saved with any
+    layout."""
     ckpt = resolve(path)
     meta = atomic.read_meta(ckpt)
     if meta.get("kind") != "sharded":

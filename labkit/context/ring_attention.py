@@ -69,8 +69,9 @@ class _RingAttention(torch.autograd.Function):
                 nk, nv = k.new_empty(B, H, n, d), v.new_empty(B, H, n, v.shape[-1])
                 works = _pass_on([cur_k, cur_v], [nk, nv], rank, cp, group, (TAG_K, TAG_V),
                                  "ring attention k/v")
-            o, l = attend(q, cur_k, cur_v, pos[rank], pos[src], block=block)  # (B,H,Tq,d), (B,H,Tq)
-            out, lse = (o, l) if out is None else merge_partials(out, lse, o, l)
+            o, o_lse = attend(q, cur_k, cur_v, pos[rank], pos[src], block=block)
+            # o (B, H, Tq, d), o_lse (B, H, Tq): this hop's partial, merged by its log-sum-exp
+            out, lse = (o, o_lse) if out is None else merge_partials(out, lse, o, o_lse)
             if s < cp - 1:
                 _wait(works)
                 cur_k, cur_v = nk, nv

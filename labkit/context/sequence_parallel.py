@@ -216,7 +216,7 @@ class SequenceParallelBlock(nn.Module):
         self.attn.regather = self.mlp.regather = regather
         self.group, self.scatter_input = group, scatter_input
 
-    def forward(self, x):                                    # (B, T, h) first block, else (B, T/tp, h)
+    def forward(self, x):                            # (B, T, h) first block, else (B, T/tp, h)
         if self.scatter_input:
             x = scatter_sequence(x, self.group)              # (B, T/tp, h)
         x = x + self.attn(_norm(self.ln_1, x, self.group))

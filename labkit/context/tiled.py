@@ -7,10 +7,10 @@
 Softmax attention materialises the (T, T) scores and keeps the probabilities for backward: its
 saved bytes grow with T^2. FlashAttention (Dao et al., 2022; FlashAttention-2, Dao 2023) never
 holds more than one (q tile, k tile) block: for each query row it keeps a running maximum m, a
-running sum l of exp(s - m), and an accumulator of exp(s - m) @ V, rescaling both by exp(m_old -
-m_new) whenever the maximum grows. At the end out = acc / l, and the log-sum-exp lse = m + log l
-is all backward needs to rebuild any block's probabilities: P = exp(S - lse). Backward recomputes
-S tile by tile (FlashAttention-2): with D = rowsum(dO * O),
+running sum l (rowsum) of exp(s - m), and an accumulator of exp(s - m) @ V, rescaling both by
+exp(m_old - m_new) whenever the maximum grows. At the end out = acc / l, and the log-sum-exp
+lse = m + log l is all backward needs to rebuild any block's probabilities: P = exp(S - lse).
+Backward recomputes S tile by tile (FlashAttention-2): with D = rowsum(dO * O),
 
     dV += P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dQ += dS K * scale,   dK += dS^T Q * scale.
 
@@ -72,9 +72,10 @@ def _repeat_kv(q, k, v):
 def attend(q, k, v, q_pos=None, k_pos=None, scale=None, block: int = BLOCK):
     """Attention of q over (k, v) with an online softmax over key tiles.
 
-    q (B, H, Tq, d), k and v (B, Hk, Tk, d) with Hk dividing H (grouped-query); q_pos (Tq,), k_pos (Tk,) integer positions for a
-    causal mask (None: no mask). Returns out (B, H, Tq, d) and lse (B, H, Tq), fp32 statistics;
-    a query that sees no key gets out = 0 and lse = -inf (merge_partials treats it as empty)."""
+    q (B, H, Tq, d), k and v (B, Hk, Tk, d) with Hk dividing H (grouped-query); q_pos (Tq,),
+    k_pos (Tk,) integer positions for a causal mask (None: no mask). Returns out (B, H, Tq, d)
+    and lse (B, H, Tq), fp32 statistics; a query that sees no key gets out = 0 and lse = -inf
+    (merge_partials treats it as empty)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q_pos, k_pos = _cpu(q_pos), _cpu(k_pos)
     k, v = _repeat_kv(q, k, v)                               # (B, H, Tk, d)
@@ -84,7 +85,7 @@ def attend(q, k, v, q_pos=None, k_pos=None, scale=None, block: int = BLOCK):
     for qa, qb in _tiles(Tq, block):
         qp = None if q_pos is None else q_pos[qa:qb]
         m = q.new_full((B, H, qb - qa), -math.inf)           # running max   (B, H, bq)
-        l = q.new_zeros(B, H, qb - qa)                       # running sum   (B, H, bq)
+        rowsum = q.new_zeros(B, H, qb - qa)                  # running sum   (B, H, bq)
         acc = q.new_zeros(B, H, qb - qa, v.shape[-1])        # accumulator   (B, H, bq, d)
         for ka, kb in _tiles(k.shape[2], block):
             kp = None if k_pos is None else k_pos[ka:kb]
@@ -98,13 +99,13 @@ def attend(q, k, v, q_pos=None, k_pos=None, scale=None, block: int = BLOCK):
             m_safe = torch.where(m_new == -math.inf, 0.0, m_new)  # rows with no key yet
             p = torch.exp(s - m_safe[..., None])             # (B, H, bq, bk)
             alpha = torch.exp(m - m_safe)                    # rescales what came before
-            l = alpha * l + p.sum(-1)
+            rowsum = alpha * rowsum + p.sum(-1)
             acc = alpha[..., None] * acc + p @ v[:, :, ka:kb]
             m = m_new
-        seen_any = l > 0
-        out[:, :, qa:qb] = acc / torch.where(seen_any, l, 1.0)[..., None]
-        lse[:, :, qa:qb] = torch.where(seen_any, m + torch.log(torch.where(seen_any, l, 1.0)),
-                                       -math.inf)
+        seen_any = rowsum > 0
+        denom = torch.where(seen_any, rowsum, 1.0)          # (B, H, bq); 1 where nothing seen
+        out[:, :, qa:qb] = acc / denom[..., None]
+        lse[:, :, qa:qb] = torch.where(seen_any, m + torch.log(denom), -math.inf)
     return out, lse
 
 

@@ -165,7 +165,8 @@ def fit_alpha_beta(nbytes_per_step, seconds_per_step):
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     alpha = my - slope * mx
     if slope <= 0:
-        raise ValueError("time does not grow with size in these measurements: cannot fit a bandwidth")
+        raise ValueError("time does not grow with size in these measurements: "
+                         "cannot fit a bandwidth")
     return max(alpha, 0.0), 1.0 / slope
 
 

@@ -24,25 +24,20 @@ a speed claim should quote MFU. Llama 3 405B reports 38-43% MFU on 8K-16K H100s 
 """
 from __future__ import annotations
 
+from labkit.costs import chips
+
 TFLOPS = 1e12
 
 
-# Dense bf16/fp16 tensor-core peak, FLOP/s (capacities in bytes are costs.memory.GPUS).
-PEAK_FLOPS = {
-    "A100 40GB": 312 * TFLOPS,
-    "A100 80GB": 312 * TFLOPS,
-    "H100 80GB": 989 * TFLOPS,
-    "H200 141GB": 989 * TFLOPS,
-}
+# Dense bf16 tensor-core peak, FLOP/s (sources in costs.chips)
+PEAK_FLOPS = {name: c.peak_flops("bf16") for name, c in chips.CHIPS.items()}
 
 
 def peak_flops(gpu) -> float:
     """FLOP/s of a GPU by name in PEAK_FLOPS, or a number of FLOP/s as given."""
     if isinstance(gpu, (int, float)):
         return float(gpu)
-    if gpu not in PEAK_FLOPS:
-        raise KeyError(f"unknown GPU {gpu!r}; choose one of {', '.join(PEAK_FLOPS)} or give FLOP/s")
-    return PEAK_FLOPS[gpu]
+    return chips.chip(gpu, or_else="give FLOP/s").peak_flops("bf16")
 
 
 def model_flops_per_token(n_params: float, n_layer: int = 0, hidden: int = 0,

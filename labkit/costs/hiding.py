@@ -75,7 +75,8 @@ class Crossover:
 
 def intensity(flops_per_s: float, bandwidth: float) -> float:
     """The link's arithmetic intensity C / bw, FLOPs per byte: how many FLOPs must run per byte
-    moved for the transfer to hide (H100 at 50% of 989 TFLOP/s over NVLink 4's 450 GB/s: 1,099)."""
+    moved for the transfer to hide (H100 at 50% of 989.5 TFLOP/s over NVLink 4's 450 GB/s:
+    1,099)."""
     _pos(flops_per_s=flops_per_s, bandwidth=bandwidth)
     return flops_per_s / bandwidth
 
@@ -90,7 +91,8 @@ def dp(n_params: float, n: int, flops_per_s: float, bandwidth: float, alpha: flo
     e_g / bw (costs.scaling.comm_time). With alpha = 0: t* = (N-1)/N * e_g/2 * C/bw."""
     _pos(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth)
     if n == 1:
-        return Crossover("DP", "tokens per rank in the backward", 0.0, "nothing to all-reduce (N = 1)")
+        return Crossover("DP", "tokens per rank in the backward", 0.0,
+                         "nothing to all-reduce (N = 1)")
     latency = scaling.comm_time(0.0, n, alpha, bandwidth, n_buckets)
     total = scaling.comm_time(n_params * grad_bytes, n, alpha, bandwidth, n_buckets)
     per_token = BACKWARD_FLOPS * n_params / flops_per_s                 # backward s per token

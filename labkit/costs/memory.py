@@ -44,7 +44,9 @@ import math
 from dataclasses import dataclass, field
 
 from labkit.costs import activations as _act
+from labkit.costs import chips
 from labkit.costs import models as _models
+from labkit.costs.lookup import lookup
 
 GB = 1e9
 GiB = 2**30
@@ -90,12 +92,8 @@ RECIPES = {
 
 def get_recipe(r) -> Precision:
     """A Precision from a name in RECIPES (or a Precision, returned as is)."""
-    if isinstance(r, Precision):
-        return r
-    if r not in RECIPES:
-        raise KeyError(f"unknown precision recipe {r!r}; choose one of {', '.join(RECIPES)} "
-                       f"or pass Precision(name, weights, grads, optimizer) in bytes/param")
-    return RECIPES[r]
+    return lookup(RECIPES, r, "precision recipe",
+                  "pass Precision(name, weights, grads, optimizer) in bytes/param", given=Precision)
 
 
 # ----------------------------------------------------------------------------- model states
@@ -220,23 +218,14 @@ def activation_bytes(spec, *, seq_len: int, micro_batch: int, tp: int = 1, pp: i
 
 
 # ----------------------------------------------------------------------------- one GPU's plan
-# capacity in bytes; the marketing "GB" of HBM are GiB: exact for the A100 80GB (nvidia-smi: 81,920
-# MiB); the H100 80GB shows 81,559 MiB (85.5 GB), so its 80 GiB here is 0.4 GB generous
-GPUS = {
-    "A100 40GB": 40 * GiB,
-    "A100 80GB": 80 * GiB,
-    "H100 80GB": 80 * GiB,
-    "H200 141GB": 141 * GB,  # NVIDIA quotes 141 GB (nvidia-smi shows about 140 GiB)
-}
+GPUS = {name: c.capacity for name, c in chips.CHIPS.items()}   # bytes; sources in costs.chips
 
 
 def gpu_capacity(gpu) -> float:
     """Bytes of a GPU by name in GPUS, or a number of bytes as given."""
     if isinstance(gpu, (int, float)):
         return float(gpu)
-    if gpu not in GPUS:
-        raise KeyError(f"unknown GPU {gpu!r}; choose one of {', '.join(GPUS)} or give bytes")
-    return GPUS[gpu]
+    return chips.chip(gpu, or_else="give bytes").capacity
 
 
 @dataclass
@@ -289,7 +278,8 @@ class MemoryPlan:
         """[(label, value in unit)] for each component and the total."""
         scale = {"GB": GB, "GiB": GiB}[unit]
         rows = [(self.LABELS[c], getattr(self, c) / scale) for c in self.COMPONENTS]
-        return rows + [("total per GPU", self.total / scale), ("CPU memory per GPU", self.cpu / scale)]
+        return rows + [("total per GPU", self.total / scale),
+                       ("CPU memory per GPU", self.cpu / scale)]
 
 
 def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: int = 1,

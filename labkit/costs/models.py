@@ -22,6 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 
+def kv_heads(n_heads: int, n_kv_heads: int | None) -> int:
+    """Key/value heads: n_kv_heads under grouped-query attention; None means one per query head
+    (multi-head attention). labkit.model's GPTConfig and ModelSpec both count them here."""
+    return n_heads if n_kv_heads is None else n_kv_heads
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The shape of a decoder-only transformer, enough to count its parameters exactly."""
@@ -59,11 +65,12 @@ class ModelSpec:
             raise ValueError(f"{self.name}: top_k={self.top_k} must be between 1 and "
                              f"n_experts={self.n_experts} (a token visits k of the E experts)")
         if self.norm not in ("rmsnorm", "layernorm"):
-            raise ValueError(f"{self.name}: norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
+            raise ValueError(f"{self.name}: norm must be 'rmsnorm' or 'layernorm', "
+                             f"got {self.norm!r}")
 
     @property
     def kv_heads(self) -> int:
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        return kv_heads(self.n_heads, self.n_kv_heads)
 
     @property
     def head_dim(self) -> int:

@@ -3,7 +3,7 @@
     from labkit.costs import moe
     moe.params(h=4096, n_layer=32, n_expert=8, ffn_mult=3.5)          # total vs active
     moe.alltoall_bytes_per_layer(tokens=4096, k=2, h=4096, ep=8, dtype_bytes=2)
-    moe.dropped_fraction(n_expert=8, k=2, tokens=4096, factor=1.0)    # expected drops, random router
+    moe.dropped_fraction(n_expert=8, k=2, tokens=4096, factor=1.0)  # expected drops, random router
     moe.memory_per_gpu(...)                                          # bytes of weights+grads+Adam
 
 Units: parameters are counts; bytes are bytes (GB = 1e9); FLOPs are multiply-adds x 2.
@@ -120,7 +120,8 @@ def memory_per_gpu(h: int, n_layer: int, n_expert: int, k: int, ffn_mult: float,
     check(n_expert, k, ep)
     dp = dp or ep
     if dp % ep:
-        raise ValueError(f"ep={ep} must divide dp={dp}: expert parallelism splits data-parallel ranks")
+        raise ValueError(f"ep={ep} must divide dp={dp}: expert parallelism splits "
+                         f"data-parallel ranks")
     p = params(h, n_layer, n_expert, k, ffn_mult, vocab=vocab, shared_expert=shared_expert)
     local_experts = p["experts"] / ep
     if zero1:

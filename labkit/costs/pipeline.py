@@ -31,9 +31,9 @@ behind it one chunk each, so the step takes (P + (K - 1)/v)(t_f + t_b) and
 
     bubble       = (v (P - K) + K - 1) / (v P + K - 1)          interleaved, K < P
 
-(both are (max(K, P) + (min(K, P) - 1)/v)(t_f + t_b); at v = 1 they are the same formula). Fractions are of the whole step
-(idle / (work + idle)); `bubble_overhead` gives idle / work = (P - 1) / (v K), the ratio the
-Megatron paper quotes.
+(both are (max(K, P) + (min(K, P) - 1)/v)(t_f + t_b); at v = 1 they are the same formula). Fractions
+are of the whole step (idle / (work + idle)); `bubble_overhead` gives idle / work = (P - 1) / (v K),
+the ratio the Megatron paper quotes.
 """
 from __future__ import annotations
 

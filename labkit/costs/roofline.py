@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.costs import chips
+from labkit.costs.chips import Chip
+
 ITEMSIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 # FLOPs per element, counted by hand (a multiply or an add is one FLOP; sqrt and divide count one).
@@ -30,50 +33,13 @@ GELU_FLOPS = 8           # tanh form: x^3, multiply-adds, tanh (counted as one),
 ADAM_FLOPS = 12          # m: 3, v: 4, bias corrections 2, sqrt + eps + divide 3 (AdamW: +2)
 
 
-@dataclass(frozen=True)
-class Chip:
-    """A chip's roofs: dense peak FLOP/s per dtype, memory bandwidth in bytes/s, and where the
-    numbers come from."""
-    name: str
-    peak: dict
-    bandwidth: float
-    source: str
-
-    def peak_flops(self, dtype: str) -> float:
-        if dtype not in self.peak:
-            raise KeyError(f"{self.name} has no {dtype!r} peak; choose one of {', '.join(self.peak)}")
-        return self.peak[dtype]
-
-    def ridge(self, dtype: str) -> float:
-        """FLOPs per byte at which the two roofs meet."""
-        return self.peak_flops(dtype) / self.bandwidth
-
-
-# Dense peaks: NVIDIA's datasheets print the tensor-core figures "with sparsity" (2:4 structured),
-# twice the dense rate; the dense rate is what a training matmul can reach.
-CHIPS = {
-    "H100 SXM": Chip(
-        "H100 SXM", {"fp32": 67e12, "tf32": 989e12 / 2, "bf16": 1979e12 / 2,
-                     "fp16": 1979e12 / 2, "fp8": 3958e12 / 2}, 3.35e12,
-        "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column): FP32 67 TFLOPS; TF32 989, "
-        "BF16/FP16 1,979, FP8 3,958 TFLOPS with sparsity (half without); GPU memory bandwidth "
-        "3.35 TB/s"),
-    "A100 SXM 80GB": Chip(
-        "A100 SXM 80GB", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-        2.039e12,
-        "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web): "
-        "FP32 19.5 TFLOPS; TF32 156, BF16/FP16 312 TFLOPS dense (312 / 624 with sparsity); "
-        "GPU memory bandwidth 2,039 GB/s (80GB SXM)"),
-}
+# The datasheets' chips by the names the roofline chapter prints; numbers and sources in costs.chips
+CHIPS = {"H100 SXM": chips.CHIPS["H100 80GB"], "A100 SXM 80GB": chips.CHIPS["A100 80GB"]}
 
 
 def chip(name_or_chip) -> Chip:
-    if isinstance(name_or_chip, Chip):
-        return name_or_chip
-    if name_or_chip not in CHIPS:
-        raise KeyError(f"unknown chip {name_or_chip!r}; choose one of {', '.join(CHIPS)} "
-                       f"or build a Chip(name, peak, bandwidth, source)")
-    return CHIPS[name_or_chip]
+    """A Chip by name in CHIPS (or a Chip, returned as is)."""
+    return chips.chip(name_or_chip, CHIPS)
 
 
 @dataclass(frozen=True)

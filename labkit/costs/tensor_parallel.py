@@ -48,12 +48,14 @@ def layer_allreduce_bytes(b: int, s: int, h: int, bytes_per_element: int = 2,
 def layer_bytes_sent_per_rank(b: int, s: int, h: int, tp: int, bytes_per_element: int = 2,
                               passes: str = "both") -> float:
     """Bytes each rank sends for one layer over a ring: count * 2(tp-1)/tp * b*s*h*bytes."""
-    one = comm.ring_bytes_sent_per_rank("all_reduce", allreduce_bytes(b, s, h, bytes_per_element), tp)
+    one = comm.ring_bytes_sent_per_rank("all_reduce",
+                                        allreduce_bytes(b, s, h, bytes_per_element), tp)
     return allreduces_per_layer(passes) * one
 
 
 def weight_elements_per_layer(h: int, ffn_mult: int = 4) -> int:
-    """Weights of one layer's matrices (4h^2 attention + 2*ffn_mult*h^2 MLP): what TP does NOT send."""
+    """Weights of one layer's matrices (4h^2 attention + 2*ffn_mult*h^2 MLP): what TP does NOT
+    send."""
     return 4 * h * h + 2 * ffn_mult * h * h
 
 

@@ -69,7 +69,7 @@ def replication_cost(n_replicated: float, *, recipe, dp: int) -> float:
     return get_recipe(recipe).total * n_replicated * (1 - 1 / dp)
 
 
-# ----------------------------------------------------------------------------- DeepSpeed's estimates
+# ------------------------------------------------------------------------- DeepSpeed's estimates
 def deepspeed_zero2_estimate(total_params: float, *, gpus_per_node: int = 1, nodes: int = 1,
                              cpu_offload: bool = False, buffer_factor: float = 1.5) -> dict:
     """DeepSpeed's estimate_zero2_model_states_mem_needs: {"gpu": bytes, "cpu": bytes}.

@@ -53,6 +53,17 @@ def broadcast_module(module: nn.Module, group=None) -> None:
             t.copy_(piece.view_as(t))
 
 
+@contextlib.contextmanager
+def sync_paused(wrapper):
+    """no_sync() of every data-parallel wrapper: `wrapper._sync` is False inside, so backward
+    accumulates local gradients and sends nothing; the value before is restored after (nests)."""
+    old, wrapper._sync = wrapper._sync, False
+    try:
+        yield
+    finally:
+        wrapper._sync = old
+
+
 class DDPBase(nn.Module):
     """The wrapper: `.module`, forward, `no_sync()`, launch records; subclasses decide when to
     all-reduce. parameters() and state_dict() are the wrapped model's (same order and names)."""
@@ -79,15 +90,10 @@ class DDPBase(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    @contextlib.contextmanager
     def no_sync(self):
         """Accumulate gradients locally: no communication inside (the next synced backward
         all-reduces the sum of every micro-batch's gradients)."""
-        old, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = old
+        return sync_paused(self)
 
     def finish_gradient_synchronization(self) -> None:
         raise NotImplementedError

@@ -96,7 +96,7 @@ def breakdown(variants, cfg: dict = BENCH, *, batch: int = 8, steps: int = 9, wa
             for e in tl.events:
                 per.setdefault(e["name"], []).append(e["end"] - e["start"])
     rows = []
-    for (kind, mb), (_, ddp, _, per) in zip(variants, lines):
+    for (kind, mb), (*_, per) in zip(variants, lines):
         row = {"version": kind, "bucket_mb": mb}
         row.update({k: 1e3 * statistics.median(v) for k, v in per.items()})
         rows.append(row)
@@ -153,10 +153,10 @@ def model_vs_measured(variants, cfg: dict = BENCH, *, batch: int = 8, rounds: in
         for _ in range(warmup):
             _step(ddp, opt, x, y)
 
-    def timed(fn):
+    def timed(fn, *args):
         dist.barrier()
         start = now(dev)
-        fn()
+        fn(*args)
         return now(dev) - start
 
     def pack(mb):
@@ -177,11 +177,11 @@ def model_vs_measured(variants, cfg: dict = BENCH, *, batch: int = 8, rounds: in
             kind, _ = variants[i]
             ddp, opt = setups[i]
             model = hooked if kind in ("overlap", "bucketed") else plain
-            raw[i]["step"].append(_slowest(timed(lambda: _step(ddp, opt, x, y))))
-            raw[i]["compute"].append(_slowest(timed(lambda: _step(model, opts[id(model)], x, y))))
-            raw[i]["pack"].append(_slowest(timed(lambda: pack(variants[i][1])))
+            raw[i]["step"].append(_slowest(timed(_step, ddp, opt, x, y)))
+            raw[i]["compute"].append(_slowest(timed(_step, model, opts[id(model)], x, y)))
+            raw[i]["pack"].append(_slowest(timed(pack, variants[i][1]))
                                   if kind == "bucketed" else 0.0)
-            raw[i]["comm"].append(_slowest(timed(lambda: comm(kind, bufs[i]))))
+            raw[i]["comm"].append(_slowest(timed(comm, kind, bufs[i])))
     rows = []
     for (kind, mb), d, bs in zip(variants, raw, bufs):
         row = {"version": kind, "bucket_mb": mb, "messages": len(bs)}

@@ -64,7 +64,8 @@ def chapter_of_submission(path: Path) -> int | None:
     if m:
         return int(m.group(1))
     try:
-        m = re.search(r"labkit\.check(?: import |\.)ch(\d{2})", Path(path).read_text(errors="replace"))
+        m = re.search(r"labkit\.check(?: import |\.)ch(\d{2})",
+                      Path(path).read_text(errors="replace"))
     except OSError:
         return None
     return int(m.group(1)) if m else None
@@ -181,7 +182,8 @@ def grade(paths, csv_path=None, cell_timeout: int = CELL_TIMEOUT, echo=print) ->
         echo(f"[{i}/{len(files)}] grading {name} ...", flush=True)
         rows.append(grade_notebook(nb, cell_timeout, name=name))
         r = rows[-1]
-        echo(f"    {sum(r['scores'].values()):g}/{sum(r['points'].values()):g} in {r['seconds']:g} s"
+        echo(f"    {sum(r['scores'].values()):g}/{sum(r['points'].values()):g} "
+             f"in {r['seconds']:g} s"
              + (f"; {_label(r)}: {r['error']}" if r["error"] else ""), flush=True)
     echo(table(rows))
     if csv_path:
@@ -191,7 +193,8 @@ def grade(paths, csv_path=None, cell_timeout: int = CELL_TIMEOUT, echo=print) ->
 
 
 def table(rows) -> str:
-    ids = sorted({k for r in rows for k in r["scores"]}, key=lambda s: [int(x) for x in s.split(".")])
+    ids = sorted({k for r in rows for k in r["scores"]},
+                 key=lambda s: [int(x) for x in s.split(".")])
 
     def total(r):
         points = sum(r["points"].values()) or sum(1 for _ in r["scores"])
@@ -215,13 +218,16 @@ def _label(row) -> str:
 
 
 def write_csv(rows, path) -> None:
-    ids = sorted({k for r in rows for k in r["scores"]}, key=lambda s: [int(x) for x in s.split(".")])
+    ids = sorted({k for r in rows for k in r["scores"]},
+                 key=lambda s: [int(x) for x in s.split(".")])
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["notebook"] + ids + ["total", "possible", "seconds", "failures", "error"])
         for r in rows:
-            fails = "; ".join(f"{ex}: {m.splitlines()[0]}" for ex, ms in sorted(r["failures"].items())
+            fails = "; ".join(f"{ex}: {m.splitlines()[0]}"
+                              for ex, ms in sorted(r["failures"].items())
                               for m in ms)
             w.writerow([r["file"]] + [round(r["scores"].get(i, 0), 4) for i in ids]
-                       + [round(sum(r["scores"].values()), 4), sum(r["points"].values()), r["seconds"],
+                       + [round(sum(r["scores"].values()), 4), sum(r["points"].values()),
+                          r["seconds"],
                           fails, r["error"]])

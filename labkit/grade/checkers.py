@@ -6,12 +6,12 @@
 
 The grader starts it beside the notebook's kernel, so that it imports torch and the chapter's
 checkers while the notebook runs (launch's warm zygote, whose pipes a process could open, only
-once the kernel is gone); then it forks a fresh child per answer (labkit.check.worker says how). Requests and replies travel on a socket pair, which
-no other process can open through /proc/PID/fd (a pipe can be): the only channel back. The
-process leads a session of its own, and so does each child: on a timeout the child's group is
-killed, and close() kills everything left (the process, its zygote, the ranks). Whatever the
-reader's code prints arrives on the process's stdout and stderr, drained here, counted, and
-kept only as a tail.
+once the kernel is gone); then it forks a fresh child per answer (labkit.check.worker says how).
+Requests and replies travel on a socket pair, which no other process can open through /proc/PID/fd
+(a pipe can be): the only channel back. The process leads a session of its own, and so does each
+child: on a timeout the child's group is killed, and close() kills everything left (the process, its
+zygote, the ranks). Whatever the reader's code prints arrives on the process's stdout and stderr,
+drained here, counted, and kept only as a tail.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ class LaunchError(RuntimeError):
 
 
 class RankError(RuntimeError):
-    """A rank raised (or died). `.rank` is the first rank that failed; `.remote_traceback` its text."""
+    """A rank raised (or died). `.rank` is the first rank that failed; `.remote_traceback` its
+    text."""
 
     def __init__(self, rank: int, message: str, remote_traceback: str = "", others=()):
         self.rank, self.remote_traceback, self.others = rank, remote_traceback, list(others)

@@ -82,12 +82,14 @@ def hang_error(procs, rundir: Path, timeout: float, done, names: dict | None = N
                 pass
     time.sleep(0.3)
     stacks, notes, parts = {}, {}, []
-    for r, p in enumerate(procs):
-        notes[r] = notes_raw[r * NOTE_BYTES:(r + 1) * NOTE_BYTES].split(b"\0", 1)[0].decode("utf-8", "replace")
+    for r in range(len(procs)):
+        note = notes_raw[r * NOTE_BYTES:(r + 1) * NOTE_BYTES].split(b"\0", 1)[0]
+        notes[r] = note.decode("utf-8", "replace")
         if done[r]:
             stacks[r] = "(finished)"
         else:
-            raw = (rundir / f"stack{r}.txt").read_text() if (rundir / f"stack{r}.txt").exists() else ""
+            stack_file = rundir / f"stack{r}.txt"
+            raw = stack_file.read_text() if stack_file.exists() else ""
             stacks[r] = format_stack(raw, names)
         head = f"rank {r}: " + ("finished" if done[r] else "stuck")
         if notes[r]:

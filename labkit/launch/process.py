@@ -131,7 +131,8 @@ def _wait(procs, rundir: Path, timeout: float, n: int, echo, names: dict):
                 if rendezvous.all_ready(rundir, n):
                     deadline = now + timeout
                 elif now - started > STARTUP_TIMEOUT:
-                    raise hang.hang_error(procs, rundir, STARTUP_TIMEOUT, done, names, starting=True)
+                    raise hang.hang_error(procs, rundir, STARTUP_TIMEOUT, done, names,
+                                          starting=True)
             elif now > deadline:
                 raise hang.hang_error(procs, rundir, timeout, done, names)
             time.sleep(0.005 if now - started < 1 else 0.02)

@@ -29,7 +29,8 @@ def device():
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """A child must not outlive the notebook kernel that started it, even if the kernel is killed."""
+    """A child must not outlive the notebook kernel that started it, even if the kernel is
+    killed."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

@@ -83,7 +83,8 @@ def install(sources: dict) -> None:
 
 
 def frame_line(file: str, lineno: int, func: str, names: dict | None = None) -> str:
-    """One frame as the reader would name it: `Cell In[5], line 6, in f` or `File "x", line 6, in f`."""
+    """One frame as the reader would name it: `Cell In[5], line 6, in f` or `File "x", line 6, in
+    f`."""
     name = (names if names is not None else _names).get(file)
     where = f"{name}, line {lineno}" if name else f'File "{file}", line {lineno}'
     return f"  {where}, in {func}"
@@ -99,7 +100,8 @@ def format_exception(err: BaseException) -> str:
     te = traceback.TracebackException.from_exception(err)
     seen = set()
     stack = [te]
-    while stack:   # every exception of the chain (__cause__, __context__) loses the launcher's frames
+    # every exception of the chain (__cause__, __context__) loses the launcher's frames
+    while stack:
         t = stack.pop()
         if id(t) in seen:
             continue

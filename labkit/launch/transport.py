@@ -71,7 +71,8 @@ def rank_error(procs, rundir: Path) -> RankError:
             failures.append((float(stamp), r, text))
         elif p.poll() not in (None, 0):
             code = p.poll()
-            why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            why = (f"killed by signal {signal.Signals(-code).name}" if code < 0
+                   else f"exit code {code}")
             # A rank killed by a signal is almost always the cause: its peers' errors
             # ("connection reset") are the effect, so it sorts first.
             failures.append((float("-inf") if code < 0 else float("inf"), r,

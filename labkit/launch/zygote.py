@@ -4,8 +4,9 @@ Starting a rank the plain way (a new Python that imports torch) costs seconds on
 machine, for every rank of every run. labkit.launch starts this process once per notebook
 kernel (or test session), lazily (labkit.launch.warm), and asks it over a pipe to fork each rank:
 a run then starts in a fraction of a second. It is started by path, not as a module, so nothing
-of labkit but this file is imported before the fork, and the ranks see the current code. The zygote dies with its parent (PR_SET_PDEATHSIG), and reaps its
-children, writing each one's exit status to `exit<rank>` in the run's folder.
+of labkit but this file is imported before the fork, and the ranks see the current code. The zygote
+dies with its parent (PR_SET_PDEATHSIG), and reaps its children, writing each one's exit status to
+`exit<rank>` in the run's folder.
 
 Protocol (stdin, one line per request): "<rundir> <rank>\n" -> stdout: "<pid>\n".
 """

@@ -97,7 +97,8 @@ class MoE(nn.Module):
         if self.shared is not None:
             y = y + self.shared(flat)
         self.aux = aux
-        self.stats = {"load": load.detach(), "dropped": dropped, "assignments": flat.shape[0] * self.k}
+        self.stats = {"load": load.detach(), "dropped": dropped,
+                      "assignments": flat.shape[0] * self.k}
         add_load(self, load)
         return y.view(B, T, h)
 

@@ -75,7 +75,7 @@ def keep_within_capacity(expert: torch.Tensor, n_expert: int, cap: int | None) -
         return torch.ones_like(expert, dtype=torch.bool)
     order = expert.t().reshape(-1)                                      # (k*n,) choice-major
     onehot = F.one_hot(order, n_expert)                                 # (k*n, E)
-    position = (onehot.cumsum(0) * onehot).sum(-1) - 1                  # place in its expert's queue
+    position = (onehot.cumsum(0) * onehot).sum(-1) - 1       # place in its expert's queue
     return (position < cap).view(expert.shape[1], -1).t()               # (n, k)
 
 

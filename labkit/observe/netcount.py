@@ -19,8 +19,9 @@ on the machine do not pollute them (unlike the interface counters of `lo`).
 What is left out: a TorchElastic/TCPStore rendezvous socket (its port, MASTER_PORT, is skipped;
 labkit.launch's own rendezvous is a file and has no socket), and sockets that were both opened
 and closed inside the block. A socket connected inside the block adds 1 byte (the kernel counts
-its SYN as acknowledged); Gloo connects when the process group starts, before any block. On exit the counter waits (up to `settle_s`) until the data this
-process wrote has been acknowledged, so a send still in flight is not missed.
+its SYN as acknowledged); Gloo connects when the process group starts, before any block. On exit the
+counter waits (up to `settle_s`) until the data this process wrote has been acknowledged, so a send
+still in flight is not missed.
 
 NCCL moves data over NVLink, PCIe, shared memory or InfiniBand, which no TCP counter sees:
 there `sent` and `received` are None and `reason` says so. `lo_bytes()` reads /proc/net/dev

@@ -34,7 +34,8 @@ def differences(results: list, ref: dict, optimizer: str = "adamw") -> list:
     for rank, r in enumerate(results):
         d = {"rank": rank, "coords": r["coords"],
              "loss": max(abs(a - b) for a, b in zip(r["losses"], ref["losses"])),
-             "grads": worst_difference(r["grads"], ref["grads"], "grads") if r["grads"] else float("nan"),
+             "grads": (worst_difference(r["grads"], ref["grads"], "grads") if r["grads"]
+                       else float("nan")),
              "params": worst_difference(r["params"], ref["params"], "params")}
         d["ok"] = all(not d[k] > tol[k] for k in tol)   # nan (not compared) is not a failure
         covered |= set(r["params"])

@@ -115,7 +115,8 @@ class ParallelGPT:
         """One optimizer step on the global batch x, y (B, T), the same on every rank. Returns
         the global batch's mean loss, on every rank. capture_grads: keep the whole batch's
         gradient of every owned parameter (summed over dp by an extra, unlogged all-reduce when
-        captured_grads() reads it, outside the step) for comparison with a reference; ZeRO-3 keeps gradients only in its shards, so not there."""
+        captured_grads() reads it, outside the step) for comparison with a reference; ZeRO-3 keeps
+        gradients only in its shards, so not there."""
         B, dev = x.shape[0], next(iter(self.owned.values())).device
         xs = shard_rows(x, self.d, self.dp).to(dev)                    # (B_d, T) my replica's
         ys = shard_rows(y, self.d, self.dp).to(dev)

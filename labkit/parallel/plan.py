@@ -110,9 +110,9 @@ def check_plan(plan: Plan, cfg, world: int | None = None, batch_size: int | None
     elif plan.zero >= 2 and plan.pp > 1:
         # DeepSpeed refuses the same: every micro-batch's backward would reduce-scatter its
         # gradients (ZeRO-2) or re-gather the parameters (ZeRO-3): K times the dp traffic.
+        again = "reduce-scatter gradients" if plan.zero == 2 else "re-gather parameters"
         problems.append(f"ZeRO-{plan.zero} with pp={plan.pp}: a pipeline runs K backward passes "
-                        f"per step, so ZeRO-{plan.zero} would "
-                        f"{'reduce-scatter gradients' if plan.zero == 2 else 're-gather parameters'}"
+                        f"per step, so ZeRO-{plan.zero} would {again}"
                         f" K times per step; use zero=1 (or 0) with pipeline parallelism")
     if plan.ep > 1:
         if plan.dp % plan.ep:

@@ -218,7 +218,8 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
         merged = {"loss": next(g["loss"] for g in got if g["loss"] is not None),
                   "grads": {n: t for g in got for n, t in g["grads"].items()}}
         compare_to_reference(merged, ref)        # raises, naming the first gradient that differs
-        grad_error = max(float((merged["grads"][n] - t).abs().max()) for n, t in ref["grads"].items())
+        grad_error = max(float((merged["grads"][n] - t).abs().max())
+                         for n, t in ref["grads"].items())
         ways = {}
         for way in ("flush", "b2b"):
             timelines = [_zeroed([g[way][j] for g in got]) for j in range(len(got[0][way]))]
@@ -268,7 +269,8 @@ def table(rows) -> str:
     for r in rows:
         lines.append(
             f"{r['schedule']:>11} {r['K']:>3} {r['v']:>2} | {r['period_flush_s'] * 1e3:>6.1f} "
-            f"{r['between_flush_s'] * 1e3:>5.1f} {r['bubble_flush']:>6.1%} {r['sim_bubble_flush']:>6.1%} "
+            f"{r['between_flush_s'] * 1e3:>5.1f} {r['bubble_flush']:>6.1%} "
+            f"{r['sim_bubble_flush']:>6.1%} "
             f"{_pct(r['formula_flush']):>7} | {r['period_b2b_s'] * 1e3:>6.1f} "
             f"{r['bubble_b2b']:>6.1%} {r['sim_bubble_b2b']:>6.1%} {_pct(r['formula_b2b']):>7} | "
             f"{max(max(r['peak_flush']), max(r['peak_b2b'])):>4g} "

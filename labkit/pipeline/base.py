@@ -81,7 +81,8 @@ class Schedule:
         return self.chunks_of(self.stage_of(global_chunk)).index(global_chunk)
 
     def __repr__(self):
-        rows = "\n".join(f"  stage {p}: {' '.join(map(repr, a))}" for p, a in enumerate(self.stages))
+        rows = "\n".join(f"  stage {p}: {' '.join(map(repr, a))}"
+                         for p, a in enumerate(self.stages))
         where = "" if self.placement is None else f", placement={list(self.placement)}"
         return f"Schedule({self.name}, P={self.P}, K={self.K}, v={self.v}{where})\n{rows}"
 

@@ -105,7 +105,8 @@ def measured_bubble(timeline, P: int) -> tuple:
 def critical_path(s: Schedule, timeline) -> float:
     """T_cp: the shortest step any causal run of `s` could have with these measured durations."""
     ev = _index(timeline)
-    missing = [f"stage {p} {a!r}" for p, acts in enumerate(s.stages) for a in acts if (p, a) not in ev]
+    missing = [f"stage {p} {a!r}" for p, acts in enumerate(s.stages) for a in acts
+               if (p, a) not in ev]
     if missing:
         raise ValueError(f"the timeline lacks {len(missing)} actions of the schedule, first "
                          f"{missing[0]}: no critical path to compare with")

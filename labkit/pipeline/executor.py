@@ -20,13 +20,13 @@ send-while-the-neighbour-sends cannot deadlock); a backward receives the output'
 autograd and posts the input's gradient. Before each action the stage posts one batch
 (labkit.collectives.exchange; Megatron's send_forward_recv_backward): the previous action's
 output and the receives labkit.pipeline.posting plans there (the action's own input, or a later
-one's, early, where NCCL would otherwise deadlock: see that module). Gloo matches messages by tag, which
-names (micro-batch, chunk, direction); NCCL ignores tags and matches them in order, so under
-NCCL each stage posts a pair's receives in the order the other stage sends them: the order it
-needs them where those agree (labkit.pipeline.validate.check_message_order; true of GPipe, 1F1B,
-interleaved 1F1B, ZB-H1/H2), else some receives early (ZB-V; posting.nccl_plan).
-Parameter gradients accumulate over the K micro-batches (each micro-batch's loss is
-its token-sum divided by all B*T tokens, so the sum is the whole batch's mean loss).
+one's, early, where NCCL would otherwise deadlock: see that module). Gloo matches messages by tag,
+which names (micro-batch, chunk, direction); NCCL ignores tags and matches them in order, so under
+NCCL each stage posts a pair's receives in the order the other stage sends them: the order it needs
+them where those agree (labkit.pipeline.validate.check_message_order; true of GPipe, 1F1B,
+interleaved 1F1B, ZB-H1/H2), else some receives early (ZB-V; posting.nccl_plan). Parameter gradients
+accumulate over the K micro-batches (each micro-batch's loss is its token-sum divided by all B*T
+tokens, so the sum is the whole batch's mean loss).
 
 Tensors live on the device of the model's parameters (labkit.launch.device() in the jobs below:
 this rank's GPU under NCCL); results are moved to the CPU by labkit.launch.run, where the

@@ -12,9 +12,9 @@ the simulator's step time predicted from the measured forward and backward time 
 each stage and the measured latency of one message (`transfer_latency`): what remains between
 measured and predicted is the executor's own overhead (Python, scheduling, a loaded machine).
 
-`pad=(t_f, t_b)` seconds are slept after each forward and backward (before its send). On a laptop the P ranks
-share a few cores, so real compute of one stage slows the others; the pad stands in for each
-stage owning its own accelerator and makes the measured bubble comparable to the formula.
+`pad=(t_f, t_b)` seconds are slept after each forward and backward (before its send). On a laptop
+the P ranks share a few cores, so real compute of one stage slows the others; the pad stands in for
+each stage owning its own accelerator and makes the measured bubble comparable to the formula.
 """
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def measure(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, p
     """Rows per spec (schedule, K, v): measured (median over `repeats` steps) and predicted step
     time and bubble, the floors and the causality check of every repeat, peaks."""
     specs = [tuple(s) for s in specs]
-    per_rank = run(_job, P, args=(specs, cfg, batch_size, pad, repeats), timeout=timeout, echo=False)
+    per_rank = run(_job, P, args=(specs, cfg, batch_size, pad, repeats), timeout=timeout,
+                   echo=False)
     rows = []
     for i, (name, K, v) in enumerate(specs):
         sched = schedules.make(name, P, K, v)

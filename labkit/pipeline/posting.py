@@ -102,7 +102,7 @@ def send_order_plan(s: Schedule) -> list:
     sends them: walking the sent messages backwards, each receive is posted in its own action's
     batch or in the batch of the next one sent, whichever is earlier."""
     out = [[[] for _ in range(len(actions) + 1)] for actions in s.stages]
-    for (src, dst), (sent, _) in sorted(message_orders(s).items()):
+    for (_src, dst), (sent, _) in sorted(message_orders(s).items()):
         index = {needs(s, dst, a): i for i, a in enumerate(s.stages[dst])}  # key -> action
         at, batch = {}, len(s.stages[dst])
         for key in reversed(sent):
@@ -145,14 +145,14 @@ def nccl_plan(s: Schedule) -> list:
     when it cannot complete under NCCL's rules."""
     try:
         check_message_order(s)
-    except ScheduleError:
+    except ScheduleError as err:
         out = send_order_plan(s)
         while _receive_what_is_sent(s, out):
             pass
         if stuck(s, out):
             raise ScheduleError(f"no order of posting receives lets schedule {s.name!r} (P={s.P}, "
                                 f"K={s.K}, v={s.v}) run under NCCL: stages {sorted(stuck(s, out))} "
-                                f"stay blocked; run it on Gloo")
+                                f"stay blocked; run it on Gloo") from err
         check_posted_order(s, out)
         return out
     return plan(s)

@@ -62,8 +62,9 @@ def simulate(s: Schedule, t_f=1.0, t_b=2.0, t_p2p: float = 0.0, durations=None,
              t_w: float = None) -> SimResult:
     """Time schedule `s`. `durations` (optional) {(stage, kind, chunk): seconds} overrides t_f and
     t_b action by action, e.g. with times measured on real processes; a key (stage, kind, mb,
-    chunk) times one action alone (a replay of a measured run with each action's own time). t_b is the whole backward;
-    where `s` splits it, W takes t_w (default t_b / 2) and B the rest, so the work is the same."""
+    chunk) times one action alone (a replay of a measured run with each action's own time). t_b is
+    the whole backward; where `s` splits it, W takes t_w (default t_b / 2) and B the rest, so the
+    work is the same."""
     validate(s)
     tf = list(t_f) if isinstance(t_f, (list, tuple)) else [t_f] * s.P
     tb = list(t_b) if isinstance(t_b, (list, tuple)) else [t_b] * s.P

@@ -2,7 +2,7 @@
 
     from labkit.pipeline import schedules, validate
     validate.validate(schedules.one_f_one_b(4, 8))      # passes silently
-    validate.validate(my_schedule)                      # ScheduleError: stage 1, action #0 (B0): ...
+    validate.validate(my_schedule)         # ScheduleError: stage 1, action #0 (B0): ...
 
 The rules (what the executor needs to run it on real processes):
 1. every stage runs the forward and the backward of every (micro-batch, chunk) it owns, once;

@@ -50,7 +50,8 @@ def layer_errors(cfg: GPTConfig = CONFIG, seed: int = 0, batch_size: int = 8,
         blk = fp8.fake_blocks(a, "e4m3", (1, 128)) @ fp8.fake_blocks(w, "e4m3", (128, 128)).t()
         k = 1 if outlier != 1.0 else 0          # the other tokens: what an outlier costs them
         rows.append({"layer": name, "bf16": _rel(bf[k:], ref[k:]),
-                     "fp8 per tensor": _rel(per_t[k:], ref[k:]), "fp8 block": _rel(blk[k:], ref[k:])})
+                     "fp8 per tensor": _rel(per_t[k:], ref[k:]),
+                     "fp8 block": _rel(blk[k:], ref[k:])})
     return rows
 
 

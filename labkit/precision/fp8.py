@@ -158,7 +158,7 @@ def to_fp8(model: torch.nn.Module, recipe: str = "tensor") -> torch.nn.Module:
     """Replace every nn.Linear inside the transformer blocks by an Fp8Linear (in place): the
     embedding and the tied output head stay in higher precision, as in DeepSeek-V3."""
     for block in getattr(model, "blocks", []):
-        for name, mod in list(block.named_modules()):
+        for mod in list(block.modules()):
             for cname, child in list(mod.named_children()):
                 if isinstance(child, torch.nn.Linear):
                     setattr(mod, cname, Fp8Linear(child, recipe))

@@ -34,7 +34,8 @@ def grads(dtype=torch.float32, scale: float = 1.0, cfg: GPTConfig = CONFIG, seed
 
 def underflow(scale: float, dtype=torch.float16, **kw) -> dict:
     """Against the fp32 gradients: the fraction of nonzero ones that came out 0, the median
-    relative error of the rest and of those below 2^-14 in fp32 (rel_err_small), and whether any overflowed."""
+    relative error of the rest and of those below 2^-14 in fp32 (rel_err_small), and whether any
+    overflowed."""
     ref, got = grads(torch.float32, 1.0, **kw), grads(dtype, scale, **kw)
     nz = ref != 0
     zero = (got == 0) & nz

@@ -1,7 +1,8 @@
 """Why fp32 master weights: a run of the tiny GPT whose bf16 weights stop learning.
 
-An optimizer adds an update u to each weight (SGD: u = -lr * grad; Adam: |u| about lr). Stored in bf16 (7 mantissa bits), a weight w can only move
-to a neighbour 2^(floor(log2|w|) - 7) away, and round-to-nearest sends w + u back to w whenever
+An optimizer adds an update u to each weight (SGD: u = -lr * grad; Adam: |u| about lr). Stored in
+bf16 (7 mantissa bits), a weight w can only move to a neighbour 2^(floor(log2|w|) - 7) away, and
+round-to-nearest sends w + u back to w whenever
 
     |u| < ulp(w) / 2.
 
@@ -31,7 +32,8 @@ def _loss(model, step, batch_size, cfg, tokens, seed):
 
 def run_sgd(master: bool, steps: int = 30, lr: float = 3e-5, batch_size: int = 4,
             cfg: GPTConfig = STALL_CONFIG, seed: int = 0, adam: bool = True) -> dict:
-    """Adam (or SGD: adam=False) on the tiny GPT with bf16 weights, with (master=True) or without an fp32 master copy.
+    """Adam (or SGD: adam=False) on the tiny GPT with bf16 weights, with (master=True) or without an
+    fp32 master copy.
 
     Returns per step: 'loss' (of the bf16 model, before the update) and 'frac_lost', the fraction
     of nonzero updates that left the weight a bf16 model computes with unchanged; plus
@@ -56,7 +58,8 @@ def run_sgd(master: bool, steps: int = 30, lr: float = 3e-5, batch_size: int = 4
                 if adam:     # Adam (b1 0.9, b2 0.999): |update| ~ lr whatever the gradient's size
                     mom[i].mul_(0.9).add_(g, alpha=0.1)
                     var[i].mul_(0.999).addcmul_(g, g, value=0.001)
-                    m_hat, v_hat = mom[i] / (1 - 0.9 ** (step + 1)), var[i] / (1 - 0.999 ** (step + 1))
+                    m_hat = mom[i] / (1 - 0.9 ** (step + 1))
+                    v_hat = var[i] / (1 - 0.999 ** (step + 1))
                     u = -lr * m_hat / (v_hat.sqrt() + 1e-8)
                 else:
                     u = -lr * g                                            # the fp32 update
@@ -75,7 +78,8 @@ def run_sgd(master: bool, steps: int = 30, lr: float = 3e-5, batch_size: int = 4
         out["frac_lost"].append(lost / max(moved, 1))
         out["frac_lost_theory"].append(theory / max(moved, 1))
     with torch.no_grad():   # how far the weights the model computes with have moved
-        out["moved"] = float(sum(((p.float() - w0) ** 2).sum() for p, w0 in zip(params, init)) ** 0.5)
+        out["moved"] = float(sum(((p.float() - w0) ** 2).sum()
+                                 for p, w0 in zip(params, init)) ** 0.5)
     return out
 
 

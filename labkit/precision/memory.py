@@ -10,19 +10,19 @@ from __future__ import annotations
 import torch
 
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+from labkit.observe.storage import storage_bytes
 
 
 def storage_nbytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors` (a tied weight counts once)."""
-    from labkit.zero.shard import storage_bytes
-
     return storage_bytes(tensors)
 
 
-def measure_step(cfg: GPTConfig = GPTConfig(), dtype=torch.bfloat16, seed: int = 0,
+def measure_step(cfg: GPTConfig | None = None, dtype=torch.bfloat16, seed: int = 0,
                  master: bool = True) -> dict:
     """One AdamW step with (master=True) or without fp32 master weights; bytes by category and
-    per parameter."""
+    per parameter. cfg: the model (None: GPTConfig()'s tiny default)."""
+    cfg = GPTConfig() if cfg is None else cfg
     model = GPT(cfg, seed=seed).to(dtype)
     x, y = get_batch(tiny_corpus(), 4, cfg.block_size, 0, seed)
     model(x, y)[1].backward()
@@ -38,8 +38,9 @@ def measure_step(cfg: GPTConfig = GPTConfig(), dtype=torch.bfloat16, seed: int =
     opt.step()
     n = sum(p.numel() for p in params)
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
-    out = {"params": n, "weights": storage_nbytes(params), "grads": storage_nbytes(p.grad for p in params),
-           "master": storage_nbytes(masters), "master_grads": storage_nbytes(m.grad for m in masters),
+    out = {"params": n, "weights": storage_nbytes(params),
+           "grads": storage_nbytes(p.grad for p in params), "master": storage_nbytes(masters),
+           "master_grads": storage_nbytes(m.grad for m in masters),
            "optimizer_state": storage_nbytes(state)}
     out["per_param"] = {k: out[k] / n for k in ("weights", "grads", "master", "master_grads",
                                                 "optimizer_state")}

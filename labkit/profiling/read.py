@@ -2,7 +2,7 @@
 
     from labkit.profiling import read
     tr = read.load("traces/rank0.pt.trace.json")
-    read.breakdown(tr)      # {"compute_s", "comm_s", "overlapped_s", "exposed_s", "overlapped_share"}
+    read.breakdown(tr)  # {"compute_s", "comm_s", "overlapped_s", "exposed_s", "overlapped_share"}
     read.labels(tr)         # the record_function spans: forward, backward, optimizer, bucket ...
 
 What a CPU (Gloo) trace holds, found by reading one: the caller's thread has the operators
@@ -20,9 +20,10 @@ Compute, on a CPU trace: the union of the compute labels (forward, backward, opt
 pipeline's F/B/W actions: labkit's record_function spans, which include stand-in compute such as
 the pipeline's sleeps) on the caller's threads, less the calls inside them that queue or wait for
 a collective (c10d::* operators, which for a blocking collective last until it is done, and
-labkit's "all_gather ZeRO-3 gather"-style labels); with no labels, the union of the operators. Overlapped
-= the time communication ran while compute ran (interval intersection); exposed = communication
-while nothing computed. All sums are interval unions, so nested or concurrent events count once.
+labkit's "all_gather ZeRO-3 gather"-style labels); with no labels, the union of the operators.
+Overlapped = the time communication ran while compute ran (interval intersection); exposed =
+communication while nothing computed. All sums are interval unions, so nested or concurrent events
+count once.
 """
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ def comm_events(tr: Trace) -> list:
 def labels(tr: Trace, name=None) -> list:
     """record_function spans (user annotations; not Gloo's own gloo:* spans), optionally those
     whose name matches `name`."""
-    return [e for e in tr.select(name=name, cat="user_annotation") if not COMM_NAME.search(e["name"])]
+    return [e for e in tr.select(name=name, cat="user_annotation")
+            if not COMM_NAME.search(e["name"])]
 
 
 def compute_intervals(tr: Trace) -> list:
@@ -160,7 +162,8 @@ def compute_intervals(tr: Trace) -> list:
     comm_threads = {e["tid"] for e in tr.events if e["name"].startswith("gloo:")
                     and "runloop" in tr.threads.get(e["tid"], "")}
     own = [e for e in tr.events if e["tid"] not in comm_threads]
-    marked = [span(e) for e in own if e["cat"] == "user_annotation" and COMPUTE_LABEL.match(e["name"])]
+    marked = [span(e) for e in own
+              if e["cat"] == "user_annotation" and COMPUTE_LABEL.match(e["name"])]
     if not marked:
         marked = [span(e) for e in own if e["cat"] == "cpu_op" and not CALL_NAME.match(e["name"])]
     calls = [span(e) for e in own if (e["cat"] == "cpu_op" and CALL_NAME.match(e["name"]))

@@ -24,5 +24,6 @@ from labkit.tp.layers import ColumnParallelLinear, RowParallelLinear
 from labkit.tp.operators import f, g, gather_last_dim, split_last_dim
 
 __all__ = ["f", "g", "gather_last_dim", "split_last_dim", "ColumnParallelLinear",
-           "RowParallelLinear", "NaiveTensorParallelMLP", "TensorParallelAttention", "TensorParallelMLP", "apply_tp",
+           "RowParallelLinear", "NaiveTensorParallelMLP", "TensorParallelAttention",
+           "TensorParallelMLP", "apply_tp",
            "check_tp_sizes", "gather_tp_grads", "gather_tp_state"]

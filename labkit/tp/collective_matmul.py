@@ -46,7 +46,8 @@ def collective_matmul(x: torch.Tensor, w: torch.Tensor, group=None) -> torch.Ten
     for step in range(n):
         owner = (rank - step) % n                                # whose rows `held` are
         works = [] if step == n - 1 else exchange(
-            [(dist.isend, held, (rank + 1) % n, group), (dist.irecv, incoming, (rank - 1) % n, group)],
+            [(dist.isend, held, (rank + 1) % n, group),
+             (dist.irecv, incoming, (rank - 1) % n, group)],
             where="collective_matmul")
         torch.mm(held, w, out=out[owner * m:(owner + 1) * m])    # (m, k) @ (k, n_r), overlapped
         for work in works:

@@ -46,7 +46,25 @@ def _full_init(out_features: int, in_features: int, bias: bool, seed: int):
     return w, b
 
 
-class ColumnParallelLinear(nn.Module):
+class _ParallelLinear(nn.Module):
+    """What both layers keep: the full sizes, the group, this rank and the TP degree."""
+
+    def _init_weight(self, in_features: int, out_features: int, bias: bool, group, seed: int,
+                     full, dim: int):
+        """Sets the shared fields and this rank's slice of torch's (out, in) weight along `dim`
+        (0: out features, column parallel; 1: in features, row parallel). Returns the full bias
+        (given, or initialised; None without one): the layers keep different parts of it."""
+        self.rank, self.tp = world_of(group)
+        check_divisible(("out_features", "in_features")[dim], (out_features, in_features)[dim],
+                        self.tp)
+        self.in_features, self.out_features, self.group = in_features, out_features, group
+        w, b = full if full is not None else _full_init(out_features, in_features, bias, seed)
+        shard = w.chunk(self.tp, dim)[self.rank]          # (out/tp, in) or (out, in/tp)
+        self.weight = nn.Parameter(shard.clone())
+        return b
+
+
+class ColumnParallelLinear(_ParallelLinear):
     """y = x W^T + b with W's output features (rows of torch's (out, in) weight) split over ranks.
 
     Input: the whole x (B, ..., in) on every rank. Output: (B, ..., out/tp), this rank's slice,
@@ -56,14 +74,10 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None,
                  gather_output: bool = False, seed: int = 0, *, _full=None):
         super().__init__()
-        rank, tp = world_of(group)
-        check_divisible("out_features", out_features, tp)
-        self.in_features, self.out_features, self.group = in_features, out_features, group
-        self.gather_output, self.tp, self.rank = gather_output, tp, rank
-        w, b = _full if _full is not None else _full_init(out_features, in_features, bias, seed)
-        n = out_features // tp
-        self.weight = nn.Parameter(w[rank * n:(rank + 1) * n].clone())            # (out/tp, in)
-        self.bias = nn.Parameter(b[rank * n:(rank + 1) * n].clone()) if b is not None else None
+        self.gather_output = gather_output
+        b = self._init_weight(in_features, out_features, bias, group, seed, _full, dim=0)
+        self.bias = (nn.Parameter(b.chunk(self.tp)[self.rank].clone())          # (out/tp,)
+                     if b is not None else None)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, gather_output: bool = False):
@@ -88,11 +102,12 @@ class ColumnParallelLinear(nn.Module):
         return out
 
     def extra_repr(self):
-        return (f"in={self.in_features}, out={self.out_features} (out/tp={self.out_features // self.tp}"
-                f" on rank {self.rank}), gather_output={self.gather_output}")
+        return (f"in={self.in_features}, out={self.out_features} "
+                f"(out/tp={self.out_features // self.tp} on rank {self.rank}), "
+                f"gather_output={self.gather_output}")
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ParallelLinear):
     """y = x W^T + b with W's input features (columns of torch's (out, in) weight) split.
 
     Input: this rank's slice (B, ..., in/tp) (input_is_parallel=True, e.g. a column-parallel
@@ -103,13 +118,8 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group=None,
                  input_is_parallel: bool = True, seed: int = 0, *, _full=None):
         super().__init__()
-        rank, tp = world_of(group)
-        check_divisible("in_features", in_features, tp)
-        self.in_features, self.out_features, self.group = in_features, out_features, group
-        self.input_is_parallel, self.tp, self.rank = input_is_parallel, tp, rank
-        w, b = _full if _full is not None else _full_init(out_features, in_features, bias, seed)
-        n = in_features // tp
-        self.weight = nn.Parameter(w[:, rank * n:(rank + 1) * n].clone())         # (out, in/tp)
+        self.input_is_parallel = input_is_parallel
+        b = self._init_weight(in_features, out_features, bias, group, seed, _full, dim=1)
         self.bias = nn.Parameter(b.clone()) if b is not None else None           # (out,) whole
 
     @classmethod

@@ -60,7 +60,8 @@ def comm_job(h: int, s: int, b: int, n_head: int, what: str = "layer"):
             _, loss = model(x, y)
             n_fwd = len(log.events)
             loss.backward()
-    return [dict(vars(e), phase="forward" if i < n_fwd else "backward") for i, e in enumerate(log.events)]
+    return [dict(vars(e), phase="forward" if i < n_fwd else "backward")
+            for i, e in enumerate(log.events)]
 
 
 def _input(b: int, s: int, h: int, dev):

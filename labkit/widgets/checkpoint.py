@@ -59,7 +59,8 @@ def waste_figure(save_s: float, mtbf_s: float, restart_s: float = 0.0, mark_s: f
                     name="lost work + restart", line_dash="dot")
     # On a log axis plotly places annotations at log10(x) but shapes at x: label by hand, or the
     # labels land at 10**x and the autorange runs off to 1e56.
-    marks = [(young, "Young", "dash", None), (ck.daly_interval(save_s, mtbf_s), "Daly", "dot", None)]
+    marks = [(young, "Young", "dash", None),
+             (ck.daly_interval(save_s, mtbf_s), "Daly", "dot", None)]
     if mark_s:
         marks.append((mark_s, "yours", "solid", "red"))
     for i, (x, label, dash, color) in enumerate(marks):

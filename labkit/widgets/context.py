@@ -96,7 +96,8 @@ def comm_text(b: int, s: int, h: int, kv: int, degrees=(2, 4, 8, 16), bytes_per_
     """comm_figure's points as text: GB one rank sends per layer, per method and degree."""
     rows = {d: cc.comm_table(b, s, h, kv, d, bytes_per_element) for d in degrees}
     head = f"{'GB per layer per rank':<32}" + "".join(f"{f'degree {d}':>11}" for d in degrees)
-    return "\n".join([head] + [f"{name:<32}" + "".join(f"{rows[d][i][3] / 1e9:11.3f}" for d in degrees)
+    return "\n".join([head] + [f"{name:<32}"
+                              + "".join(f"{rows[d][i][3] / 1e9:11.3f}" for d in degrees)
                               for i, name in enumerate(r[0] for r in rows[degrees[0]])])
 
 

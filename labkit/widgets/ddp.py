@@ -26,7 +26,8 @@ def gantt(events, title: str = "one DDP step, per rank"):
             y=[row], x=[max(e["end"] - e["start"], 1e-3)], base=[e["start"]], orientation="h",
             marker_color=COLOURS.get(key, "#72B7B2"), marker_line_width=0.5,
             name="all-reduce" if key == "comm" else key, legendgroup=key,
-            showlegend=key not in seen, hovertext=f"{e['name']}: {e['start']:.2f}-{e['end']:.2f} ms"))
+            showlegend=key not in seen,
+            hovertext=f"{e['name']}: {e['start']:.2f}-{e['end']:.2f} ms"))
         seen.add(key)
     rows = list(dict.fromkeys(f"{e.get('version', '')} r{e['rank']} "
                               f"{'comm' if e['lane'] == 'comm' else 'compute'}" for e in events))
@@ -112,7 +113,8 @@ def scaling_figure(compute: float = 100.0, comm: float = 10.0, overlap: float = 
 def summary(compute_ms, comm_ms, n, overlap, accum, slowdown) -> str:
     """The calculator's text: step time, efficiency and speedup, without and with the slowdown."""
     lines = []
-    for s, label in ((0.0, "overlap free"), (slowdown, f"overlapped compute {slowdown:.0%} slower")):
+    for s, label in ((0.0, "overlap free"),
+                     (slowdown, f"overlapped compute {slowdown:.0%} slower")):
         args = (compute_ms, comm_ms, n, overlap, accum, s)
         lines.append(f"N={n}, {label}: step {scaling.step_time(*args):.1f} ms, efficiency "
                      f"{scaling.efficiency(*args):.1%}, speedup {scaling.speedup(*args):.2f}x")

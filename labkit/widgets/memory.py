@@ -182,7 +182,8 @@ def calculator():
     mbs = w.IntSlider(1, min=1, max=32, description="micro-batch", style=style, layout=lay())
     dp = w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=8,
                     description="DP degree", style=style, layout=lay())
-    tp = w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP degree", style=style, layout=lay())
+    tp = w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP degree", style=style,
+                    layout=lay())
     pp = w.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="PP degree", style=style,
                     layout=lay())
     cp = w.Dropdown(options=[1, 2, 4, 8, 16, 32], value=1, description="CP degree", style=style,

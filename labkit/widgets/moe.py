@@ -91,8 +91,10 @@ def drops_figure(factors, measured, estimate):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    fig.add_scatter(x=list(factors), y=list(measured), mode="markers", name="measured (random router)")
-    fig.add_scatter(x=list(factors), y=list(estimate), mode="lines", name="labkit.costs.moe estimate")
+    fig.add_scatter(x=list(factors), y=list(measured), mode="markers",
+                    name="measured (random router)")
+    fig.add_scatter(x=list(factors), y=list(estimate), mode="lines",
+                    name="labkit.costs.moe estimate")
     fig.update_layout(title="capacity factor vs dropped assignments", xaxis_title="capacity factor",
                       yaxis_title="share dropped", height=340, width=620)
     return fig
@@ -120,8 +122,10 @@ def routing_picture(n_tokens: int = 6, n_expert: int = 4, ep: int = 2, seed: int
                     text=[f"token {t} (rank {t * ep // n_tokens})" for t in range(n_tokens)],
                     textposition="middle left", marker=dict(size=12, color=[
                         colors[t * ep // n_tokens] for t in range(n_tokens)]), showlegend=False)
-    fig.add_scatter(x=[1] * n_expert, y=[e * (n_tokens - 1) / (n_expert - 1) for e in range(n_expert)],
-                    mode="markers+text", text=[f"expert {e} (rank {e // per})" for e in range(n_expert)],
+    fig.add_scatter(x=[1] * n_expert,
+                    y=[e * (n_tokens - 1) / (n_expert - 1) for e in range(n_expert)],
+                    mode="markers+text",
+                    text=[f"expert {e} (rank {e // per})" for e in range(n_expert)],
                     textposition="middle right", marker=dict(size=16, symbol="square", color=[
                         colors[e // per] for e in range(n_expert)]), showlegend=False)
     fig.update_layout(title="top-2 routing over ep=2: red lines cross ranks (the all-to-all)",

@@ -93,7 +93,8 @@ def peak_figure(P: int = 4, K: int = 8, v: int = 2, measured=None):
     for name, vv in (("gpipe", 1), ("1f1b", 1), ("interleaved", v)):
         if name == "interleaved" and K % P:
             continue
-        fig.add_bar(x=stages, y=[costs.pipeline.peak_in_flight(name, P, K, p, vv) for p in range(P)],
+        fig.add_bar(x=stages,
+                    y=[costs.pipeline.peak_in_flight(name, P, K, p, vv) for p in range(P)],
                     name=f"{name} (formula)")
     for name, peaks in (measured or {}).items():
         fig.add_scatter(x=stages, y=peaks, mode="markers", marker_size=12, marker_symbol="diamond",
@@ -118,13 +119,15 @@ def summary(schedule, P, K, v, t_f, t_b) -> str:
     if s.split:  # zero-bubble schedules: what the flush between steps costs
         ss = steady_state(s, t_f, t_b)
         f = costs.pipeline.schedule_bubble(schedule, P, K, vv, t_f, t_b, t_b / 2, flush=False)
-        lines.append(f"steps back to back (optimizer post-validation, no flush): {ss['bubble']:.1%} "
+        lines.append(f"steps back to back (optimizer post-validation, no flush): "
+                     f"{ss['bubble']:.1%} "
                      f"simulated" + (f", {f:.1%} formula" if f is not None else ""))
     return "\n".join(lines)
 
 
 def calculator():
-    """The bubble calculator: schedule, P, K, v, t_f, t_b -> Gantt chart, bubble, peak activations."""
+    """The bubble calculator: schedule, P, K, v, t_f, t_b -> Gantt chart, bubble, peak
+    activations."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -139,7 +142,8 @@ def calculator():
         print(summary(schedule, P, K, v, t_f, t_b))
 
     return w.interactive(show, schedule=w.Dropdown(options=list(ALL_SCHEDULES), value="1f1b"),
-                         P=w.IntSlider(value=4, min=1, max=8), K=w.IntSlider(value=8, min=1, max=32),
+                         P=w.IntSlider(value=4, min=1, max=8),
+                         K=w.IntSlider(value=8, min=1, max=32),
                          v=w.IntSlider(value=2, min=1, max=4),
                          t_f=w.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.25),
                          t_b=w.FloatSlider(value=2.0, min=0.25, max=8.0, step=0.25))

@@ -14,7 +14,8 @@ from labkit.costs import comm, memory, models
 from labkit.costs import planner as P
 
 GB = 1e9
-TIME_PARTS = (("compute", "useful compute"), ("tp", "TP all-reduces"), ("bubble", "pipeline bubble"),
+TIME_PARTS = (("compute", "useful compute"), ("tp", "TP all-reduces"),
+              ("bubble", "pipeline bubble"),
               ("pp", "PP sends"), ("dp", "DP traffic not hidden"),
               ("offload", "offload: PCIe + CPU Adam"), ("cp", "CP ring not hidden"),
               ("ep", "EP all-to-alls"))
@@ -122,7 +123,8 @@ def summary(ranked, job, cluster, top: int) -> str:
 
 
 def planner():
-    """Model, cluster and batch -> the top configurations, their costs and the best one's reasons."""
+    """Model, cluster and batch -> the top configurations, their costs and the best one's
+    reasons."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -136,7 +138,8 @@ def planner():
         print(summary(ranked, job, cluster, top))
         if not ranked:
             return
-        display(ranked_figure(ranked[:top], cluster, f"{models.preset(model).name} on {n_gpus} x {gpu}"))
+        display(ranked_figure(ranked[:top], cluster,
+                              f"{models.preset(model).name} on {n_gpus} x {gpu}"))
 
     return w.interactive(
         show,

@@ -117,7 +117,8 @@ def bytes_widget(n_params: float = 7e9):
                             description="params (B)", style=style)
     wt = w.Dropdown(options=["bf16", "fp16", "fp8", "fp32"], value="bf16", description="weights",
                     style=style)
-    gr = w.Dropdown(options=["bf16", "fp16", "fp32"], value="bf16", description="grads", style=style)
+    gr = w.Dropdown(options=["bf16", "fp16", "fp32"], value="bf16", description="grads",
+                    style=style)
     ms = w.Checkbox(value=True, description="fp32 master copy", style=style)
     mo = w.Dropdown(options=["fp32", "bf16"], value="fp32", description="Adam moments", style=style)
     out = w.Output()

@@ -16,7 +16,8 @@ COLOURS = ["#4C78A8", "#F58518", "#54A24B", "#E45756"]
 
 
 def split_picture(tp: int = 4):
-    """Y = X W with W cut by columns (each rank: its Y slice) or by rows (each rank: a partial Y)."""
+    """Y = X W with W cut by columns (each rank: its Y slice) or by rows (each rank: a partial
+    Y)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 

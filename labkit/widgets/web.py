@@ -196,7 +196,8 @@ def defaults(key: str) -> dict:
 
 
 def _is_int(c) -> bool:
-    return all(isinstance(c[k], int) and not isinstance(c[k], bool) for k in ("min", "step", "value"))
+    return all(isinstance(c[k], int) and not isinstance(c[k], bool)
+               for k in ("min", "step", "value"))
 
 
 def from_inputs(key: str, raw) -> dict:
@@ -269,11 +270,13 @@ def frames_html(fig_div: str, frames: dict, start: int, note: str) -> str:
     """A figure explorer with no Python in the browser: sliders over N and the step switch between
     frames drawn at build time (frames: {N: [plotly JSON strings]}). fig_div: the page's figure
     div for frames[start][0], drawn as every saved figure is."""
-    data = ("{" + ",".join(f'"{n}":[{",".join(fs)}]' for n, fs in frames.items()) + "}").replace("</", "<\\/")
+    data = "{" + ",".join(f'"{n}":[{",".join(fs)}]' for n, fs in frames.items()) + "}"
+    data = data.replace("</", "<\\/")
     lo, hi = min(frames), max(frames)
     return (f'<div class="book-frames">'
             f'<form class="book-calc-controls" hidden>'
-            f'<label><span>ranks N</span><input type="range" name="n" min="{lo}" max="{hi}" step="1" '
+            f'<label><span>ranks N</span>'
+            f'<input type="range" name="n" min="{lo}" max="{hi}" step="1" '
             f'value="{start}"><output></output></label>'
             f'<label><span>step</span><input type="range" name="step" min="0" '
             f'max="{len(frames[start]) - 1}" step="1" value="0"><output></output></label></form>'

@@ -53,6 +53,8 @@ from labkit.zero.zero1 import DataParallel, ZeRO1, naive_zero1_step, zero1_step,
 from labkit.zero.zero2 import ZeRO2
 from labkit.zero.zero3 import ZeRO3
 
-__all__ = ["DataParallel", "MixedPrecisionPolicy", "ShardedLossScaler", "ZeRO1", "ZeRO2", "ZeRO3", "all_gather_full",
-           "chunk_size", "naive_zero1_step", "one_dimensional", "smaller_than", "padded_flat", "param_groups", "reduce_scatter_algorithm", "reduce_scatter_mean",
+__all__ = ["DataParallel", "MixedPrecisionPolicy", "ShardedLossScaler", "ZeRO1", "ZeRO2", "ZeRO3",
+           "all_gather_full",
+           "chunk_size", "naive_zero1_step", "one_dimensional", "smaller_than", "padded_flat",
+           "param_groups", "reduce_scatter_algorithm", "reduce_scatter_mean",
            "shard_of", "shard_optimizer", "weight_decay_groups", "zero1_step", "zero1_step_flat"]

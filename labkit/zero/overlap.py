@@ -21,6 +21,7 @@ import statistics
 import torch
 
 from labkit.model import GPTConfig
+from labkit.observe.storage import storage_bytes
 
 # big enough that a block's matmuls take as long as its gather on 2 cores; untied embeddings
 OVERLAP_MODEL = GPTConfig(vocab_size=96, block_size=64, n_layer=4, n_head=4, n_embd=128,
@@ -48,8 +49,6 @@ class UnshardedProbe:
     the model's parameters, plus the buffers of zero's gathers in flight; keeps the max."""
 
     def __init__(self, model, zero):
-        from labkit.zero.shard import storage_bytes
-
         self.model, self.zero, self.peak, self.samples = model, zero, 0, 0
         self._bytes = storage_bytes
         leaves = [m for m in model.modules() if not list(m.children())]

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from labkit import commlog
 from labkit.collectives import ring_reduce_scatter
+from labkit.observe.storage import storage_bytes  # noqa: F401 (labkit.check.ch03 imports it here)
 
 
 def chunk_size(numel: int, world: int) -> int:
@@ -64,7 +65,7 @@ def reduce_scatter_sum(flat: torch.Tensor, group=None, where: str = "ZeRO reduce
     if algorithm != "ring":
         raise ValueError(f"algorithm must be 'ring' or 'backend', got {algorithm!r}")
     with commlog.composite("reduce_scatter", flat, group=group, where=where):
-        return ring_reduce_scatter(flat.clone(), "sum", group)      # (c,); the ring writes its input
+        return ring_reduce_scatter(flat.clone(), "sum", group)   # (c,); the ring writes its input
 
 
 def all_gather_flat(mine: torch.Tensor, group=None, where: str = "ZeRO all-gather") -> torch.Tensor:
@@ -169,20 +170,6 @@ def master_shards(params, optimizer_class, group=None, param_dtype=None, home=No
 
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def storage_bytes(tensors) -> int:
-    """Bytes of the storages behind `tensors`, each storage once (views, a shard that is a view
-    of its parameter's flat buffer, are not counted twice): what memory really holds."""
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        st = t.untyped_storage()
-        if st.data_ptr() not in seen and st.nbytes():
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-    return total
 
 
 def optimizer_state_bytes(optimizer) -> int:

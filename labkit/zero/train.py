@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from labkit import reference as _reference
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe.storage import storage_bytes
 from labkit.reference import OPTIMIZERS, make_optimizer, optimizer_spec  # noqa: F401 (one registry)
 from labkit.zero.params import weight_decay_groups
 
@@ -121,8 +122,6 @@ def gradient_bytes_held(zero) -> int:
     ZeRO-3's no_sync buffers) plus the shards' reduced chunks. Shared storage counted once."""
     tensors = [p.grad for p in zero.params] + [s.grad for s in getattr(zero, "shards", [])]
     tensors += list(getattr(zero, "_held", {}).values())
-    from labkit.zero.shard import storage_bytes
-
     return storage_bytes(tensors)
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from labkit import commlog
+from labkit.observe.storage import storage_bytes
 from labkit.zero.params import clip_, flat_params, param_groups, require_grads, with_flags
 from labkit.zero.precision import resolve_model_policy
 from labkit.zero.shard import (
@@ -30,7 +31,6 @@ from labkit.zero.shard import (
     master_shards,
     reduce_scatter_mean,
     reduce_scatter_mean_many,
-    storage_bytes,
 )
 
 

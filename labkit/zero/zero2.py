@@ -24,17 +24,16 @@ gradients (labkit.costs.zero.offload_transfer_bytes and offload_seconds price th
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
+from labkit.ddp.common import sync_paused
+from labkit.observe.storage import storage_bytes
 from labkit.zero.params import clip_, flat_params, param_groups
 from labkit.zero.precision import resolve_model_policy
 from labkit.zero.shard import (
     all_gather_many,
     master_shards,
     reduce_scatter_mean_many,
-    storage_bytes,
 )
 from labkit.zero.zero1 import DataParallel
 
@@ -72,15 +71,10 @@ class ZeRO2(DataParallel):
         for p, s in zip(self.params, self.shards):   # for the life of the parameters
             p.register_post_accumulate_grad_hook(self._make_hook(s))
 
-    @contextlib.contextmanager
     def no_sync(self):
         """Backward inside keeps full local gradients (p.grad accumulates; 2Ψ or 4Ψ bytes held)
         and sends nothing; the next backward outside reduce-scatters the sum once."""
-        self._sync = False
-        try:
-            yield
-        finally:
-            self._sync = True
+        return sync_paused(self)
 
     def _make_hook(self, shard):
         def hook(p):  # runs in backward, once p.grad holds this step's local gradient

@@ -53,6 +53,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from labkit.ddp.common import sync_paused
+from labkit.observe.storage import storage_bytes
 from labkit.zero.params import clip_
 from labkit.zero.params import param_groups as _param_groups
 from labkit.zero.precision import replicated_ids, resolve
@@ -62,7 +64,6 @@ from labkit.zero.shard import (
     all_gather_full,
     chunk_size,
     shard_of,
-    storage_bytes,
     unique_params,
 )
 from labkit.zero.unit import default_units, wrap_forward  # noqa: F401 (default_units: this API)
@@ -158,13 +159,9 @@ class ZeRO3:
             [{**g, "params": [self.shard_for[id(p)] for p in g["params"]]} for g in groups],
             **optimizer_kwargs)
 
-    @contextlib.contextmanager
     def no_sync(self):
-        self._sync = False
-        try:
-            yield
-        finally:
-            self._sync = True
+        """Backward inside keeps full local gradients and sends nothing (see the class doc)."""
+        return sync_paused(self)
 
     def compute_dtype_of(self, p) -> torch.dtype:
         """The dtype p is gathered and computed in: param_dtype, or the master's own."""
@@ -254,7 +251,7 @@ class ZeRO3:
     def _settle(self) -> None:
         """Before the optimizer changes the shards: no gather in flight, no full parameter
         kept (reshard_after_forward=False, or a unit whose backward never ran)."""
-        for params, work in self._pending.values():
+        for _params, work in self._pending.values():
             work.wait()                     # every rank posted it: complete it, then drop it
         self._pending, self._holds, self._calls = {}, {}, []
         for buf in self.flat.values():

@@ -111,7 +111,8 @@ def _check(c: Config, job: Job, cluster: Cluster) -> None:
         raise ValueError(f"global batch {job.global_batch} is not a whole number of micro-batches "
                          f"of {c.micro_batch} on each of DP={c.dp} replicas")
     if c.offload and c.zero < 1:
-        raise ValueError(f"{c}: offload needs ZeRO stage 1 or more (the optimizer is sharded first)")
+        raise ValueError(f"{c}: offload needs ZeRO stage 1 or more "
+                         f"(the optimizer is sharded first)")
     if c.cp > 1 and job.seq_len % (2 * c.cp):
         raise ValueError(f"cp={c.cp} with seq_len={job.seq_len}: zig-zag ring attention cuts each "
                          f"sequence into 2 x cp = {2 * c.cp} equal chunks, so cp must divide "
@@ -217,7 +218,8 @@ def evaluate(config: Config, job: Job, cluster: Cluster) -> Estimate:
     peak = flops.peak_flops(cluster.gpu)
     speed = peak * cluster.flop_efficiency                                   # FLOP/s per GPU
     compute = f_hw * tokens / (c.tp * c.pp * c.cp) / speed
-    fwd_share = (f_model / 3) / f_hw      # the forward is 2N + 4Lhs; every recomputation is in backward
+    # the forward is 2N + 4Lhs; every recomputation is in the backward
+    fwd_share = (f_model / 3) / f_hw
     t_f, t_b = compute * fwd_share, compute * (1 - fwd_share)
 
     # TP: Megatron f/g all-reduces of b*s*h 16-bit values, 4 per layer (6 if the forward is redone)

@@ -28,7 +28,8 @@ def reasons(est: Estimate, job: Job, cluster: Cluster) -> list:
     over = f" (gradients reduced over DP x CP = {c.dp * c.cp} ranks)" if c.cp > 1 else ""
     out.append(f"DP={c.dp} for the rest{over}, ZeRO-{c.zero}: model states "
                f"{(est.memory.params + est.memory.grads + est.memory.optimizer) / gb:.1f} GB of "
-               f"{est.memory.total / gb:.1f} GB per GPU ({cluster.usable / gb:.0f} GB usable, keeping "
+               f"{est.memory.total / gb:.1f} GB per GPU "
+               f"({cluster.usable / gb:.0f} GB usable, keeping "
                f"{100 * cluster.memory_margin:.0f}% free); "
                f"DP traffic {est.dp_comm_s:.2f} s per step, {est.dp_exposed_s:.2f} s not hidden.")
     if c.zero >= 1:
