@@ -230,7 +230,11 @@ def fail(hint: str):
     raise AssertionError(hint)
 
 
-def expect_tensor(got, want, what: str, if_none: str, if_shape: str) -> None:
+CUT_FROM_GRAPH = ("is the tensor part of the autograd graph (no .detach(), .data or "
+                  "torch.no_grad() on the way)?")   # why a gradient or output is None, mostly
+
+
+def expect_tensor(got, want, what: str, if_shape: str, if_none: str = CUT_FROM_GRAPH) -> None:
     """Fail unless `got` is a tensor of `want`'s shape, before its values are compared: `what`
     names it (rank and quantity), the hints say where to look when it is None or misshapen."""
     if got is None:

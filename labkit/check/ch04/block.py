@@ -130,12 +130,9 @@ def assert_module(results, kind) -> None:
         if r["missing"]:
             fail(f"rank {rank}: your {kind} has no parameter named {', '.join(r['missing'])}: "
                  "keep this rank's weights under the names the docstring gives")
+        split = "which rows (or columns) of the full weight does this rank keep?"
         for name, (got, want) in r["pairs"].items():
-            expect_tensor(got, want, f"rank {rank}: {name}",
-                          if_none="is the tensor part of the autograd graph (no .detach(), "
-                                  ".data or torch.no_grad() on the way)?",
-                          if_shape="which rows (or columns) of the full weight does this rank "
-                                   "keep?")
+            expect_tensor(got, want, f"rank {rank}: {name}", if_shape=split)
             if name == "output" and off_by_one_vector(got, want):     # same shape by now
                 fail(f"rank {rank}: the {kind} output is off by the same vector at every "
                      "position: is a bias added on every rank before the sum (so it is "
