@@ -6,7 +6,7 @@ re-exports the checkers, called from the notebook's checker cells with the reade
 Exercise modules import the shared tools below (and their chapter's common.py, where one
 exists), never each other: tests/test_check_layout.py holds the import graph to a DAG.
 
-    this module    Checker, Result, fail: the cases, the table, the score
+    this module    Checker, Result, fail: the cases, the table, the score; expect_tensor
     answers        @graded(id): the registry the grader (labkit.grade, worker) runs from
     worker         the grader's checker process
     source         the one reader of the reader's source (ast): calls, collectives
@@ -228,3 +228,16 @@ def _shorten_hang(err: HangError) -> str:
 def fail(hint: str):
     """Fail the current case with a hint (same as `assert False, hint`)."""
     raise AssertionError(hint)
+
+
+CUT_FROM_GRAPH = ("is the tensor part of the autograd graph (no .detach(), .data or "
+                  "torch.no_grad() on the way)?")   # why a gradient or output is None, mostly
+
+
+def expect_tensor(got, want, what: str, if_shape: str, if_none: str = CUT_FROM_GRAPH) -> None:
+    """Fail unless `got` is a tensor of `want`'s shape, before its values are compared: `what`
+    names it (rank and quantity), the hints say where to look when it is None or misshapen."""
+    if got is None:
+        fail(f"{what} is None: {if_none}")
+    if got.shape != want.shape:
+        fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}: {if_shape}")

@@ -60,7 +60,7 @@ def forbidden_used(fns, modules: tuple, names=()) -> list:
 
 def _filled(cell) -> bool:
     try:
-        cell.cell_contents
+        _ = cell.cell_contents                      # read only to see if it raises
     except ValueError:                              # a closure cell not assigned yet
         return False
     return True

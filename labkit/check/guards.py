@@ -16,6 +16,7 @@ Why a dispatch mode: every torch.distributed call reaches the dispatcher as a c1
 whoever makes it (the reader's function, a helper it calls, a library it imports), so the log is
 a counter the code under test does not write, and nothing in torch.distributed is replaced.
 Reading the source (ast) alone misses a collective hidden in a helper or behind getattr.
+c10d operator names become torch.distributed's by labkit.observe.dispatch's map (the one map).
 """
 from __future__ import annotations
 
@@ -23,21 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labkit.check.refusal import Refused
-
-POINT_TO_POINT = ("send", "recv", "recv_any_source", "barrier", "monitored_barrier")
-# c10d operator name -> the torch.distributed name the reader wrote
-_PUBLIC = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced",
-           "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
-           "allgather_into_tensor_coalesced": "all_gather_into_tensor",
-           "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter_tensor",
-           "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
-           "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
-           "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter"}
-
-
-def public_name(op_name: str) -> str:
-    base = op_name.split(".")[0].rstrip("_")
-    return _PUBLIC.get(base, base)
+from labkit.observe.dispatch import POINT_TO_POINT, public_name
 
 
 class CollectiveLog(TorchDispatchMode):

@@ -14,6 +14,7 @@ from labkit.check.ch00.roofline import roofline_matmul
 from labkit.check.ch00.trainer import data_parallel
 from labkit.check.ch00.training_state import STATE_CASES, state_bytes
 
-EXERCISES = {m.EXERCISE: (m.TITLE, m.POINTS) for m in (training_state, ring_shift, trainer, roofline)}
+EXERCISES = {m.EXERCISE: (m.TITLE, m.POINTS)
+             for m in (training_state, ring_shift, trainer, roofline)}
 __all__ = ["EXERCISES", "STATE_CASES", "data_parallel", "roofline_matmul", "shift_right",
            "state_bytes"]

@@ -18,24 +18,26 @@ SHIFT_SHAPES = [(7,), (1, 4), (1_000_000,)]   # 4 MB: a blocking send waits for 
 SHIFT_TIMEOUT = 30.0
 
 
+def _rank_data(r, shape, dev):
+    """Rank r's tensor of this shape, the same on every rank that asks for it."""
+    g = torch.Generator().manual_seed(1000 * r + len(shape))
+    return torch.randn(shape, generator=g, device="cpu").to(dev)  # cpu: same anywhere
+
+
 def _shift_job(fn, shapes):
     """Rank side: the reader's function on rank-dependent data, collectives refused."""
-
-
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
     out = []
     for shape in shapes:
-        def data(r):
-            g = torch.Generator().manual_seed(1000 * r + len(shape))
-            return torch.randn(shape, generator=g, device="cpu").to(dev)  # cpu: same anywhere
-        x = data(rank)
+        x = _rank_data(rank, shape, dev)
         before = x.clone()
         note(f"your shift_right of a tensor of shape {shape}")
         with CollectiveLog(refuse=True, why="pass the tensor with send/recv (or isend/irecv)"):
             got = fn(x)
         out.append({"got": got.cpu() if isinstance(got, torch.Tensor) else got,
-                    "want": data((rank - 1) % n).cpu(), "unchanged": torch.equal(x, before),
-                    "wrong_way": data((rank + 1) % n).cpu()})
+                    "want": _rank_data((rank - 1) % n, shape, dev).cpu(),
+                    "unchanged": torch.equal(x, before),
+                    "wrong_way": _rank_data((rank + 1) % n, shape, dev).cpu()})
     return out
 
 

@@ -39,8 +39,6 @@ TIME_FACTOR = 3.0                         # a prediction this far from the measu
 def _timed(fn, repeats: int) -> float:
     """The fastest of `repeats` runs: the one least disturbed by other programs (what the
     alpha-beta model describes), both for the fit and for the measurement."""
-
-
     times = []
     for _ in range(repeats):
         dist.barrier()
@@ -53,8 +51,6 @@ def _timed(fn, repeats: int) -> float:
 def _predict_job(cases, bandwidth):
     """Rank side: fit alpha and bandwidth to ring exchanges through a limited link, then time
     and count labkit's all-reduces (time through the link, bytes by the kernel, unshaped)."""
-
-
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
     # labkit.shaped paces Gloo's sends; NCCL's real links need no emulated limit
     shaped = "gloo" in str(dist.get_backend()).lower()
@@ -64,7 +60,7 @@ def _predict_job(cases, bandwidth):
     for m in FIT_SIZES:
         a, b = torch.ones(m // 4, device=dev), torch.empty(m // 4, device=dev)   # (m/4,) fp32
 
-        def step():
+        def step(a=a, b=b):                                   # run now, on this size's pair
             p2p = link() or exchange
             for w in p2p([(dist.isend, a, right, None), (dist.irecv, b, left, None)]):
                 w.wait()
@@ -75,7 +71,7 @@ def _predict_job(cases, bandwidth):
     for algorithm, nbytes in cases:
         x = torch.ones(nbytes // 4, device=dev)                 # (D/4,) float32
         run = algorithms[algorithm]
-        seconds = _timed(lambda: run(x, link()), 3)
+        seconds = _timed(lambda run=run, x=x: run(x, link()), 3)   # timed now, in this turn
         dist.barrier()
         with netcount.socket_bytes() as net:
             run(x, None)
@@ -137,7 +133,8 @@ def predict_all_reduce(fn, cases=PREDICT_CASES):
                 want = costs_prediction(algorithm, nbytes, world, alpha, bandwidth)
                 if not hidden:
                     c.cases[-1]["name"] += (
-                        f" (fitted alpha {alpha * 1e6:.0f} us, bandwidth {bandwidth / 1e6:.0f} MB/s)"
+                        f" (fitted alpha {alpha * 1e6:.0f} us, "
+                        f"bandwidth {bandwidth / 1e6:.0f} MB/s)"
                         f"\n      bytes sent, busiest rank: predicted {got['bytes_sent']:,.0f}, "
                         f"measured {measured['bytes_sent']:,}"
                         f"\n      seconds: predicted {got['seconds'] * 1e3:.1f} ms, measured "

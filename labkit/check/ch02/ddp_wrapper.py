@@ -53,7 +53,7 @@ def _job(cls, configs, batch):
     for opt, mb, accum in configs:
         nets = []
 
-        def factory(m, g, mb=mb):
+        def factory(m, g, mb=mb, nets=nets):           # called in this turn, by train_on_rank
             ddp = cls(m, g, bucket_mb=mb)
             nets.append(netcount.socket_bytes().__enter__())
             return ddp

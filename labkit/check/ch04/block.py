@@ -14,11 +14,13 @@ answer) and torch's DTensor tensor parallelism are refused.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 
 from labkit import netcount
-from labkit.check import Checker, Forbidden, fail, graded, tensors_close
+from labkit.check import Checker, Forbidden, expect_tensor, fail, graded, tensors_close
 from labkit.check.ch04.common import off_by_one_vector
 from labkit.check.guards import CollectiveLog
 from labkit.launch import device, note
@@ -128,18 +130,13 @@ def assert_module(results, kind) -> None:
         if r["missing"]:
             fail(f"rank {rank}: your {kind} has no parameter named {', '.join(r['missing'])}: "
                  "keep this rank's weights under the names the docstring gives")
+        split = "which rows (or columns) of the full weight does this rank keep?"
         for name, (got, want) in r["pairs"].items():
-            if got is None:
-                fail(f"rank {rank}: {name} is None: is the tensor part of the autograd graph "
-                     "(no .detach(), .data or torch.no_grad() on the way)?")
-            if name == "output" and off_by_one_vector(got, want):
+            expect_tensor(got, want, f"rank {rank}: {name}", if_shape=split)
+            if name == "output" and off_by_one_vector(got, want):     # same shape by now
                 fail(f"rank {rank}: the {kind} output is off by the same vector at every "
                      "position: is a bias added on every rank before the sum (so it is "
                      "counted tp times) instead of once after it?")
-            if got.shape != want.shape:
-                fail(f"rank {rank}: {name} has shape {tuple(got.shape)}, expected "
-                     f"{tuple(want.shape)}: which rows (or columns) of the full weight does "
-                     "this rank keep?")
             tensors_close(got, want, rtol=1e-4, atol=1e-5, what=f"rank {rank}: {kind} {name}")
 
 
@@ -197,14 +194,15 @@ def tp_block(mlp_cls, attn_cls):
     c.refuse(FORBIDDEN.refusal(mlp_cls, attn_cls))
     for tp, cases in BLOCK_CASES.items():
         label = f"TP={tp}" if tp == 2 else f"hidden case, TP={tp}"
+        # partial binds this world's tp and cases now (cases_on_one_launch runs them at once)
         checks = (("MLP: output and every gradient equal one process",
-                   lambda r: assert_module(r, "mlp")),
+                   partial(assert_module, kind="mlp")),
                   ("attention (whole heads per rank): output and gradients equal one process",
-                   lambda r: assert_module(r, "attention")),
+                   partial(assert_module, kind="attention")),
                   ("communication: one all-reduce of (B, T, h) forward and one backward per "
-                   "module; bytes counted by the kernel", lambda r: assert_communication(r, tp)),
+                   "module; bytes counted by the kernel", partial(assert_communication, tp=tp)),
                   ("a size tp does not divide is refused with a ValueError",
-                   lambda r: assert_refused(r, cases, tp)))
-        c.cases_on_one_launch(label, checks, lambda: c.launch(
-            block_job, tp, args=(mlp_cls, attn_cls, cases), timeout=LAUNCH_TIMEOUT))
+                   partial(assert_refused, world_cases=cases, tp=tp)))
+        c.cases_on_one_launch(label, checks, partial(
+            c.launch, block_job, tp, args=(mlp_cls, attn_cls, cases), timeout=LAUNCH_TIMEOUT))
     return c.finish()

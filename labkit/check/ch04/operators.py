@@ -28,7 +28,6 @@ def _graph_check(y, name):
 
 def g_job(g):
     """On each rank: g sums the ranks' inputs forward and passes the gradient through."""
-
     rank, n = dist.get_rank(), dist.get_world_size()
     xs = [data((3, 5), 10 + r) for r in range(n)]           # every rank's input, known to all
     ws = [data((3, 5), 20 + r) for r in range(n)]           # every rank's upstream gradient
@@ -46,7 +45,6 @@ def g_job(g):
 
 def f_job(f):
     """On each rank: f passes x through forward and sums the ranks' gradients backward."""
-
     rank, n = dist.get_rank(), dist.get_world_size()
     x0 = data((3, 5), 10)                                   # f's input is the same on all ranks
     ws = [data((3, 5), 20 + r) for r in range(n)]
@@ -61,22 +59,22 @@ def f_job(f):
     return out
 
 
+def _grade(exercise, job, fn, case):
+    """One operator of the pair against its definition at 2 and 3 real ranks."""
+    c = Checker(exercise, *EXERCISES[exercise])
+    for n in (2, 3):
+        with c.case(f"{n} ranks: {case}"):
+            assert_pairs(c.launch(job, n, args=(fn,)))
+    return c.finish()
+
 
 @graded("4.1")
 def f_operator(f):
     """Exercise 4.1: f(x, group) against its definition at 2 and 3 ranks."""
-    c = Checker("4.1", *EXERCISES["4.1"])
-    for n in (2, 3):
-        with c.case(f"{n} ranks: f forward is the identity, backward sums the gradients"):
-            assert_pairs(c.launch(f_job, n, args=(f,)))
-    return c.finish()
+    return _grade("4.1", f_job, f, "f forward is the identity, backward sums the gradients")
 
 
 @graded("4.2")
 def g_operator(g):
     """Exercise 4.2: g(x, group) against its definition at 2 and 3 ranks."""
-    c = Checker("4.2", *EXERCISES["4.2"])
-    for n in (2, 3):
-        with c.case(f"{n} ranks: g forward sums over ranks, backward is the identity"):
-            assert_pairs(c.launch(g_job, n, args=(g,)))
-    return c.finish()
+    return _grade("4.2", g_job, g, "g forward sums over ranks, backward is the identity")

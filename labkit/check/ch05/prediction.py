@@ -111,7 +111,7 @@ def predict_then_measure(fn, run: bool = True):
         return c.finish()
     P, K = PREDICT_RUN_P, PREDICT_RUN_K
     rows = {}
-    for i, name in enumerate(PREDICT_RUN_SCHEDULES):
+    for name in PREDICT_RUN_SCHEDULES:
         t_f, t_b = PREDICT_PAD
         with c.case(f"real processes: {name}, P={P}, K={K}, pads {t_f * 1e3:g}/{t_b * 1e3:g} ms: "
                     f"peak bytes within {BYTES_TOLERANCE:.0%} of the measured, bubble shown "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from labkit import costs
 from labkit.check import Checker, fail, graded
-from labkit.check.ch05.common import RUN_CASES, run_on_processes, schedule_from
+from labkit.check.ch05.common import grade_order
 from labkit.pipeline.simulate import simulate
 from labkit.pipeline.validate import ScheduleError, validate
 
@@ -19,7 +19,6 @@ PAPER_CASES = [(2, 1), (2, 4), (3, 2), (3, 7), (4, 8), (5, 3)]  # (P, K): K < P 
 
 def assert_1f1b_schedule(s) -> None:
     """Valid, peak in-flight <= P - p on every stage, bubble equal to GPipe's. Shared with tests."""
-
     P, K = s.P, s.K
     try:
         validate(s)
@@ -42,12 +41,7 @@ def assert_1f1b_schedule(s) -> None:
 @graded("5.1")
 def one_f_one_b(fn):
     """Exercise 5.1: check the reader's 1F1B order, on paper and on real processes."""
-    c = Checker(EXERCISE, TITLE, POINTS)
-    for P, K in PAPER_CASES:
-        with c.case(f"P={P}, K={K}: valid, peak <= P - p, bubble = GPipe's"):
-            assert_1f1b_schedule(schedule_from(fn, P, K))
-    for P, K in RUN_CASES:
-        with c.case(f"real processes, P={P}, K={K}: loss and gradients = one-process reference, "
-                    f"timeline causal"):
-            run_on_processes(c, schedule_from(fn, P, K), bubble_floor=True)
-    return c.finish()
+    return grade_order(Checker(EXERCISE, TITLE, POINTS), fn, PAPER_CASES, assert_1f1b_schedule,
+                       on_paper="valid, peak <= P - p, bubble = GPipe's",
+                       on_processes="loss and gradients = one-process reference, timeline causal",
+                       bubble_floor=True)

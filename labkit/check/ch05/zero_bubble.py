@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from labkit import costs
 from labkit.check import Checker, fail, graded
-from labkit.check.ch05.common import RUN_CASES, run_on_processes, schedule_from
+from labkit.check.ch05.common import grade_order
 from labkit.pipeline.simulate import simulate
 from labkit.pipeline.torch_orders import torch_validate
 from labkit.pipeline.validate import ScheduleError, check_message_order, validate
@@ -21,7 +21,6 @@ ZB_PAPER_CASES = [(2, 2), (2, 5), (3, 3), (3, 7), (4, 4), (4, 8)]  # K >= P (the
 def assert_zb_h1_schedule(s) -> None:
     """Split backward, both validators, peak <= 1F1B's (P micro-batches, W holding them), and
     with t_F = t_B = t_W the simulated bubble (P-1)/(3K+P-1). Shared with tests."""
-
     P, K = s.P, s.K
     if not s.split:
         fail(f"P={P}, K={K}: no W actions: split every backward into B(k) (input gradient) "
@@ -50,13 +49,10 @@ def assert_zb_h1_schedule(s) -> None:
 @graded("5.2")
 def zb_h1(fn):
     """Exercise 5.2: the reader's ZB-H1 order, on paper and on real processes."""
-    c = Checker(EXERCISE, TITLE, POINTS)
-    for P, K in ZB_PAPER_CASES:
-        with c.case(f"P={P}, K={K}: valid (labkit's and PyTorch's validators), peak <= P, "
-                    f"bubble (P-1)/(3K+P-1)"):
-            assert_zb_h1_schedule(schedule_from(fn, P, K))
-    for P, K in RUN_CASES:
-        with c.case(f"real processes, P={P}, K={K}: B and W run apart, loss and gradients = "
-                    f"one-process reference, timeline causal"):
-            run_on_processes(c, schedule_from(fn, P, K), bubble_floor=False)
-    return c.finish()
+    return grade_order(Checker(EXERCISE, TITLE, POINTS), fn, ZB_PAPER_CASES,
+                       assert_zb_h1_schedule,
+                       on_paper="valid (labkit's and PyTorch's validators), peak <= P, "
+                                "bubble (P-1)/(3K+P-1)",
+                       on_processes="B and W run apart, loss and gradients = one-process "
+                                    "reference, timeline causal",
+                       bubble_floor=False)

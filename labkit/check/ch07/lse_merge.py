@@ -38,8 +38,9 @@ def _merge_case(fn, seed, B, H, T, d, split, kind):
         fail(f"shapes: out {tuple(out.shape)}, lse {tuple(lse.shape)}; expected "
              f"{tuple(want_o.shape)} and {tuple(want_l.shape)}")
     if torch.isnan(out).any() or torch.isnan(lse).any():
-        fail("NaN in the result: with lse = -inf on one side, or with lse near 100 (exp overflows "
-             "fp32), is everything you exponentiate at most exp(0)? Which value would you subtract?")
+        fail("NaN in the result: with lse = -inf on one side, or with lse near 100 (exp "
+             "overflows fp32), is everything you exponentiate at most exp(0)? Which value would "
+             "you subtract?")
     tol = 1e-4 if dt == torch.float32 else 1e-9
     if not torch.allclose(lse.double(), want_l, atol=tol, rtol=tol):
         fail("the merged log-sum-exp is wrong: the sum of exp over all keys is the sum of the two "

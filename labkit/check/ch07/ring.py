@@ -15,12 +15,14 @@ and torch's context parallelism are refused by reading the code.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from labkit import netcount
-from labkit.check import Checker, Forbidden, fail, graded
+from labkit.check import Checker, Forbidden, expect_tensor, fail, graded
 from labkit.check.guards import CollectiveLog
 from labkit.context.layout import positions
 from labkit.costs.context import cp_ring_layer_bytes
@@ -81,7 +83,8 @@ def _ring_job(fn, T, B, H, Hk, d):
     want = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=Hk != H)
     want.backward(up.to(dev))
     pos = positions(T, rank, cp, "zigzag")
-    mine = [t[:, :, pos].contiguous().to(dev).requires_grad_() for t in (q, k, v)]  # (B, *, T/cp, d)
+    mine = [t[:, :, pos].contiguous().to(dev).requires_grad_()      # (B, *, T/cp, d)
+            for t in (q, k, v)]
     packed = []
 
     def pack(t):
@@ -126,12 +129,10 @@ def _assert_values(results) -> None:
             fail(f"rank {r['rank']}: wrong output. Are the keys masked by their GLOBAL positions "
                  "(whose chunk is this at step s?), and blocks merged by log-sum-exp?")
         for name, (g, w) in r["grads"].items():
-            if g is None:
-                fail(f"rank {r['rank']}: {name} is None: does backward return a gradient for "
-                     "each of q, k, v (and None for group and T)?")
-            if g.shape != w.shape:
-                fail(f"rank {r['rank']}: {name} has shape {tuple(g.shape)}, expected "
-                     f"{tuple(w.shape)}: k and v may have fewer heads than q")
+            expect_tensor(g, w, f"rank {r['rank']}: {name}",
+                          if_none="does backward return a gradient for each of q, k, v (and "
+                                  "None for group and T)?",
+                          if_shape="k and v may have fewer heads than q")
             if not torch.allclose(g, w, atol=1e-4, rtol=1e-3):
                 hint = {"dq": "dq of each block is only that block's share: are all blocks' "
                               "shares summed?",
@@ -176,11 +177,12 @@ def ring_attention(fn):
     c.refuse(FORBIDDEN.refusal(fn))
     for i, (cp, T, B, H, Hk, d) in enumerate(RING_CASES):
         label = f"cp={cp}, T={T}" if i == 0 else f"hidden case {i}"
+        # partial binds this case's sizes now (cases_on_one_launch runs them at once)
         checks = (("output, dq, dk, dv equal one process (point-to-point only)", _assert_values),
                   ("saved for backward: only this rank's own chunks",
-                   lambda r: _assert_saved(r, cp)),
+                   partial(_assert_saved, cp=cp)),
                   ("bytes sent: the ring's, counted by the kernel",
-                   lambda r: _assert_wire(r, cp, T, B, Hk, d)))
-        c.cases_on_one_launch(label, checks, lambda: c.launch(
-            _ring_job, cp, args=(fn, T, B, H, Hk, d), timeout=LAUNCH_TIMEOUT))
+                   partial(_assert_wire, cp=cp, T=T, B=B, Hk=Hk, d=d)))
+        c.cases_on_one_launch(label, checks, partial(
+            c.launch, _ring_job, cp, args=(fn, T, B, H, Hk, d), timeout=LAUNCH_TIMEOUT))
     return c.finish()

@@ -60,7 +60,7 @@ def check_replicas(res, configs, world):
                 fail(f"{where}: after __init__ its weights are not {src}'s initial weights. "
                      f"Which rank is the broadcast's src (a GLOBAL rank, even with a group), "
                      f"and are the received values copied back into the parameters?")
-        for rank, grank, row in runs:                      # then how they got there
+        for rank, _grank, row in runs:                     # then how they got there
             where = f"rank {rank} of {n}" + (f" (group {cfg['group']})" if cfg.get("group") else "")
             calls = [(c, k) for c, k in row["init_calls"] if c != "barrier"]
             if [c for c, _ in calls] != ["broadcast"]:

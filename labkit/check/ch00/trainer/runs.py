@@ -157,8 +157,6 @@ def _clip(grads, max_norm):
 # ----------------------------------------------------------------------------- rank side
 def dp_job(cls, configs):
     """Rank side: the reader's trainer on this rank's own model, watched from outside."""
-
-
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     groups = [dist.new_group(list(cfg["group"])) if cfg.get("group") else None
               for cfg in configs]                      # every rank creates every group, in order
@@ -169,7 +167,8 @@ def dp_job(cls, configs):
             continue
         model = mlp(seed_of(rank, index), cfg.get("frozen", ())).to(dev)   # ranks differ
         seen = [[]]                                    # rows of each forward, per step
-        model.register_forward_pre_hook(lambda m, args: seen[-1].append(args[0].detach().cpu()))
+        model.register_forward_pre_hook(               # bound: this config's model and list
+            lambda m, args, seen=seen: seen[-1].append(args[0].detach().cpu()))
         opt = make_optimizer(cfg["optimizer"], model.parameters())
         kwargs = dict(accumulation=cfg["accumulation"], max_norm=cfg["max_norm"])
         if group is not None:

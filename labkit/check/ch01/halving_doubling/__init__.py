@@ -131,7 +131,7 @@ def _label(res: dict, i: int, n: int) -> str:
 
 
 def _check_sums(res: dict, n: int) -> None:
-    for i, (dtype, shape, _) in enumerate(res["vectors"]):
+    for i, (_dtype, shape, _) in enumerate(res["vectors"]):
         per_rank = _members(res, i)
         wrong = [r for r in per_rank if not r["ok"]]
         if not wrong:
@@ -179,7 +179,7 @@ def _check_messages(res: dict, n: int) -> None:
 def _check_bytes(res: dict, n: int) -> None:
     hint = ("Does each halving round send only the HALF of your segment that your partner "
             "keeps, and each doubling round only the part your partner lacks?")
-    for i, (dtype, shape, _) in enumerate(res["vectors"]):
+    for i, (_dtype, shape, _) in enumerate(res["vectors"]):
         per_rank = _members(res, i)
         if any(r["sent"] is None for r in per_rank):
             continue                                   # NCCL: no TCP counter sees it

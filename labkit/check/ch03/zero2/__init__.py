@@ -39,6 +39,7 @@ labkit.zero and torch's ZeroRedundancyOptimizer / FSDP are refused by reading th
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.check.ch03.common import HEADER_BYTES, assert_matches_reference, assert_ranks_agree
@@ -191,7 +192,6 @@ def zero2_optimizer(cls, launched=None):
     """Exercise 3.2: cls(params, group, bucket_bytes=, max_grad_norm=, **adamw_kwargs), with
     step(), zero_grad(), no_sync(), state_dict(), load_state_dict(). launched: {world: per-rank
     results} to grade instead of launching (the tests run several classes on one launch)."""
-
     c = Checker(EXERCISE, TITLE, POINTS)
     c.refuse(FORBIDDEN.refusal(cls))
     for world, (cfg_kwargs, max_norm, cap) in WORLDS.items():
@@ -201,27 +201,27 @@ def zero2_optimizer(cls, launched=None):
         key = (repr(cfg_kwargs), max_norm)
         ref = _REFERENCES[key] = _REFERENCES.get(key) or reference(cfg, max_norm)
         bucket_numels = [sum(nbytes[i] for i in b) // 4 for b in buckets(nbytes, cap)]
+        # partial binds this world's sizes now (cases_on_one_launch runs them at once)
         checks = ((f"3 AdamW steps{' (clipped)' if max_norm else ''}, the last of 2 micro-"
                    "batches, equal one process on every rank",
-                   lambda r: _assert_values(r, ref, world)),
+                   partial(_assert_values, ref=ref, world=world)),
                   ("optimizer state: this rank's shards only (storage size)",
-                   lambda r: _assert_memory_state(r, world, nbytes)),
+                   partial(_assert_memory_state, world=world, nbytes=nbytes)),
                   (f"full gradients alive during backward: at most {PEAK_SHARE:.0%}",
                    _assert_memory_grads),
                   ("bytes sent per step: a reduce-scatter + an all-gather (kernel count)",
-                   lambda r: _assert_bucket_traffic(r, world, bucket_numels)),
+                   partial(_assert_bucket_traffic, world=world, bucket_numels=bucket_numels)),
                   ("one reduce-scatter per bucket during backward",
-                   lambda r: _assert_buckets(r, nbytes, cap)),
+                   partial(_assert_buckets, nbytes=nbytes, cap=cap)),
                   ("no_sync(): nothing sent while micro-batches accumulate",
                    _assert_no_sync),
                   ("state_dict(): this rank's shard only, and a round trip resumes exactly",
-                   lambda r: _assert_round_trip(r, world, nbytes, cap)))
+                   partial(_assert_round_trip, world=world, nbytes=nbytes, cap=cap)))
         if launched is not None:
-            launch = (lambda res: lambda: _given(res))(launched[world])
+            launch = partial(_given, launched[world])
         else:
-            launch = (lambda w, a: lambda: c.launch(zero2_job, w, args=a,
-                                                    timeout=LAUNCH_TIMEOUT))(
-                world, (cls, cfg_kwargs, max_norm, cap))
+            launch = partial(c.launch, zero2_job, world, args=(cls, cfg_kwargs, max_norm, cap),
+                             timeout=LAUNCH_TIMEOUT)
         c.cases_on_one_launch(label, checks, launch)
     return c.finish()
 

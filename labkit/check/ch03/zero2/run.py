@@ -50,8 +50,6 @@ def batch(tokens, cfg, step: int, k: int):
 def reference(cfg, max_grad_norm) -> dict:
     """One process, the whole global batch of every micro-batch: AdamW after torch's
     clip_grad_norm_ if asked; each micro-batch's loss divided by their number, as the ranks'."""
-
-
     model = GPT(cfg, seed=0)
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
     tokens = tiny_corpus()
@@ -81,8 +79,6 @@ def _train(zero, model, cfg, steps, watch=None, save=None, observe=True):
     (on for plain steps only); save: a dict to fill with the state_dict's bytes and the weights
     before the last step. The kernel's counters cost a read of the machine's TCP table each:
     plain step TRAFFIC_STEP and the no_sync micro-batch only."""
-
-
     rank, world = dist.get_rank(), dist.get_world_size()
     tokens, seen, nothing = tiny_corpus(), [], contextlib.nullcontext()
     for step in steps:
@@ -129,8 +125,6 @@ def _collectives(log, world) -> float:
 
 def zero2_job(cls, cfg_kwargs, max_grad_norm, bucket_bytes):
     """Rank side: the checker's loop with the reader's class, then the state_dict round trip."""
-
-
     world = dist.get_world_size()
     cfg = config(cfg_kwargs)
     model = GPT(cfg, seed=0).to(device())           # a GPU under NCCL, else the CPU
@@ -153,7 +147,8 @@ def zero2_job(cls, cfg_kwargs, max_grad_norm, bucket_bytes):
                          if isinstance(v, torch.Tensor) and v.dim() > 0)
     out = {"params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
            "losses": [0.0] * STEPS, "peak": watch["peak"],
-           "full": 4 * sum(p.numel() for p in params), "state": state, "steps": seen, "numels": [p.numel() for p in params],
+           "full": 4 * sum(p.numel() for p in params), "state": state, "steps": seen,
+           "numels": [p.numel() for p in params],
            "saved_bytes": len(save["blob"])}
     # the round trip: a fresh model and optimizer resume from the saved weights and state
     note("the state_dict round trip: your load_state_dict, then the last step again")

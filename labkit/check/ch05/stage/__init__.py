@@ -56,7 +56,8 @@ def _assert_stage_numerics(runs, s, ref) -> None:
     for p, r in enumerate(runs):
         for n, g in sorted(r["grads"].items()):
             try:
-                tensors_close(g, ref[1][n], rtol=1e-4, atol=1e-6, what=f"stage {p}'s gradient of {n}")
+                tensors_close(g, ref[1][n], rtol=1e-4, atol=1e-6,
+                              what=f"stage {p}'s gradient of {n}")
             except AssertionError as err:
                 where = ("the last stage" if p == P - 1 else
                          f"stage {p} (the stages after it are right)" if all(
@@ -71,7 +72,8 @@ def _assert_stage_numerics(runs, s, ref) -> None:
 
 
 def _grads_ok(run, ref) -> bool:
-    return all(torch.allclose(g, ref[1][n], rtol=1e-4, atol=1e-6) for n, g in run["grads"].items())
+    return all(torch.allclose(g, ref[1][n], rtol=1e-4, atol=1e-6)
+               for n, g in run["grads"].items())
 
 
 def _assert_stage_order_and_memory(runs, s) -> None:
@@ -80,10 +82,12 @@ def _assert_stage_order_and_memory(runs, s) -> None:
         want = expected_order(actions, first=p == 0)
         got = list(r["events"]) if s.split else fused_pairs(r["events"])
         if got != want:
-            i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                     min(len(got), len(want)))
             names = {"F": "a forward", "B": "an input gradient (B)", "W": "a weight gradient (W)"}
-            fail(f"stage {p} of {s.P}: event #{i} was {names.get(got[i], 'nothing') if i < len(got) else 'nothing'}"
-                 f", the schedule's order wants {names[want[i]] if i < len(want) else 'nothing more'} "
+            was = names.get(got[i], "nothing") if i < len(got) else "nothing"
+            wants = names[want[i]] if i < len(want) else "nothing more"
+            fail(f"stage {p} of {s.P}: event #{i} was {was}, the schedule's order wants {wants} "
                  f"there (observed {''.join(got[:i + 1])}..., scheduled {''.join(want[:i + 1])}...)"
                  + (". In a split schedule B computes only the input's gradient and W only the "
                     "weights': which tensors does each of your backward calls differentiate?"
@@ -97,7 +101,6 @@ def _assert_stage_order_and_memory(runs, s) -> None:
                  f"{'W' if s.split else 'B'}). What still refers to a micro-batch's output or "
                  f"graph after its last backward action: a list, a dict, or a local name that "
                  f"keeps it until a later action rebinds it?")
-
 
 
 @graded("5.3")
@@ -116,12 +119,14 @@ def pipeline_stage(fn, Ps=None):
         got = {}
         for i, (name, K) in enumerate(specs):
             s = schedules.make(name, P, K)
-            label = f"P={P}, {name}, K={K} ({STAGE_BATCH} rows: micro-batches of {STAGE_BATCH // K}-{-(-STAGE_BATCH // K)})"
+            label = (f"P={P}, {name}, K={K} ({STAGE_BATCH} rows: micro-batches of "
+                     f"{STAGE_BATCH // K}-{-(-STAGE_BATCH // K)})")
             with c.case(label + ": loss and every gradient = one-process reference (P2P only, "
                         "no pipeline implementation)"):
                 if "runs" not in got:
                     try:
-                        got["runs"] = c.launch(stage_job, P, args=(fn, specs, STAGE_BATCH), timeout=RUN_TIMEOUT)
+                        got["runs"] = c.launch(stage_job, P, args=(fn, specs, STAGE_BATCH),
+                                               timeout=RUN_TIMEOUT)
                     except Exception as err:
                         got["error"] = err
                         raise

@@ -19,18 +19,18 @@ from labkit.observe.saved import SavedTensors
 from labkit.pipeline import schedules
 from labkit.pipeline.executor import build_chunks, make_batch, owned_parameters
 
-STAGE_CASES = {  # P: [(schedule, K)]; one launch per P, a batch of STAGE_BATCH rows (K need not divide it)
+# P: [(schedule, K)]; one launch per P, a batch of STAGE_BATCH rows (K need not divide it)
+STAGE_CASES = {
     2: [("1f1b", 3), ("zb-h2", 4)],
     3: [("zb-h1", 5), ("gpipe", 2)],
 }
 STAGE_BATCH = 7
-MEMORY_SLACK = 0.05     # the peak may exceed what the schedule holds by 5% of one micro-batch's bytes
+MEMORY_SLACK = 0.05     # the peak may pass what the schedule holds by 5% of a micro-batch's bytes
 STAGE_MODULES = ("labkit.pipeline", "torch.distributed.pipelining.schedules",
                      "torch.distributed.pipelining.stage")
 STAGE_NAMES = {"run_schedule", "PipelineStage", "ScheduleGPipe", "Schedule1F1B",
                    "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
                    "ScheduleZBVZeroBubble", "schedules_job", "train_step_job"}
-
 
 
 def stage_config():

@@ -103,7 +103,8 @@ def mixed_precision_trainer(cls, launched=None):
         got: dict = {}
         launch = (lambda w=world: launched[w]) if launched else (lambda w=world: c.launch(
             train_job, w, args=(cls,), timeout=LAUNCH_TIMEOUT))
-        c.cases_on_one_launch(label, checks, lambda: got.setdefault("res", launch()))
+        c.cases_on_one_launch(label, checks,        # run at once: bind this world's got, launch
+                              lambda got=got, launch=launch: got.setdefault("res", launch()))
         wire = c.cases[-3]
         if wire["passed"] and world not in HIDDEN:       # the kernel's count, shown
             wire["name"] += "".join(
