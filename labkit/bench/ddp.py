@@ -44,7 +44,8 @@ def table(rows) -> str:
     return format_table(rows, [
         ("ranks", "ranks"),
         ("version", "version"),
-        ("bucket MiB", lambda r: "all" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}", None, ">"),
+        ("bucket MiB", lambda r: "all" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}",
+         None, ">"),
         ("step ms", "step_ms", ".2f"),
         ("x torch DDP", "ratio_to_torch", ".3f"),
         ("all-reduces/step", "allreduces_per_step", ".0f")])

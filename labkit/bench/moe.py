@@ -38,7 +38,8 @@ def main(argv=()) -> dict:
     for name, t in res["seconds"].items():
         busbw = size * (n - 1) / n / t
         rows.append({"all-to-all": name, "ms": t * 1e3, "busbw GB/s": busbw / 1e9,
-                     "vs built-in": res["seconds"]["builtin"] / t, "same bytes": res["equal"][name]})
+                     "vs built-in": res["seconds"]["builtin"] / t,
+                     "same bytes": res["equal"][name]})
     print(table(rows, ["all-to-all", ("ms", "ms", ".2f"), ("busbw GB/s", "busbw GB/s", ".3f"),
                        ("vs built-in", "vs built-in", ".2f"), "same bytes"],
                 title=f"all-to-all at {n} ranks, {size / 2**20:.1f} MiB per rank, fp32, "

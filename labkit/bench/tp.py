@@ -49,10 +49,11 @@ def main(argv=()) -> dict:
         events = count_layer_comm(tp, b=b, s=s, h=h, n_head=a.heads)
         measured = sum(e["measured_bytes"] for e in events)
         predicted = tpc.layer_allreduce_bytes(b, s, h, 4)
+        per_layer = tpc.allreduces_per_layer()
         comm_rows.append({"tp": tp, "allreduces": len(events),
-                          "predicted_allreduces": tpc.allreduces_per_layer(),
+                          "predicted_allreduces": per_layer,
                           "measured_bytes": measured, "predicted_bytes": predicted,
-                          "exact": measured == predicted and len(events) == tpc.allreduces_per_layer(),
+                          "exact": measured == predicted and len(events) == per_layer,
                           "sent_per_rank_ring": tpc.layer_bytes_sent_per_rank(b, s, h, tp, 4)})
     print(table(rows, [("tp", "tp"), ("kind", "kind"), ("ms", lambda r: r["seconds"] * 1e3, ".3f"),
                        ("vs TP=1", "vs_tp1", ".2f")],

@@ -23,8 +23,8 @@ from labkit.launch import run
 from labkit.table import table as format_table
 
 VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 1 bucket", "ZeRO-2 offload",
-            "ZeRO-3", "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16", "ZeRO-3 bf16",
-            "torch FSDP2 bf16")
+            "ZeRO-3", "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16",
+            "ZeRO-3 bf16", "torch FSDP2 bf16")
 # keyword arguments of the labkit variants beyond their stage's defaults
 STAGE_KW = {"ZeRO-3 prefetch": dict(prefetch=True), "ZeRO-1 bf16": dict(bf16=True),
             "ZeRO-3 offload": dict(prefetch=True, offload=True),

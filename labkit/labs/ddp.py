@@ -81,7 +81,8 @@ def _trace(args) -> None:
     for kind in args.versions:
         where = args.trace / kind
         run(jobs.ddp_job, args.nproc, args=(str(where),),
-            kwargs=dict(kind=kind, batch=max(1, args.batch // args.nproc), bucket_mb=args.bucket_mb))
+            kwargs=dict(kind=kind, batch=max(1, args.batch // args.nproc),
+                        bucket_mb=args.bucket_mb))
         print(read.summary(read.load_folder(where),
                            title=f"{kind}: one step, read from the trace files in {where}/"))
     print(folder.announce(args.trace / "<version>", args.nproc))

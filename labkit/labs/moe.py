@@ -171,10 +171,11 @@ def main(argv=()):
     ref = reference_train(GPTConfig(**cfg), a.steps, a.batch, "sgd",
                           capacity_rows=plan.capacity_rows(a.batch))
     diffs = differences(results, ref, "sgd")
-    prog.done(f"expert parallel vs one process: {'equal' if all(d['ok'] for d in diffs) else 'DIFFERENT'}")
+    same = all(d["ok"] for d in diffs)
+    prog.done(f"expert parallel vs one process: {'equal' if same else 'DIFFERENT'}")
     tokens = [16 * r for r in plan.capacity_rows(a.batch)]
-    per_rank = run(bytes_job, a.nproc, args=(tokens, dict(n_expert=a.experts, expert_top_k=a.top_k)),
-                   echo=False)
+    per_rank = run(bytes_job, a.nproc,
+                   args=(tokens, dict(n_expert=a.experts, expert_top_k=a.top_k)), echo=False)
     rows = bytes_rows(per_rank, a.nproc)
     prog.done("all-to-all bytes counted by the kernel")
     if os.environ.get("RANK", "0") != "0":

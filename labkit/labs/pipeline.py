@@ -109,7 +109,7 @@ def main(argv=()) -> int:
     sched = [schedules.make(n, P, k, vv) for n, k, vv in specs]
     per_rank = run(executor.schedules_job, P, args=(sched, cfg, a.batch), timeout=120, echo=False)
     ref = executor.reference_step(cfg, a.batch)
-    for i, s in enumerate(sched):
+    for i in range(len(sched)):
         executor.compare_to_reference(executor.merge([r[i] for r in per_rank]), ref)
     names = ", ".join(n for n, _, _ in specs)
     prog.done(f"loss and gradients of {names} equal the one-process step")
@@ -125,11 +125,12 @@ def main(argv=()) -> int:
         bad = [m for r in rows for m in r["violations"]]
         print("causality (no action started before one it depends on ended) and bubble floor: "
               + ("held in every repeat" if not bad else f"{len(bad)} violations, first: {bad[0]}"))
-        print("bubble: measured idle share of P x step time (median of repeats); sim: the simulator "
-              "fed the measured durations and latency; floor: the critical path of the measured "
-              "durations (no causal run goes below it); formula (P-1)/(vK+P-1) for gpipe, 1f1b "
-              "and interleaved, labkit.costs.pipeline's closed form for the zero-bubble ones "
-              "('-' where it has none). peak mb / KiB: activations held on stage 0.")
+        print("bubble: measured idle share of P x step time (median of repeats); sim: the "
+              "simulator fed the measured durations and latency; floor: the critical path of the "
+              "measured durations (no causal run goes below it); formula (P-1)/(vK+P-1) for "
+              "gpipe, 1f1b and interleaved, labkit.costs.pipeline's closed form for the "
+              "zero-bubble ones ('-' where it has none). peak mb / KiB: activations held on "
+              "stage 0.")
     if a.trace:
         _trace(a, pad, {r["schedule"]: r["bubble"] for r in rows})
     return 0

@@ -78,7 +78,8 @@ def main(argv=()) -> int:
         lost = sum(r["frac_lost"]) / len(r["frac_lost"])
         theory = sum(r["frac_lost_theory"]) / len(r["frac_lost_theory"])
         print(f"  {name:<13} loss {r['loss'][0]:.4f} -> {r['loss'][-1]:.4f}; bf16 copy unchanged "
-              f"by {lost:.1%} of updates (|u| < ulp/2: {theory:.1%}); weights moved {r['moved']:.4f}")
+              f"by {lost:.1%} of updates (|u| < ulp/2: {theory:.1%}); "
+              f"weights moved {r['moved']:.4f}")
     print("2. fp16 gradients vs fp32")
     for i in (2, 3, 4, 5):
         u = res[i]
