@@ -9,20 +9,16 @@ for a buffer of S bytes per rank. Reported as a ratio to the built-in measured i
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import bench_parser, count, positive
 from labkit.table import table
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench moe")
-    p.add_argument("--ranks", type=count, default=4,
-                   help="rank counts to measure (one launch each)")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("moe", repeats=5)
+    p.add_argument("--ranks", type=count, default=4, help="ranks of the one launch")
     p.add_argument("--mib", type=positive, default=4.0, help="buffer per rank, MiB")
-    p.add_argument("--repeats", type=count, default=5, help="timed repeats (median)")
-    a, rest = p.parse_known_args(list(argv or ()))
-    return a, rest
+    return p.parse_known_args(list(argv or ()))
 
 
 def main(argv=()) -> dict:

@@ -18,14 +18,13 @@ run's own action times and the formula, and the bubble each schedule sheds witho
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, BadOption, count
+from labkit.cliargs import BadOption, bench_parser, count
 from labkit.pipeline import back_to_back, measure, schedules
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench pipeline")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("pipeline", repeats=3)
     p.add_argument("--stages", type=count, nargs="+", default=[2, 4],
                    help="pipeline stages P to measure")
     p.add_argument("--K", type=count, nargs="+", default=[4, 8, 16],
@@ -34,7 +33,6 @@ def options(argv=()):
     p.add_argument("--pad-ms", type=float, nargs=2, default=None,
                    help="ms slept per forward and backward "
                         "(default 5 10; 8 16 with --back-to-back)")
-    p.add_argument("--repeats", type=count, default=3, help="timed repeats (median)")
     p.add_argument("--modes", nargs="+", default=["pad", "compute"], choices=["pad", "compute"],
                    help="pad: sleeps stand in for each stage's compute; compute: real compute only")
     p.add_argument("--back-to-back", action="store_true",

@@ -9,22 +9,20 @@ overhead of TP, not its speed-up: ranks share cores, Gloo goes through the kerne
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, BadOption, count
+from labkit.cliargs import BadOption, bench_parser, count
 from labkit.costs import tensor_parallel as tpc
 from labkit.table import table
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench tp")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("tp", repeats=10)
     p.add_argument("--tps", type=count, nargs="+", default=[1, 2, 4],
                    help="tensor-parallel degrees to measure")
     p.add_argument("--hidden", type=count, default=256, help="hidden size")
     p.add_argument("--heads", type=count, default=8, help="attention heads")
     p.add_argument("--batch", type=count, default=8, help="sequences per step")
     p.add_argument("--seq", type=count, default=64, help="tokens per sequence")
-    p.add_argument("--repeats", type=count, default=10, help="timed repeats (median)")
     a, rest = p.parse_known_args(list(argv or ()))
     if a.hidden % a.heads:
         raise BadOption(f"--hidden {a.hidden} is not divisible by --heads {a.heads}; e.g. "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import count, lab_parser
 
 BACKEND = "auto"
 CASES = ("none", "TP", "TP + SP", "selective", "full")
@@ -199,9 +199,7 @@ def run_lab(argv, name: str):
     from labkit.progress import Progress
     from labkit.table import table
 
-    p = ArgParser(prog=f"labkit run {name}")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="the default of --tp and --cp")
+    p = lab_parser(name, nproc=2, nproc_help="the default of --tp and --cp")
     p.add_argument("--tp", type=count, default=None,
                    help="tensor/sequence-parallel degree (default: --nproc; 1: no SP run)")
     p.add_argument("--cp", type=count, default=None,

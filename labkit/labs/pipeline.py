@@ -19,9 +19,7 @@ rank 0 prints the bubble read back from those files next to the one measured on 
 """
 from __future__ import annotations
 
-import os
-
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import count, lab_parser
 from labkit.profiling.folder import check_folder
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -54,9 +52,8 @@ def parse(argv):
     """The lab's options, checked (ValueError: one line, exit 2, before any process starts)."""
     from labkit.pipeline import measure
 
-    p = ArgParser(prog="labkit run pipeline")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
-                   help="pipeline stages P (processes; under torchrun: its world size)")
+    p = lab_parser("pipeline", nproc=4,
+                   nproc_help="pipeline stages P (processes; under torchrun: its world size)")
     p.add_argument("--K", type=count, default=8, help="micro-batches per step")
     p.add_argument("--v", type=count, default=2, help="chunks per stage for the interleaved run")
     p.add_argument("--batch", type=count, default=16, help="rows in the global batch (>= K)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import count, lab_parser
 
 BACKEND = "auto"  # the launcher picks it; the experiments themselves compute on the CPU
 
@@ -57,9 +57,7 @@ def main(argv=()) -> int:
     from labkit.launch import run
     from labkit.progress import Progress
 
-    p = ArgParser(prog="labkit run precision")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="ranks the experiments are shared out over")
+    p = lab_parser("precision", nproc=2, nproc_help="ranks the experiments are shared out over")
     p.add_argument("--steps", type=count, default=30,
                    help="training steps of the master-weight runs (the scaler run: twice)")
     a = p.parse_args(list(argv))

@@ -15,7 +15,7 @@ communication and their overlap read back from those files.
 """
 import os
 
-from labkit.cliargs import ArgParser, BadOption, at_least_zero, count
+from labkit.cliargs import BadOption, at_least_zero, count, lab_parser
 from labkit.profiling.folder import check_folder
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -34,9 +34,7 @@ def main(argv=()):
     from labkit.zero.measure import LAB_MODEL, rows, table
     from labkit.zero.train import reference_train
 
-    p = ArgParser(prog="labkit run zero")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="ranks (processes; under torchrun: its world size)")
+    p = lab_parser("zero", nproc=2)
     p.add_argument("--steps", type=count, default=3, help="AdamW steps")
     p.add_argument("--batch", type=at_least_zero, default=0,
                    help="global batch (0: 2 per rank)")
