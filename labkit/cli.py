@@ -35,7 +35,8 @@ def _load(package: str, name: str):
     names = _names(package)
     if name not in names:
         kind = "lab" if package.endswith("labs") else "benchmark"
-        raise SystemExit(f"labkit: no {kind} named {name!r}; available: {', '.join(names) or 'none'}")
+        raise SystemExit(f"labkit: no {kind} named {name!r}; "
+                         f"available: {', '.join(names) or 'none'}")
     return importlib.import_module(f"{package}.{name}")
 
 
@@ -65,8 +66,10 @@ def main(argv=None) -> int:
     p_grade.add_argument("--cell-timeout", type=int, default=300,
                          help="seconds one cell may run before the grader stops it")
     sub.add_parser("list", help="list labs and benchmarks")
-    sub.add_parser("book", help="re-execute notebooks, stamped; --check: which are stale", add_help=False)
-    sub.add_parser("site", help="the book's static website (site build --out DIR; site serve)", add_help=False)
+    sub.add_parser("book", help="re-execute notebooks, stamped; --check: which are stale",
+                   add_help=False)
+    sub.add_parser("site", help="the book's static website (site build --out DIR; site serve)",
+                   add_help=False)
     args, rest = parser.parse_known_args(argv)
 
     if args.cmd == "run":
@@ -86,8 +89,9 @@ def main(argv=None) -> int:
     if args.cmd == "grade":
         missing = [p for p in args.paths if not Path(p).exists()]
         if missing or args.cell_timeout < 1:
-            print("labkit grade: " + (f"no such file or folder: {', '.join(missing)}" if missing else
-                  f"--cell-timeout must be 1 second or more (got {args.cell_timeout})"), file=sys.stderr)
+            why = (f"no such file or folder: {', '.join(missing)}" if missing else
+                   f"--cell-timeout must be 1 second or more (got {args.cell_timeout})")
+            print(f"labkit grade: {why}", file=sys.stderr)
             return 2
     if args.cmd == "grade":
         from labkit.grade import grade
@@ -155,7 +159,10 @@ def _bad_nproc(rest) -> str | None:
     """What is wrong with --nproc in a lab's arguments (None when absent or a positive integer)."""
     for i, arg in enumerate(rest):
         if arg == "--nproc" or arg.startswith("--nproc="):
-            value = arg.split("=", 1)[1] if "=" in arg else (rest[i + 1] if i + 1 < len(rest) else "")
+            if "=" in arg:
+                value = arg.split("=", 1)[1]
+            else:
+                value = rest[i + 1] if i + 1 < len(rest) else ""
             if not value.isdigit() or int(value) < 1:
                 return f"--nproc must be a whole number of processes, 1 or more (got {value!r})"
     return None
@@ -230,7 +237,7 @@ def _bench(names, rest, json_path: str = "bench-results.json") -> int:
     names = names or known
     modules = {name: _load("labkit.bench", name) for name in names}
     if {"-h", "--help"} & set(rest):   # each named benchmark's options, then stop
-        for name, module in modules.items():
+        for module in modules.values():
             try:
                 module.options(["--help"])
             except SystemExit:
@@ -258,7 +265,8 @@ def _bench(names, rest, json_path: str = "bench-results.json") -> int:
         except _input_errors() as err:  # bad input found only while running: one line, exit 2
             if os.environ.get("LABKIT_DEBUG"):
                 raise
-            print(f"labkit: bench {name}: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+            print(f"labkit: bench {name}: {' '.join(str(err).split())}", file=sys.stderr,
+                  flush=True)
             return 2
     Path(json_path).write_text(json.dumps(results, indent=2))
     print(f"wrote {json_path}")

@@ -5,6 +5,9 @@
     p.add_argument("--steps", type=count, default=3, help="SGD steps")
     a = p.parse_args(argv)     # "--steps 0" -> BadOption("labkit run ddp: argument --steps: ...")
 
+The options every lab or benchmark shares are declared once here: lab_parser (`labkit run NAME`
+and its --nproc), bench_parser (`labkit bench NAME`, its --ranks and --repeats), add_gpt_size.
+
 argparse's own error() prints the whole usage and exits; a lab's main may run under torchrun or
 inside `labkit bench`, so here a bad option raises BadOption (a ValueError): labkit.cli turns it
 into one line on stderr and exit status 2, before any process starts.
@@ -12,6 +15,9 @@ into one line on stderr and exit status 2, before any process starts.
 from __future__ import annotations
 
 import argparse
+import os
+
+WORLD_HELP = "ranks (processes; under torchrun: its world size)"
 
 
 class BadOption(ValueError):
@@ -27,6 +33,35 @@ class ArgParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise BadOption(f"{message} (see {self.prog} --help)")
+
+
+def lab_parser(name: str, nproc: int, nproc_help: str = WORLD_HELP) -> ArgParser:
+    """`labkit run NAME`'s parser with its --nproc, `nproc` by default; under torchrun, its world
+    size (WORLD_SIZE), so that `torchrun --nproc-per-node N -m labkit run NAME` needs no --nproc."""
+    p = ArgParser(prog=f"labkit run {name}")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", nproc)),
+                   help=nproc_help)
+    return p
+
+
+def bench_parser(name: str, ranks: list | None = None, repeats: int | None = None,
+                 **kw) -> ArgParser:
+    """`labkit bench NAME`'s parser; given their defaults, with --ranks (rank counts, one launch
+    each) and --repeats (timed repeats, of which the benchmark reports the median). A
+    benchmark's options(argv) returns this parser's parse_known_args (see labkit.bench)."""
+    p = ArgParser(prog=f"labkit bench {name}", **kw)
+    if ranks is not None:
+        p.add_argument("--ranks", type=count, nargs="+", default=ranks,
+                       help="rank counts to measure (one launch each)")
+    if repeats is not None:
+        p.add_argument("--repeats", type=count, default=repeats, help="timed repeats (median)")
+    return p
+
+
+def add_gpt_size(p: ArgParser, n_layer: int, n_embd: int, embd_help: str = "hidden size") -> None:
+    """--n-layer and --n-embd: the depth and width of the tiny GPT (labkit.model)."""
+    p.add_argument("--n-layer", type=count, default=n_layer, help="transformer blocks")
+    p.add_argument("--n-embd", type=count, default=n_embd, help=embd_help)
 
 
 def count(text: str) -> int:

@@ -38,7 +38,8 @@ def main(out: Path) -> None:
     untouched = json.loads((ROOT / "exercises" / NAME).read_text())
     shard_mean = ("part = self.loss_fn(self.model(xm), ym) * ((b - a) / B)",
                   "part = self.loss_fn(self.model(xm), ym) * ((b - a) / (hi - lo) / self.world)")
-    loop = ("    out = torch.empty_like(x)", "    while True:\n        pass\n    out = torch.empty_like(x)")
+    loop = ("    out = torch.empty_like(x)",
+            "    while True:\n        pass\n    out = torch.empty_like(x)")
     before = "def shift_right(x):"
     copies = {f"solved{i}": variant(solution) for i in range(8)}
     copies.update({f"untouched{i}": untouched for i in range(4)})

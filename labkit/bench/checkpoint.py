@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import time
 
-from labkit.cliargs import ArgParser, positive
+from labkit.cliargs import bench_parser, positive
 from labkit.table import table
 
 
@@ -60,14 +60,12 @@ def _job(root: str, mbytes: float, load_from: str | None):
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench checkpoint")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("checkpoint")
     p.add_argument("--mbytes", type=positive, default=64.0, help="state size in MB (1e6 bytes)")
     p.add_argument("--folder", default=None,
                    help="folder to write in (None: the system temp folder)")
-    a, rest = p.parse_known_args(list(argv or ()))
-    return a, rest
+    return p.parse_known_args(list(argv or ()))
 
 
 def main(argv=None) -> dict:

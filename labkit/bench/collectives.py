@@ -8,7 +8,7 @@ notebook of chapter 01 calls `measure` directly.
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import bench_parser, positive
 from labkit.costs import comm
 from labkit.launch import run
 from labkit.table import table as format_table
@@ -92,16 +92,11 @@ def table(rows) -> str:
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench collectives")
-    p.add_argument("--ranks", type=count, nargs="+", default=[2, 4],
-                   help="rank counts to measure (one launch each)")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("collectives", ranks=[2, 4], repeats=5)
     p.add_argument("--sizes-mib", type=positive, nargs="+", default=[1, 4, 16, 64],
                    help="buffer sizes, MiB")
-    p.add_argument("--repeats", type=count, default=5, help="timed repeats (median)")
-    args, rest = p.parse_known_args(list(argv or ()))
-    return args, rest
+    return p.parse_known_args(list(argv or ()))
 
 
 def main(argv=()) -> dict:

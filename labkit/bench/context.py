@@ -38,7 +38,7 @@ import statistics
 
 import torch
 
-from labkit.cliargs import ArgParser, BadOption, count
+from labkit.cliargs import BadOption, bench_parser, count
 
 LAYOUT = "zigzag"
 FORWARD_WHERE = "ring attention k/v"                       # labkit.context.ring_attention's labels
@@ -306,15 +306,13 @@ def _print_ranks(ranks: list) -> None:
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench context")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("context", repeats=10)
     p.add_argument("--cp", type=count, nargs="+", default=[2, 4],
                    help="context-parallel degrees to measure")
     p.add_argument("--seq", type=count, default=1024, help="whole sequence length T")
     p.add_argument("--heads", type=count, default=4, help="attention heads")
     p.add_argument("--dim", type=count, default=32, help="head dimension d")
-    p.add_argument("--repeats", type=count, default=10, help="timed repeats (median)")
     a, rest = p.parse_known_args(list(argv or ()))
     try:
         check_config(a.cp, a.seq, a.heads, a.dim, a.repeats)

@@ -7,7 +7,7 @@ to `torch.nn.parallel.DistributedDataParallel` measured in the same run (lower i
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import add_gpt_size, bench_parser, count, positive
 from labkit.launch import run
 from labkit.table import table as format_table
 
@@ -44,26 +44,22 @@ def table(rows) -> str:
     return format_table(rows, [
         ("ranks", "ranks"),
         ("version", "version"),
-        ("bucket MiB", lambda r: "all" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}", None, ">"),
+        ("bucket MiB", lambda r: "all" if r["bucket_mb"] is None else f"{r['bucket_mb']:g}",
+         None, ">"),
         ("step ms", "step_ms", ".2f"),
         ("x torch DDP", "ratio_to_torch", ".3f"),
         ("all-reduces/step", "allreduces_per_step", ".0f")])
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench ddp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=count, nargs="+", default=[2, 4],
-                   help="rank counts to measure (one launch each)")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("ddp", ranks=[2, 4], description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=count, default=8, help="rows per rank per step")
     p.add_argument("--bucket-mb", type=positive, default=25.0, help="gradient bucket size, MiB")
-    p.add_argument("--n-layer", type=count, default=2, help="transformer blocks")
-    p.add_argument("--n-embd", type=count, default=64, help="hidden size")
+    add_gpt_size(p, n_layer=2, n_embd=64)
     p.add_argument("--steps", type=count, default=5, help="steps per timed block")
     p.add_argument("--rounds", type=count, default=5, help="timed blocks per version (median)")
-    args, rest = p.parse_known_args(list(argv or ()))
-    return args, rest
+    return p.parse_known_args(list(argv or ()))
 
 
 def main(argv=None) -> dict:

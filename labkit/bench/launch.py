@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import bench_parser
 from labkit.table import table
 
 _PROBE = """
@@ -43,14 +43,8 @@ def measure(n: int) -> dict:
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench launch")
-    p.add_argument("--ranks", type=count, nargs="+", default=[2, 4, 8],
-                   help="rank counts to measure (one launch each)")
-    p.add_argument("--repeats", type=count, default=3, help="timed repeats (median)")
-    args, rest = p.parse_known_args(list(argv or ()))
-    return args, rest
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    return bench_parser("launch", ranks=[2, 4, 8], repeats=3).parse_known_args(list(argv or ()))
 
 
 def main(argv=()) -> dict:

@@ -9,20 +9,16 @@ for a buffer of S bytes per rank. Reported as a ratio to the built-in measured i
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import bench_parser, count, positive
 from labkit.table import table
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench moe")
-    p.add_argument("--ranks", type=count, default=4,
-                   help="rank counts to measure (one launch each)")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("moe", repeats=5)
+    p.add_argument("--ranks", type=count, default=4, help="ranks of the one launch")
     p.add_argument("--mib", type=positive, default=4.0, help="buffer per rank, MiB")
-    p.add_argument("--repeats", type=count, default=5, help="timed repeats (median)")
-    a, rest = p.parse_known_args(list(argv or ()))
-    return a, rest
+    return p.parse_known_args(list(argv or ()))
 
 
 def main(argv=()) -> dict:
@@ -38,7 +34,8 @@ def main(argv=()) -> dict:
     for name, t in res["seconds"].items():
         busbw = size * (n - 1) / n / t
         rows.append({"all-to-all": name, "ms": t * 1e3, "busbw GB/s": busbw / 1e9,
-                     "vs built-in": res["seconds"]["builtin"] / t, "same bytes": res["equal"][name]})
+                     "vs built-in": res["seconds"]["builtin"] / t,
+                     "same bytes": res["equal"][name]})
     print(table(rows, ["all-to-all", ("ms", "ms", ".2f"), ("busbw GB/s", "busbw GB/s", ".3f"),
                        ("vs built-in", "vs built-in", ".2f"), "same bytes"],
                 title=f"all-to-all at {n} ranks, {size / 2**20:.1f} MiB per rank, fp32, "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 
-from labkit.cliargs import ArgParser, BadOption, count
+from labkit.cliargs import BadOption, add_gpt_size, bench_parser, count
 from labkit.launch import run
 from labkit.model import GPTConfig
 from labkit.parallel import Plan, check_plan
@@ -27,13 +27,11 @@ PLANS = [dict(), dict(dp=2, tp=2), dict(dp=2, pp=2), dict(tp=2, pp=2), dict(dp=2
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench parallel")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("parallel")
     p.add_argument("--steps", type=count, default=6, help="timed steps")
     p.add_argument("--batch", type=count, default=8, help="sequences per step")
-    p.add_argument("--n-layer", type=count, default=4, help="transformer blocks")
-    p.add_argument("--n-embd", type=count, default=64, help="hidden size")
+    add_gpt_size(p, n_layer=4, n_embd=64)
     a, rest = p.parse_known_args(list(argv or ()))
     cfg = GPTConfig(**_cfg_kw(a))
     for kw in PLANS:

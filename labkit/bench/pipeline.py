@@ -3,12 +3,12 @@
     labkit bench pipeline [--stages 2 4] [--K 4 8 16] [--v 2] [--pad-ms 5 10] [--repeats 3]
     labkit bench pipeline --back-to-back --stages 4 --K 8 [--steps 4] [--pad-ms 8 16]
 
-For each P, one launch runs every schedule at every K (median of `repeats` steps). Reported per schedule:
-measured step time; its ratio to GPipe's in the same run; the simulator's step time predicted
-from the measured per-action times and message latency (measured / predicted = the executor's
-overhead); measured bubble (median over repeats) next to the formula; activations held on stage 0; whether
-every repeat was causal and above its floor (labkit.pipeline.causality). Two modes: 'pad'
-(stand-in compute slept per action, as if each stage had its own accelerator) and 'compute'
+For each P, one launch runs every schedule at every K (median of `repeats` steps). Reported per
+schedule: measured step time; its ratio to GPipe's in the same run; the simulator's step time
+predicted from the measured per-action times and message latency (measured / predicted = the
+executor's overhead); measured bubble (median over repeats) next to the formula; activations held on
+stage 0; whether every repeat was causal and above its floor (labkit.pipeline.causality). Two modes:
+'pad' (stand-in compute slept per action, as if each stage had its own accelerator) and 'compute'
 (the real tiny GPT only, P processes sharing the machine's cores).
 
 --back-to-back: instead, steps with a flush against steps back to back (optimizer
@@ -18,22 +18,21 @@ run's own action times and the formula, and the bubble each schedule sheds witho
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, BadOption, count
+from labkit.cliargs import BadOption, bench_parser, count
 from labkit.pipeline import back_to_back, measure, schedules
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench pipeline")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("pipeline", repeats=3)
     p.add_argument("--stages", type=count, nargs="+", default=[2, 4],
                    help="pipeline stages P to measure")
     p.add_argument("--K", type=count, nargs="+", default=[4, 8, 16],
                    help="micro-batches per step to measure")
     p.add_argument("--v", type=count, default=2, help="chunks per stage (interleaved)")
     p.add_argument("--pad-ms", type=float, nargs=2, default=None,
-                   help="ms slept per forward and backward (default 5 10; 8 16 with --back-to-back)")
-    p.add_argument("--repeats", type=count, default=3, help="timed repeats (median)")
+                   help="ms slept per forward and backward "
+                        "(default 5 10; 8 16 with --back-to-back)")
     p.add_argument("--modes", nargs="+", default=["pad", "compute"], choices=["pad", "compute"],
                    help="pad: sleeps stand in for each stage's compute; compute: real compute only")
     p.add_argument("--back-to-back", action="store_true",
@@ -135,5 +134,6 @@ def _back_to_back(args) -> dict:
                  else f"{sum(len(r['violations']) for r in got)} violations"), flush=True)
         rows += got
     return {"rows": rows, "units": {"period_flush_s": "s", "period_b2b_s": "s",
-                                    "between_flush_s": "s", "bubble_flush": "fraction of P x period",
+                                    "between_flush_s": "s",
+                                    "bubble_flush": "fraction of P x period",
                                     "bubble_b2b": "fraction of P x period"}}

@@ -9,22 +9,20 @@ overhead of TP, not its speed-up: ranks share cores, Gloo goes through the kerne
 """
 from __future__ import annotations
 
-from labkit.cliargs import ArgParser, BadOption, count
+from labkit.cliargs import BadOption, bench_parser, count
 from labkit.costs import tensor_parallel as tpc
 from labkit.table import table
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench tp")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("tp", repeats=10)
     p.add_argument("--tps", type=count, nargs="+", default=[1, 2, 4],
                    help="tensor-parallel degrees to measure")
     p.add_argument("--hidden", type=count, default=256, help="hidden size")
     p.add_argument("--heads", type=count, default=8, help="attention heads")
     p.add_argument("--batch", type=count, default=8, help="sequences per step")
     p.add_argument("--seq", type=count, default=64, help="tokens per sequence")
-    p.add_argument("--repeats", type=count, default=10, help="timed repeats (median)")
     a, rest = p.parse_known_args(list(argv or ()))
     if a.hidden % a.heads:
         raise BadOption(f"--hidden {a.hidden} is not divisible by --heads {a.heads}; e.g. "
@@ -49,10 +47,11 @@ def main(argv=()) -> dict:
         events = count_layer_comm(tp, b=b, s=s, h=h, n_head=a.heads)
         measured = sum(e["measured_bytes"] for e in events)
         predicted = tpc.layer_allreduce_bytes(b, s, h, 4)
+        per_layer = tpc.allreduces_per_layer()
         comm_rows.append({"tp": tp, "allreduces": len(events),
-                          "predicted_allreduces": tpc.allreduces_per_layer(),
+                          "predicted_allreduces": per_layer,
                           "measured_bytes": measured, "predicted_bytes": predicted,
-                          "exact": measured == predicted and len(events) == tpc.allreduces_per_layer(),
+                          "exact": measured == predicted and len(events) == per_layer,
                           "sent_per_rank_ring": tpc.layer_bytes_sent_per_rank(b, s, h, tp, 4)})
     print(table(rows, [("tp", "tp"), ("kind", "kind"), ("ms", lambda r: r["seconds"] * 1e3, ".3f"),
                        ("vs TP=1", "vs_tp1", ".2f")],

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import statistics
 
-from labkit.cliargs import ArgParser, at_least_zero, count
+from labkit.cliargs import add_gpt_size, at_least_zero, bench_parser, count
 from labkit.launch import run
 from labkit.table import table as format_table
 
 VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 1 bucket", "ZeRO-2 offload",
-            "ZeRO-3", "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16", "ZeRO-3 bf16",
-            "torch FSDP2 bf16")
+            "ZeRO-3", "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16",
+            "ZeRO-3 bf16", "torch FSDP2 bf16")
 # keyword arguments of the labkit variants beyond their stage's defaults
 STAGE_KW = {"ZeRO-3 prefetch": dict(prefetch=True), "ZeRO-1 bf16": dict(bf16=True),
             "ZeRO-3 offload": dict(prefetch=True, offload=True),
@@ -177,17 +177,12 @@ def table(rows) -> str:
 
 
 def options(argv=()):
-    """Parse and check the options; labkit.cli calls it for every named benchmark before any
-    runs. Returns (options, the arguments this benchmark does not take)."""
-    p = ArgParser(prog="labkit bench zero")
-    p.add_argument("--ranks", type=count, nargs="+", default=[4],
-                   help="rank counts to measure (one launch each)")
+    """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
+    p = bench_parser("zero", ranks=[4])
     p.add_argument("--steps", type=count, default=6, help="timed steps")
     p.add_argument("--warmup", type=at_least_zero, default=2, help="untimed steps first")
-    p.add_argument("--n-embd", type=count, default=64, help="hidden size")
-    p.add_argument("--n-layer", type=count, default=4, help="transformer blocks")
-    args, rest = p.parse_known_args(list(argv or ()))
-    return args, rest
+    add_gpt_size(p, n_layer=4, n_embd=64)
+    return p.parse_known_args(list(argv or ()))
 
 
 def main(argv=()) -> dict:

@@ -2,12 +2,12 @@
 
     labkit run context [--nproc 2] [--tp 2 --cp 2 --seq 32 --batch 2]   (--nproc: tp and cp)
 
-Part 1, activations: one block of the tiny GPT (fp32, eager attention, which keeps its s x s
-scores as in Korthikanti et al.'s count; no dropout: the book's TP has none) saves tensors for backward; PyTorch's saved-tensor hooks
-count their storages (labkit.activation_memory's counter, which the formula never feeds) for: no
-parallelism, TP t, TP t + SP, selective recomputation (the attention core under
-torch.utils.checkpoint) and full recomputation (the block under it). Beside each, the formula of
-labkit.costs.activations for the same architecture.
+Part 1, activations: one block of the tiny GPT (fp32, eager attention, which keeps its s x s scores
+as in Korthikanti et al.'s count; no dropout: the book's TP has none) saves tensors for backward;
+PyTorch's saved-tensor hooks count their storages (labkit.activation_memory's counter, which the
+formula never feeds) for: no parallelism, TP t, TP t + SP, selective recomputation (the attention
+core under torch.utils.checkpoint) and full recomputation (the block under it). Beside each, the
+formula of labkit.costs.activations for the same architecture.
 
 Part 2, runs: Plan(tp=t, sp=True) and Plan(cp=c) (and Plan(dp=2, cp=2) when 4 ranks are asked
 for) train through labkit.parallel and are compared with the one-process reference (losses, first
@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import count, lab_parser
 
 BACKEND = "auto"
 CASES = ("none", "TP", "TP + SP", "selective", "full")
@@ -199,9 +199,7 @@ def run_lab(argv, name: str):
     from labkit.progress import Progress
     from labkit.table import table
 
-    p = ArgParser(prog=f"labkit run {name}")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="the default of --tp and --cp")
+    p = lab_parser(name, nproc=2, nproc_help="the default of --tp and --cp")
     p.add_argument("--tp", type=count, default=None,
                    help="tensor/sequence-parallel degree (default: --nproc; 1: no SP run)")
     p.add_argument("--cp", type=count, default=None,

@@ -13,7 +13,7 @@ those files (labkit.profiling), compute, communication, and how much of it overl
 """
 import os
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import count, lab_parser, positive
 from labkit.profiling.folder import check_folder
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -34,9 +34,7 @@ def main(argv=()):
     from labkit.launch import run
     from labkit.progress import Progress
 
-    p = ArgParser(prog="labkit run ddp")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="ranks (processes; under torchrun: its world size)")
+    p = lab_parser("ddp", nproc=2)
     p.add_argument("--steps", type=count, default=3, help="SGD steps")
     p.add_argument("--batch", type=count, default=7, help="global batch (rows); need not divide")
     p.add_argument("--bucket-mb", type=positive, default=0.01,
@@ -81,7 +79,8 @@ def _trace(args) -> None:
     for kind in args.versions:
         where = args.trace / kind
         run(jobs.ddp_job, args.nproc, args=(str(where),),
-            kwargs=dict(kind=kind, batch=max(1, args.batch // args.nproc), bucket_mb=args.bucket_mb))
+            kwargs=dict(kind=kind, batch=max(1, args.batch // args.nproc),
+                        bucket_mb=args.bucket_mb))
         print(read.summary(read.load_folder(where),
                            title=f"{kind}: one step, read from the trace files in {where}/"))
     print(folder.announce(args.trace / "<version>", args.nproc))

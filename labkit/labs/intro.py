@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import count, lab_parser, positive
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 SIZES_KIB = (4, 16, 64, 256, 1024, 4096, 16384)  # float32 buffers, KiB: latency- to bandwidth-bound
@@ -154,9 +154,7 @@ def main(argv=()) -> int:
     from labkit.launch import run
     from labkit.progress import Progress
 
-    p = ArgParser(prog="labkit run intro")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
-                   help="ranks (processes; under torchrun: its world size)")
+    p = lab_parser("intro", nproc=4)
     p.add_argument("--sizes-kib", type=positive, nargs="+", default=list(SIZES_KIB),
                    help="all-reduce sizes in KiB of float32 (at least two different ones)")
     p.add_argument("--repeats", type=count, default=5, help="timed repeats per size (median)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import count, lab_parser, positive
 
 BACKEND = "auto"
 
@@ -140,9 +140,8 @@ def main(argv=()):
     from labkit.reference import reference_train
     from labkit.table import table
 
-    p = ArgParser(prog="labkit run moe")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
-                   help="ranks: the expert-parallel degree (and DP); it divides --experts")
+    p = lab_parser("moe", nproc=4,
+                   nproc_help="ranks: the expert-parallel degree (and DP); it divides --experts")
     p.add_argument("--steps", type=count, default=3, help="SGD steps")
     p.add_argument("--batch", type=count, default=5, help="global batch (sequences)")
     p.add_argument("--experts", type=count, default=8, help="experts per MoE layer")
@@ -171,10 +170,11 @@ def main(argv=()):
     ref = reference_train(GPTConfig(**cfg), a.steps, a.batch, "sgd",
                           capacity_rows=plan.capacity_rows(a.batch))
     diffs = differences(results, ref, "sgd")
-    prog.done(f"expert parallel vs one process: {'equal' if all(d['ok'] for d in diffs) else 'DIFFERENT'}")
+    same = all(d["ok"] for d in diffs)
+    prog.done(f"expert parallel vs one process: {'equal' if same else 'DIFFERENT'}")
     tokens = [16 * r for r in plan.capacity_rows(a.batch)]
-    per_rank = run(bytes_job, a.nproc, args=(tokens, dict(n_expert=a.experts, expert_top_k=a.top_k)),
-                   echo=False)
+    per_rank = run(bytes_job, a.nproc,
+                   args=(tokens, dict(n_expert=a.experts, expert_top_k=a.top_k)), echo=False)
     rows = bytes_rows(per_rank, a.nproc)
     prog.done("all-to-all bytes counted by the kernel")
     if os.environ.get("RANK", "0") != "0":

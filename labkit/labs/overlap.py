@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import count, lab_parser, positive
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 ROWS = (1, 2, 4, 8, 16, 32)               # per-rank batch, sequences of block_size tokens
@@ -195,9 +195,7 @@ def figure(res: dict):
 def main(argv=()):
     from labkit.progress import Progress
 
-    p = ArgParser(prog="labkit run overlap")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="ranks (processes; under torchrun: its world size)")
+    p = lab_parser("overlap", nproc=2)
     p.add_argument("--rows", type=count, nargs="+", default=list(ROWS),
                    help="per-rank batches to sweep (sequences of 8 tokens); two or more")
     p.add_argument("--rounds", type=count, default=5, help="timed steps per batch (interleaved)")

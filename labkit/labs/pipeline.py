@@ -19,9 +19,7 @@ rank 0 prints the bubble read back from those files next to the one measured on 
 """
 from __future__ import annotations
 
-import os
-
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import count, lab_parser
 from labkit.profiling.folder import check_folder
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -54,9 +52,8 @@ def parse(argv):
     """The lab's options, checked (ValueError: one line, exit 2, before any process starts)."""
     from labkit.pipeline import measure
 
-    p = ArgParser(prog="labkit run pipeline")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
-                   help="pipeline stages P (processes; under torchrun: its world size)")
+    p = lab_parser("pipeline", nproc=4,
+                   nproc_help="pipeline stages P (processes; under torchrun: its world size)")
     p.add_argument("--K", type=count, default=8, help="micro-batches per step")
     p.add_argument("--v", type=count, default=2, help="chunks per stage for the interleaved run")
     p.add_argument("--batch", type=count, default=16, help="rows in the global batch (>= K)")
@@ -109,7 +106,7 @@ def main(argv=()) -> int:
     sched = [schedules.make(n, P, k, vv) for n, k, vv in specs]
     per_rank = run(executor.schedules_job, P, args=(sched, cfg, a.batch), timeout=120, echo=False)
     ref = executor.reference_step(cfg, a.batch)
-    for i, s in enumerate(sched):
+    for i in range(len(sched)):
         executor.compare_to_reference(executor.merge([r[i] for r in per_rank]), ref)
     names = ", ".join(n for n, _, _ in specs)
     prog.done(f"loss and gradients of {names} equal the one-process step")
@@ -125,11 +122,12 @@ def main(argv=()) -> int:
         bad = [m for r in rows for m in r["violations"]]
         print("causality (no action started before one it depends on ended) and bubble floor: "
               + ("held in every repeat" if not bad else f"{len(bad)} violations, first: {bad[0]}"))
-        print("bubble: measured idle share of P x step time (median of repeats); sim: the simulator "
-              "fed the measured durations and latency; floor: the critical path of the measured "
-              "durations (no causal run goes below it); formula (P-1)/(vK+P-1) for gpipe, 1f1b "
-              "and interleaved, labkit.costs.pipeline's closed form for the zero-bubble ones "
-              "('-' where it has none). peak mb / KiB: activations held on stage 0.")
+        print("bubble: measured idle share of P x step time (median of repeats); sim: the "
+              "simulator fed the measured durations and latency; floor: the critical path of the "
+              "measured durations (no causal run goes below it); formula (P-1)/(vK+P-1) for "
+              "gpipe, 1f1b and interleaved, labkit.costs.pipeline's closed form for the "
+              "zero-bubble ones ('-' where it has none). peak mb / KiB: activations held on "
+              "stage 0.")
     if a.trace:
         _trace(a, pad, {r["schedule"]: r["bubble"] for r in rows})
     return 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import count, lab_parser
 
 BACKEND = "auto"  # the launcher picks it; the experiments themselves compute on the CPU
 
@@ -57,9 +57,7 @@ def main(argv=()) -> int:
     from labkit.launch import run
     from labkit.progress import Progress
 
-    p = ArgParser(prog="labkit run precision")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="ranks the experiments are shared out over")
+    p = lab_parser("precision", nproc=2, nproc_help="ranks the experiments are shared out over")
     p.add_argument("--steps", type=count, default=30,
                    help="training steps of the master-weight runs (the scaler run: twice)")
     a = p.parse_args(list(argv))
@@ -78,7 +76,8 @@ def main(argv=()) -> int:
         lost = sum(r["frac_lost"]) / len(r["frac_lost"])
         theory = sum(r["frac_lost_theory"]) / len(r["frac_lost_theory"])
         print(f"  {name:<13} loss {r['loss'][0]:.4f} -> {r['loss'][-1]:.4f}; bf16 copy unchanged "
-              f"by {lost:.1%} of updates (|u| < ulp/2: {theory:.1%}); weights moved {r['moved']:.4f}")
+              f"by {lost:.1%} of updates (|u| < ulp/2: {theory:.1%}); "
+              f"weights moved {r['moved']:.4f}")
     print("2. fp16 gradients vs fp32")
     for i in (2, 3, 4, 5):
         u = res[i]

@@ -14,7 +14,7 @@ formula's time is printed beside the measured one. The chapter's notebook calls 
 import os
 import statistics
 
-from labkit.cliargs import ArgParser, count, positive
+from labkit.cliargs import count, lab_parser, positive
 from labkit.costs import comm
 from labkit.labs import ran_on
 
@@ -157,9 +157,7 @@ def size_sweep(n, sizes_bytes, repeats=5, algorithms=("builtin", "ring")) -> lis
 def main(argv=()):
     from labkit.progress import Progress
 
-    p = ArgParser(prog="labkit run ring")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 4)),
-                   help="ranks (processes; under torchrun: its world size)")
+    p = lab_parser("ring", nproc=4)
     p.add_argument("--sizes-mib", type=positive, nargs="+", default=[1, 16],
                    help="buffer sizes to all-reduce, MiB of float32")
     p.add_argument("--repeats", type=count, default=3, help="timed repeats per size (median)")

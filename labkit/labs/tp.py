@@ -10,29 +10,24 @@ collective of one step as the comm log saw it (op, shape, bytes vs the formula b
 and the bytes each rank's sockets sent in that step, counted by the kernel (labkit.netcount),
 next to labkit.costs.tensor_parallel's n_layer * 4 * 2(N-1)/N * b*s*h*4.
 """
-import os
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import add_gpt_size, count, lab_parser
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
 
 def main(argv=()):
-    from labkit.costs import tensor_parallel as tpc
-    from labkit.labs import ran_on
     from labkit.launch import run
     from labkit.model import GPTConfig
-    from labkit.progress import Progress
+    from labkit.progress import Progress, is_rank_zero
     from labkit.tp.gpt import check_tp_sizes
     from labkit.tp.measure import train_side_by_side
 
-    p = ArgParser(prog="labkit run tp")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="the tensor-parallel degree (processes; under torchrun: its world size)")
+    p = lab_parser("tp", nproc=2, nproc_help="the tensor-parallel degree (processes; under "
+                                             "torchrun: its world size)")
     p.add_argument("--steps", type=count, default=2, help="SGD steps")
     p.add_argument("--batch", type=count, default=4, help="sequences per step")
-    p.add_argument("--n-layer", type=count, default=2, help="transformer blocks")
-    p.add_argument("--n-embd", type=count, default=32, help="hidden size (a multiple of --n-head)")
+    add_gpt_size(p, n_layer=2, n_embd=32, embd_help="hidden size (a multiple of --n-head)")
     p.add_argument("--n-head", type=count, default=4, help="attention heads (--nproc divides it)")
     p.add_argument("--block-size", type=count, default=32, help="tokens per sequence")
     a = p.parse_args(list(argv))
@@ -55,8 +50,18 @@ def main(argv=()):
     worst = max(d for _, _, _, d in res["rows"])
     prog.done(f"trained {a.steps} steps; max |grad diff| {worst:.1e}; "
               f"{len(res['events'])} all-reduces recorded")
-    if os.environ.get("RANK", "0") != "0":
-        return 0
+    if is_rank_zero():  # under torchrun, every rank ran main; one reports
+        _report(a, per_rank)
+    return 0
+
+
+def _report(a, per_rank) -> None:
+    """Rank 0's report: loss and gradient difference per step, the collectives of one step
+    against the formula, and the bytes the kernel counted against labkit.costs."""
+    from labkit.costs import tensor_parallel as tpc
+    from labkit.labs import ran_on
+
+    res = per_rank[0]
     print(f"TP={a.nproc}: GPT n_layer={a.n_layer} n_embd={a.n_embd} n_head={a.n_head}, "
           f"batch {a.batch} x {a.block_size} tokens, fp32; {ran_on(res['backend'], res['device'])}")
     print(f"{'step':>4} {'loss (1 process)':>17} {'loss (TP)':>10} {'max |grad diff|':>16}")
@@ -82,7 +87,6 @@ def main(argv=()):
               f"ratio {max(sent) / wire:.3f}")
         print(f"the excess, {(max(sent) - wire) / steps:.0f} bytes per ring step, is Gloo's "
               f"message headers (a fixed cost per message: it does not grow with b*s*h)")
-    return 0
 
 
 def _divides(cfg, tp: int) -> bool:

@@ -140,7 +140,8 @@ def main(argv=None) -> int:
             world = int(os.environ["WORLD_SIZE"])
             if attempt:
                 prog.say(f"attempt {attempt} (torchrun restarted every rank)")
-            attempts += [(n, "a rank failed; torchrun restarted every rank") for n in range(attempt)]
+            attempts += [(n, "a rank failed; torchrun restarted every rank")
+                         for n in range(attempt)]
             results = run(ft_job, world, args=(*job_args, attempt, a.out))
             attempts.append((attempt, f"finished from step {results[0][1]}"))
         else:

@@ -8,13 +8,14 @@ Every stage trains the tiny GPT (fp32, AdamW) for a few steps; rank 0 prints, pe
 largest difference from one process, the bytes each rank keeps in parameters, gradients and
 optimizer state next to labkit.costs.memory's prediction, and the bytes each rank sent in one
 step, counted by the kernel's socket counters (labkit.netcount, not by labkit), next to
-labkit.costs.zero's 2(N-1)/N Ψ for stages 0-2 and 3(N-1)/N Ψ for stage 3, with their ratio. With --trace DIR (stage 3 among --stages) one more ZeRO-3 step runs under
-torch.profiler (labkit.profiling.jobs.zero3_job), one trace per rank in DIR, and rank 0 prints
-compute, communication and their overlap read back from those files.
+labkit.costs.zero's 2(N-1)/N Ψ for stages 0-2 and 3(N-1)/N Ψ for stage 3, with their ratio.
+With --trace DIR (stage 3 among --stages) one more ZeRO-3 step runs under torch.profiler
+(labkit.profiling.jobs.zero3_job), one trace per rank in DIR, and rank 0 prints compute,
+communication and their overlap read back from those files.
 """
 import os
 
-from labkit.cliargs import ArgParser, BadOption, at_least_zero, count
+from labkit.cliargs import BadOption, at_least_zero, count, lab_parser
 from labkit.profiling.folder import check_folder
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -33,9 +34,7 @@ def main(argv=()):
     from labkit.zero.measure import LAB_MODEL, rows, table
     from labkit.zero.train import reference_train
 
-    p = ArgParser(prog="labkit run zero")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="ranks (processes; under torchrun: its world size)")
+    p = lab_parser("zero", nproc=2)
     p.add_argument("--steps", type=count, default=3, help="AdamW steps")
     p.add_argument("--batch", type=at_least_zero, default=0,
                    help="global batch (0: 2 per rank)")
@@ -45,8 +44,9 @@ def main(argv=()):
                    help="also write a torch.profiler trace of one ZeRO-3 step per rank here")
     args = p.parse_args(list(argv))
     if args.trace and 3 not in args.stages:
-        raise BadOption(f"--trace records a ZeRO-3 step but --stages {' '.join(map(str, args.stages))} "
-                        f"has no 3; use --stages {' '.join(map(str, args.stages))} 3")
+        stages = " ".join(map(str, args.stages))
+        raise BadOption(f"--trace records a ZeRO-3 step but --stages {stages} has no 3; "
+                        f"use --stages {stages} 3")
     batch = args.batch or 2 * args.nproc
     prog = Progress("zero", total=len(args.stages) + 1)
     ref = reference_train(LAB_MODEL, "adamw", steps=args.steps, batch_size=batch)["params"]
