@@ -4,6 +4,7 @@ q/k/v gradients, saved bytes by saved-tensor hooks), Megatron SP vs the one-proc
 and all-gather-K/V attention at cp = 2, 3, 4 with the plain (uneven) and zig-zag layouts; and
 labkit.costs.context's formulas."""
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -157,8 +158,8 @@ def _cp_job(cases):
                                           (kl.grad, kf.grad[:, :, pos]),
                                           (vl.grad, vf.grad[:, :, pos])],
                                 "sent": c.sent, "why": c.reason,
-                                "saved": saved_bytes(lambda *a: attention(*a, None, layout,
-                                                                          seq_len=T), ql, kl, vl)}
+                                "saved": saved_bytes(partial(attention, layout=layout, seq_len=T),
+                                                     ql, kl, vl)}
     try:
         ring_attention(*(torch.zeros(1, 1, 3, 4, device=dev) for _ in range(3)), None)
     except ValueError as e:

@@ -391,8 +391,8 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
         follow(f"{folder}/{FIRST}", FIRST)
     # Run the chapter's first code cell (its imports) and wait for its execution count.
     nb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-    nb.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000) \
-        if nb.locator(".jp-Notebook-ExecutionIndicator").count() else None
+    if nb.locator(".jp-Notebook-ExecutionIndicator").count():
+        nb.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
     cell = nb.locator(".jp-CodeCell").first
     prompt = cell.locator(".jp-InputPrompt")
     # Under load a fresh kernel can miss the first Run (the prompt stays '[ ]:' with the kernel
