@@ -15,8 +15,13 @@ Two ways to see such a call here, where every device is the CPU:
 """
 from __future__ import annotations
 
+import ast
 import contextlib
+import json
+import re
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -77,12 +82,6 @@ RANK_SIDE = ("labkit/collectives.py", "labkit/bench/collectives.py", "labkit/tp/
 # passed to run(...), one called by name from rank code in the same file, and any function
 # defined inside one of those. A factory call there needs device=, or is moved at once
 # (`torch.randn(4).to(dev)`), or says why it stays on the CPU with `# cpu: <reason>` on its line.
-
-import ast
-import json
-import re
-from dataclasses import dataclass
-from pathlib import Path
 
 FACTORY_NAMES = {"empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm",
                  "arange", "tensor", "as_tensor", "eye", "linspace", "logspace", "empty_strided",
@@ -191,18 +190,21 @@ def static_findings(path: Path, root: Path) -> list:
         c = _chain(call.func)
         return bool(c) and ((c[0] in dist and len(c) > 1) or c[:2] == ["torch", "distributed"]
                             or (len(c) == 1 and c[0] in dist_fns | device)
-                            or (c[-1] == "device" and len(c) > 1 and (c[-2] in launch or c[-2] == "launch")))
+                            or (c[-1] == "device" and len(c) > 1
+                                and (c[-2] in launch or c[-2] == "launch")))
 
     by_name = {}
-    for name, node, *_ in funcs:
+    for _, node, *_ in funcs:
         by_name.setdefault(node.name, []).append(node)
     rank = {id(node) for _, node, *_ in funcs
             if any(isinstance(n, ast.Call) and is_rank_call(n) for n in _own_nodes(node))}
     for _, _, tree in units:  # run(fn, ...), launch.run(fn, ...), a checker's c.launch(fn, ...)
         for n in ast.walk(tree):
             if isinstance(n, ast.Call) and _chain(n.func)[-1:] in (["run"], ["launch"]):
-                target = n.args[0] if n.args else next((k.value for k in n.keywords if k.arg == "fn"), None)
-                if isinstance(target, ast.Call) and _chain(target.func)[-1:] == ["partial"] and target.args:
+                target = n.args[0] if n.args else next(
+                    (k.value for k in n.keywords if k.arg == "fn"), None)
+                if (isinstance(target, ast.Call) and _chain(target.func)[-1:] == ["partial"]
+                        and target.args):
                     target = target.args[0]
                 if isinstance(target, ast.Name):
                     rank |= {id(f) for f in by_name.get(target.id, [])}
@@ -240,14 +242,17 @@ def static_findings(path: Path, root: Path) -> list:
             if any(OPT_OUT.search(ln) for ln in lines[n.lineno - 1:n.end_lineno]):
                 continue
             call = " ".join((ast.get_source_segment(src, n) or "").split())
-            found.append((units.index(next(u for u in units if u[1] is src)), n.lineno, n.col_offset,
+            unit = units.index(next(u for u in units if u[1] is src))
+            found.append((unit, n.lineno, n.col_offset,
                           Finding(rel, f"{label}line {n.lineno}", name, call)))
     seen = {}
     out = []
-    for *_, f in sorted(found, key=lambda t: t[:3]):  # the same call twice in one function: keep both, distinguishable
+    # the same call twice in one function: keep both, distinguishable
+    for *_, f in sorted(found, key=lambda t: t[:3]):
         k = f.key()
         seen[k] = seen.get(k, 0) + 1
-        out.append(f if seen[k] == 1 else Finding(f.path, f.where, f.function, f"{f.call} #{seen[k]}"))
+        out.append(f if seen[k] == 1
+                   else Finding(f.path, f.where, f.function, f"{f.call} #{seen[k]}"))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Numbers in a chapter's prose, and whether its saved outputs print them (tests/test_prose_numbers.py).
+"""Numbers in a chapter's prose, and whether its saved outputs print them
+(tests/test_prose_numbers.py).
 
 A number the prose quotes from a cell's output must equal that output: a re-run that changes the
 output then fails the test until the prose follows. Numbers the prose takes from elsewhere (a

@@ -35,7 +35,8 @@ MIXED = [ch00.STATE_CASES[0]]          # bf16 weights and grads, fp32 master, Ad
 @pytest.mark.parametrize("wrong, cases, hint", [
     (dict(master_counts=False), MIXED, "master copy"),                       # 4 bytes/param short
     (dict(adam_states=1), MIXED, "momentum? variance?"),
-    (dict(grads_dtype=torch.bfloat16), [ch00.STATE_CASES[2]], "Gradients are kept in torch.float32"),
+    (dict(grads_dtype=torch.bfloat16), [ch00.STATE_CASES[2]],
+     "Gradients are kept in torch.float32"),
 ], ids=["no master copy", "Adam with one state", "fp32 gradients counted as bf16"])
 def test_state_bytes_wrong_answers_fail_with_the_reason(wrong, cases, hint):
     result = ch00.state_bytes(lambda *a: _predict(*a, **wrong), cases=cases)

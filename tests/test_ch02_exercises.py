@@ -82,11 +82,11 @@ class _DDP(torch.nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        self._sync = False
+        was, self._sync = self._sync, False    # nested no_sync() blocks restore what they found
         try:
             yield
         finally:
-            self._sync = True
+            self._sync = was
 
     def _grad_ready(self, p):
         if not self._sync and self.honour_no_sync:

@@ -100,7 +100,8 @@ class Attention(nn.Module):
 
     def forward(self, x):                                                       # (B, T, h)
         B, T, _ = x.shape
-        xs = [f(x, self.group) for _ in range(3)] if self.f_per_projection else [f(x, self.group)] * 3
+        xs = ([f(x, self.group) for _ in range(3)] if self.f_per_projection
+              else [f(x, self.group)] * 3)
         q, k, v = (F.linear(xi, w, b).view(B, T, -1, self.d).transpose(1, 2) for xi, w, b in
                    zip(xs, (self.q_weight, self.k_weight, self.v_weight),
                        (self.q_bias, self.k_bias, self.v_bias)))               # (B, n, T, d)
@@ -132,7 +133,8 @@ def test_reference_scores_full_marks(monkeypatch):
 
 
 def test_bias_before_g_and_an_f_per_projection(tp2_only):
-    res = ch04.tp_block(_variant(MLP, bias_before_g=True), _variant(Attention, f_per_projection=True))
+    res = ch04.tp_block(_variant(MLP, bias_before_g=True),
+                        _variant(Attention, f_per_projection=True))
     msgs = _messages(res)
     assert "counted tp times" in msgs["TP=2: MLP: output and every gradient equal one process"]
     comm = next(m for n, m in msgs.items() if "communication" in n)

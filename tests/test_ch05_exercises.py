@@ -150,7 +150,8 @@ def test_expected_order_and_peak_of_a_split_schedule():
     from labkit.pipeline import schedules
 
     s = schedules.make("zb-h1", 2, 3)
-    assert "".join(ch05_stage.expected_order(s.stages[1], first=False)) == "FBFBWFBWW"   # W(i) after B(i+1)
+    # W(i) after B(i+1)
+    assert "".join(ch05_stage.expected_order(s.stages[1], first=False)) == "FBFBWFBWW"
     assert "".join(ch05_stage.expected_order(s.stages[0], first=True)).count("B") == 0
     assert ch05_stage.expected_peak(s.stages[0], [10, 20, 30]) == 50        # F0 F1 held, then F1 F2
     assert ch05_stage.fused_pairs(["F", "W", "B", "F"]) == ["F", "B", "W", "F"]

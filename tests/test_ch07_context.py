@@ -127,9 +127,10 @@ def test_lab_activation_bytes_equal_formula_and_runs_equal_reference(capsys):
     assert by["TP + SP"] < by["TP"] < by["none"]
 
 
-@pytest.mark.parametrize("argv,needle", [(["--cp", "3", "--seq", "32"], "2*cp = 6"),
-                                         (["--tp", "3", "--seq", "32", "--cp", "1"], "--tp 3 must divide"),
-                                         (["--tp", "0"], "--tp: must be 1 or more")])
+@pytest.mark.parametrize("argv,needle", [
+    (["--cp", "3", "--seq", "32"], "2*cp = 6"),
+    (["--tp", "3", "--seq", "32", "--cp", "1"], "--tp 3 must divide"),
+    (["--tp", "0"], "--tp: must be 1 or more")])
 def test_lab_bad_input_is_one_line_exit_2(argv, needle):
     import subprocess
 

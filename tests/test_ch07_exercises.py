@@ -62,8 +62,8 @@ class Ring(torch.autograd.Function):
             if s < cp - 1:
                 nk, nv = cls._bufs(q, k)
                 works = _hop([cur_k, cur_v], [nk, nv], rank, cp, group, (1, 2))
-            o, l = attend(q, cur_k, cur_v, cls._pos(T, rank, cp, n), cls._pos(T, src, cp, n))
-            out, lse = (o, l) if out is None else merge_partials(out, lse, o, l)
+            o, o_lse = attend(q, cur_k, cur_v, cls._pos(T, rank, cp, n), cls._pos(T, src, cp, n))
+            out, lse = (o, o_lse) if out is None else merge_partials(out, lse, o, o_lse)
             if s < cp - 1:
                 _wait(works)
                 cur_k, cur_v = nk, nv
@@ -184,7 +184,8 @@ def _right(b, s, H, Hk, d, cp, e):
 
 
 def test_ring_bytes_reference_and_wrong_counts(monkeypatch):
-    monkeypatch.setattr(ch07_ring_wire, "BYTES_CASES", ch07_ring_wire.BYTES_CASES[1:2])  # cp=3, H=4, Hk=2
+    # cp=3, H=4, Hk=2
+    monkeypatch.setattr(ch07_ring_wire, "BYTES_CASES", ch07_ring_wire.BYTES_CASES[1:2])
     assert ch07.ring_bytes(_right).score == ch07.EXERCISES["7.4"][1]
     chunk = lambda b, s, H, Hk, d, cp, e: 2 * b * s / cp * Hk * d * e  # noqa: E731
     wrong = {

@@ -8,6 +8,7 @@ from labkit.check import ch08
 from labkit.costs import moe as mc
 from labkit.launch import run
 from labkit.model import GPT, GPTConfig
+from labkit.moe.router import keep_within_capacity
 
 
 # ----------------------------------------------------------------------------- costs
@@ -39,7 +40,8 @@ def test_dropped_fraction_matches_a_simulation():
         load = torch.bincount(torch.randint(E, (n,), generator=g), minlength=E)
         drops.append(float((load - cap).clamp(min=0).sum()) / n)
     assert sum(drops) / len(drops) == pytest.approx(mc.dropped_fraction(E, k, n, f), abs=0.01)
-    assert mc.dropped_fraction(E, k, n, 0.5) == pytest.approx(0.5, abs=1e-3)   # forced: half cannot fit
+    # forced: half cannot fit
+    assert mc.dropped_fraction(E, k, n, 0.5) == pytest.approx(0.5, abs=1e-3)
 
 
 def test_dropped_fraction_is_top_ks_distinct_experts():
@@ -108,31 +110,15 @@ def test_balancing_runs_and_records_a_load_per_step():
 
 
 # ----------------------------------------------------------------------------- checkers
-def _keep_right(expert, n_expert, cap):
-    n, k = expert.shape
-    kept, used = torch.zeros(n, k, dtype=torch.bool), [0] * n_expert
-    for j in range(k):
-        for t in range(n):
-            e = int(expert[t, j])
-            if used[e] < cap:
-                used[e] += 1
-                kept[t, j] = True
-    return kept
-
-
 def _keep_token_major(expert, n_expert, cap):      # wrong: token 0's second choice first
-    n, k = expert.shape
-    kept, used = torch.zeros(n, k, dtype=torch.bool), [0] * n_expert
-    for t in range(n):
-        for j in range(k):
-            e = int(expert[t, j])
-            if used[e] < cap:
-                used[e] += 1
-                kept[t, j] = True
-    return kept
+    # labkit's rule on the transpose (rows are the choices): its choice-major is token-major here
+    return keep_within_capacity(expert.t(), n_expert, cap).t()
 
 
 def test_routing_checker_scores_right_and_wrong():
-    assert ch08.routing_with_capacity(_keep_right).score == ch08.EXERCISES["8.1"][1]
+    assert ch08.routing_with_capacity(keep_within_capacity).score == ch08.EXERCISES["8.1"][1]
     assert ch08.routing_with_capacity(_keep_token_major).score < ch08.EXERCISES["8.1"][1]
-    assert ch08.routing_with_capacity(lambda e, E, c: torch.ones_like(e, dtype=torch.bool)).score == 0
+
+    def keep_all(expert, n_expert, cap):
+        return torch.ones_like(expert, dtype=torch.bool)
+    assert ch08.routing_with_capacity(keep_all).score == 0

@@ -6,6 +6,7 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
+from grading_helpers import assert_case_fails, assert_reference_full_stub_zero
 
 from labkit.check import ch09
 from labkit.check.ch09 import trainer as ch09_trainer
@@ -356,12 +357,7 @@ def predict_with_labkit(n, recipe):
 
 
 def test_state_bytes_reference_full_stub_zero():
-    res = ch09.state_bytes(predict)
-    assert res.score == res.points == 3, res.table()
-
-    def stub(*args):
-        raise NotImplementedError("Exercise 9.4: write your code here")
-    assert ch09.state_bytes(stub).score == 0
+    assert_reference_full_stub_zero(ch09.state_bytes, predict, 3, "9.4")
 
 
 @pytest.mark.parametrize("fn,case,needle", [
@@ -371,5 +367,4 @@ def test_state_bytes_reference_full_stub_zero():
     (predict_with_labkit, 0, "derive the bytes yourself"),
 ])
 def test_state_bytes_wrong_answers(fn, case, needle):
-    res = ch09.state_bytes(fn)
-    assert not res.cases[case]["passed"] and needle in res.cases[case]["message"], res.table()
+    assert_case_fails(ch09.state_bytes(fn), case, needle)

@@ -4,6 +4,7 @@ import sys
 
 import cloudpickle
 import pytest
+from grading_helpers import WrongAnswers, assert_case_fails, assert_reference_full_stub_zero
 
 from labkit.check import ch10
 from labkit.costs import activations, flops, models
@@ -90,62 +91,56 @@ def search(job, cluster, estimate, *, ignore_memory=False, zeros=(0, 1, 2, 3),
 
 
 # ----------------------------------------------------------------------------- 10.1 tests
+wrong = WrongAnswers()   # 10.1's and 10.3's, tested at the end of the file
+
+
+def _estimator(fn, case, monkeypatch):
+    return ch10.estimator(fn)
+
+
+def _hybrid_bytes(fn, case, monkeypatch):   # the cases up to the one that fails: fewer launches
+    monkeypatch.setattr(ch10.hybrid_wire, "HYBRID_CASES", ch10.HYBRID_CASES[:case + 1])
+    return ch10.hybrid_bytes(fn)
+
+
 def _messages(res):
     return "\n".join(c["message"] for c in res.cases if not c["passed"])
 
 
 def test_estimator_reference_full_stub_zero():
-    res = ch10.estimator(estimate)
-    assert res.score == res.points == 6, res.table()
-
-    def stub(*args):
-        raise NotImplementedError("Exercise 10.1: write your code here")
-    assert ch10.estimator(stub).score == 0
+    assert_reference_full_stub_zero(ch10.estimator, estimate, 6, "10.1")
 
 
+@wrong(_estimator, 0, "memory:")
 def all_micro_batches_alive(config, job, cluster):      # GPipe's memory, not 1F1B's
     return estimate(config, job, cluster, alive=lambda K, P: K)
 
 
-def no_logits(config, job, cluster):
-    return estimate(config, job, cluster, logits=False)
+def _leaving_out(term):
+    """The reference estimator without one of its terms (that flag False): named no_<term>."""
+    def answer(config, job, cluster):
+        return estimate(config, job, cluster, **{term: False})
+    answer.__name__ = answer.__qualname__ = f"no_{term}"
+    return answer
 
 
-def no_bubble(config, job, cluster):
-    return estimate(config, job, cluster, bubble=False)
+for _term, _case, _needle in [("logits", 2, "about the logits term: did you leave it out"),
+                              ("bubble", 0, "about the bubble term: did you leave it out"),
+                              ("overlap", 1, "about the DP not hidden term"),
+                              ("gathered", 4, "about the ZeRO-3's gathered layer term")]:
+    wrong(_estimator, _case, _needle)(_leaving_out(_term))
 
 
-def no_overlap(config, job, cluster):
-    return estimate(config, job, cluster, overlap=False)
-
-
-def no_gathered_layer(config, job, cluster):
-    return estimate(config, job, cluster, gathered=False)
-
-
+@wrong(_estimator, 6, "memory:")
 def floor_layers(config, job, cluster):                 # 40 layers on 3 stages: 13, not 14
     return estimate(config, job, cluster, layers_of=lambda L, p: L // p)
 
 
+@wrong(_estimator, 0, "write it from the formulas")
 def with_the_planner(config, job, cluster):
     from labkit.costs import planner
     e = planner.evaluate(config, job, cluster)
     return {"memory": e.memory.total, "step_s": e.step_s}
-
-
-@pytest.mark.parametrize("fn,case,needle", [
-    (all_micro_batches_alive, 0, "memory:"),
-    (no_logits, 2, "about the logits term: did you leave it out"),
-    (no_bubble, 0, "about the bubble term: did you leave it out"),
-    (no_overlap, 1, "about the DP not hidden term"),
-    (no_gathered_layer, 4, "about the ZeRO-3's gathered layer term"),
-    (floor_layers, 6, "memory:"),
-    (with_the_planner, 0, "write it from the formulas"),
-])
-def test_estimator_wrong_answers(fn, case, needle):
-    res = ch10.estimator(fn)
-    assert not res.cases[case]["passed"] and needle in res.cases[case]["message"], res.table()
-    assert res.score < res.points
 
 
 def test_the_planner_is_refused_at_run_time_too():
@@ -160,12 +155,7 @@ def test_the_planner_is_refused_at_run_time_too():
 
 # ----------------------------------------------------------------------------- 10.2 tests
 def test_search_reference_full_stub_zero():
-    res = ch10.search_plans(search, estimate)
-    assert res.score == res.points == 3, res.table()
-
-    def stub(*args):
-        raise NotImplementedError("Exercise 10.2: write your code here")
-    assert ch10.search_plans(stub, estimate).score == 0
+    assert_reference_full_stub_zero(lambda fn: ch10.search_plans(fn, estimate), search, 3, "10.2")
 
 
 def search_ignoring_memory(job, cluster, estimate):
@@ -201,22 +191,27 @@ def predict(cfg, dp, tp, zero, rows, local_params, *, blocks_ar=4, ring=True, ze
             + zero_factor * dp_share * local_params * 4 * (dp > 1))
 
 
+@wrong(_hybrid_bytes, 0, "how many all-reduces per block")
 def tp_forward_only(*a):
     return predict(*a, blocks_ar=2)
 
 
+@wrong(_hybrid_bytes, 1, "the payload")
 def payload_not_wire(*a):
     return predict(*a, ring=False)
 
 
+@wrong(_hybrid_bytes, 1, "1.5x is ZeRO-3's")
 def zero1_as_zero3(*a):
     return predict(*a, zero_factor=1.5 if a[3] else 1.0)
 
 
+@wrong(_hybrid_bytes, 0, "replica's")
 def global_rows(cfg, dp, tp, zero, rows, local_params):   # every replica's rows
     return predict(cfg, dp, tp, zero, rows, local_params, rows_of=rows * dp)
 
 
+@wrong(_hybrid_bytes, 0, "derive the bytes yourself")
 def with_costs_parallel(cfg, dp, tp, zero, rows, local_params):
     from labkit.costs import parallel
     return sum(parallel.wire_bytes(cfg, dp, tp, 1, zero, rows * dp).values())
@@ -227,14 +222,9 @@ def test_hybrid_bytes_reference_full():
     assert res.score == res.points == 3, res.table()
 
 
-@pytest.mark.parametrize("fn,case,needle", [
-    (tp_forward_only, 0, "how many all-reduces per block"),
-    (payload_not_wire, 1, "the payload"),
-    (zero1_as_zero3, 1, "1.5x is ZeRO-3's"),
-    (global_rows, 0, "replica's"),
-    (with_costs_parallel, 0, "derive the bytes yourself"),
-])
-def test_hybrid_bytes_wrong_answers(monkeypatch, fn, case, needle):
-    monkeypatch.setattr(ch10.hybrid_wire, "HYBRID_CASES", ch10.HYBRID_CASES[:case + 1])
-    res = ch10.hybrid_bytes(fn)
-    assert not res.cases[case]["passed"] and needle in res.cases[case]["message"], res.table()
+# ----------------------------------------------------------------------------- 10.1 and 10.3 wrong
+@pytest.mark.parametrize("grade,fn,case,needle", wrong)
+def test_wrong_answers(monkeypatch, grade, fn, case, needle):
+    res = grade(fn, case, monkeypatch)
+    assert_case_fails(res, case, needle)
+    assert res.score < res.points

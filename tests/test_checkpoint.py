@@ -25,7 +25,7 @@ def _resume_all(world, root):
     # a fresh set of processes resumes, as after a crash
     later = run(resume_jobs, world, args=(CFG, 10, 4, root, ("resume", "resume-no-rng")),
                 echo=False)
-    return ([f[0] for f in first], [l[0] for l in later], [l[1] for l in later])
+    return ([f[0] for f in first], [r[0] for r in later], [r[1] for r in later])
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -89,7 +89,8 @@ def test_sigkill_during_save_leaves_previous_checkpoint(tmp_path):
     from labkit.checkpoint.crash import crash_during_save
 
     crash_during_save(tmp_path, atomic=True)
-    assert (tmp_path / ".step_00000002.tmp").is_dir(), "the killed save should leave its temp folder"
+    assert (tmp_path / ".step_00000002.tmp").is_dir(), \
+        "the killed save should leave its temp folder"
     assert atomic.latest(tmp_path).name == "step_00000001"
     model, opt, _ = build(CFG)
     info = load_full(tmp_path, model, opt)
@@ -226,7 +227,8 @@ def test_activation_checkpointing_keeps_only_block_inputs_and_same_gradients():
 
     cfg = GPTConfig(n_layer=3, n_embd=32, n_head=4, block_size=32)
     m = measure(cfg, batch=4, repeats=1)
-    assert m["recompute"]["per_block_bytes"] == m["predicted_block_bytes_recompute"] == 4 * 32 * 32 * 4
+    assert (m["recompute"]["per_block_bytes"] == m["predicted_block_bytes_recompute"]
+            == 4 * 32 * 32 * 4)
     assert m["plain"]["per_block_bytes"] > 8 * m["recompute"]["per_block_bytes"]
     assert m["plain"]["other_bytes"] == m["recompute"]["other_bytes"]
     # counted by torch: one more forward of the blocks (not of the head and loss), so above 1 and

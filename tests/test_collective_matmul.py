@@ -27,7 +27,7 @@ def test_collective_matmul_equals_plain_and_the_one_process_product(world):
     m, k, n = 3, 5, 7                                   # odd sizes: no accidental symmetry
     rows = run(_job, world, args=(m, k, n), echo=False, timeout=60)
     x_full = torch.cat([r["x"] for r in rows])          # (world*m, k): every rank's rows
-    for rank, r in enumerate(rows):
+    for r in rows:
         torch.testing.assert_close(r["overlapped"], r["plain"], rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(r["overlapped"], x_full @ r["w"])
         assert r["sends"] == world - 1                  # one ring pass per step but the last

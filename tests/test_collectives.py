@@ -1,7 +1,15 @@
 """labkit.collectives against torch.distributed's built-ins, world sizes 1 to 5, uneven sizes."""
 import pytest
 
-from labkit.collectives import chunk_bounds, ring_schedule
+from labkit.collectives import (
+    Traffic,
+    chunk_bounds,
+    parameter_server_all_reduce,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+    ring_schedule,
+)
 from labkit.costs import comm
 from labkit.launch import run
 
@@ -12,15 +20,6 @@ def _compare_all(sizes, dtype_name, op):
     """On every rank: each labkit collective vs the built-in on the same integer-valued data."""
     import torch
     import torch.distributed as dist
-
-    from labkit.collectives import (
-        Traffic,
-        chunk_bounds,
-        parameter_server_all_reduce,
-        ring_all_gather,
-        ring_all_reduce,
-        ring_reduce_scatter,
-    )
 
     rank, n = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, dtype_name)
@@ -84,7 +83,7 @@ def test_dtypes_and_average(n, dtype, op):
 def test_ring_traffic_matches_the_formula():
     """Each ring rank sends exactly its 2(N-1) chunk transfers: 2(N-1)/N * D when N divides D."""
     n, numel = 4, 1000
-    for rank, rank_report in enumerate(run(_compare_all, n, args=((numel,), "float32", "sum"))):
+    for rank_report in run(_compare_all, n, args=((numel,), "float32", "sum")):
         row = rank_report[0]
         d = numel * row["elt"]
         assert row["sent"] == comm.ring_bytes_sent_per_rank("all_reduce", d, n) == 1500 * 4
@@ -94,8 +93,6 @@ def test_ring_traffic_matches_the_formula():
 def _ps_traffic():
     import torch
     import torch.distributed as dist
-
-    from labkit.collectives import Traffic, parameter_server_all_reduce
 
     t = Traffic()
     parameter_server_all_reduce(torch.ones(100), traffic=t)
@@ -135,8 +132,6 @@ def test_chunk_bounds_cover_uneven_sizes():
 def test_bad_input():
     import torch
 
-    from labkit.collectives import ring_all_reduce
-
     with pytest.raises(ValueError, match="op must be"):
         ring_all_reduce(torch.ones(4), op="max")
     with pytest.raises(ValueError, match="contiguous"):
@@ -150,14 +145,6 @@ def _on_the_input_device(sizes, dtype_name):
     import torch
     import torch.distributed as dist
     from devicecheck import default_device
-
-    from labkit.collectives import (
-        chunk_bounds,
-        parameter_server_all_reduce,
-        ring_all_gather,
-        ring_all_reduce,
-        ring_reduce_scatter,
-    )
 
     rank, n = dist.get_rank(), dist.get_world_size()
     dtype = getattr(torch, dtype_name)
@@ -242,13 +229,6 @@ def _shaped(sizes, bandwidth):
     import torch
     import torch.distributed as dist
 
-    from labkit.collectives import (
-        chunk_bounds,
-        parameter_server_all_reduce,
-        ring_all_gather,
-        ring_all_reduce,
-        ring_reduce_scatter,
-    )
     from labkit.launch import device
     from labkit.shaped import Shaper
 
@@ -302,7 +282,6 @@ def _counted(numel):
     import torch.distributed as dist
 
     from labkit import netcount
-    from labkit.collectives import parameter_server_all_reduce, ring_all_reduce
     from labkit.launch import device
 
     x = torch.ones(numel, device=device())  # (numel,)

@@ -4,10 +4,12 @@ q/k/v gradients, saved bytes by saved-tensor hooks), Megatron SP vs the one-proc
 and all-gather-K/V attention at cp = 2, 3, 4 with the plain (uneven) and zig-zag layouts; and
 labkit.costs.context's formulas."""
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tp_pairs import grad_pairs, param_pairs
 
 from labkit.context import layout as lay
 from labkit.context.tiled import (
@@ -156,8 +158,8 @@ def _cp_job(cases):
                                           (kl.grad, kf.grad[:, :, pos]),
                                           (vl.grad, vf.grad[:, :, pos])],
                                 "sent": c.sent, "why": c.reason,
-                                "saved": saved_bytes(lambda *a: attention(*a, None, layout,
-                                                                          seq_len=T), ql, kl, vl)}
+                                "saved": saved_bytes(partial(attention, layout=layout, seq_len=T),
+                                                     ql, kl, vl)}
     try:
         ring_attention(*(torch.zeros(1, 1, 3, 4, device=dev) for _ in range(3)), None)
     except ValueError as e:
@@ -205,7 +207,6 @@ def _sp_model_run(sp, ref, T, dev):
     """Two SGD steps of `sp` and `ref` on the same batches: every compared pair and the last log."""
     from labkit import commlog
     from labkit.model import get_batch, tiny_corpus
-    from labkit.tp import gather_tp_grads, gather_tp_state
 
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.5)
     opt_s = torch.optim.SGD(sp.parameters(), lr=0.5)
@@ -218,13 +219,9 @@ def _sp_model_run(sp, ref, T, dev):
             logits_s, loss_s = sp(x, y)
             loss_s.backward()
         pairs[f"step {step} logits"] = (logits_s.detach(), logits_r.detach())
-        grads = gather_tp_grads(sp)
-        for name, p in ref.named_parameters():
-            pairs[f"step {step} grad {name}"] = (grads[name], p.grad)
+        pairs.update(grad_pairs(sp, ref, f"step {step}"))
         opt_r.step(), opt_s.step(), opt_r.zero_grad(), opt_s.zero_grad()
-    state = gather_tp_state(sp)
-    for name, p in ref.named_parameters():
-        pairs[f"param after 2 steps {name}"] = (state[name], p.detach())
+    pairs.update(param_pairs(sp, ref, "param after 2 steps"))
     return pairs, {"by_op": log.by_dim()["world"],
                    "where": {w: log.count(where=w) for w in {e.where for e in log.events}}}
 

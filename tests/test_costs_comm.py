@@ -23,13 +23,15 @@ def test_bandwidth_term_does_not_grow_with_n_but_latency_does():
     assert t64 / t8 < 1.2  # nearly flat: the bandwidth term is bounded by 2D/bw
     # latency-dominated small message: the ring grows ~linearly, the tree ~log
     small = 1e3
-    assert comm.ring_allreduce_time(small, 64, a, bw) > 5 * comm.tree_allreduce_time(small, 64, a, bw)
-    assert comm.tree_allreduce_time(small, 64, a, bw) == pytest.approx(12 * a + 2 * 63 / 64 * small / bw)
+    tree = comm.tree_allreduce_time(small, 64, a, bw)
+    assert comm.ring_allreduce_time(small, 64, a, bw) > 5 * tree
+    assert tree == pytest.approx(12 * a + 2 * 63 / 64 * small / bw)
     # N = 6: halving and doubling over P = 4, plus the fold's two whole-vector hops
     assert comm.tree_allreduce_time(small, 6, a, bw) == pytest.approx(
         4 * a + 1.5 * small / bw + 2 * (a + small / bw))
     for n in range(2, 70):   # 2 ceil(log2 N) latency terms, whether or not N is a power of two
-        assert comm.tree_allreduce_time(0.0, n, a, bw) == pytest.approx(2 * math.ceil(math.log2(n)) * a)
+        assert comm.tree_allreduce_time(0.0, n, a, bw) == pytest.approx(
+            2 * math.ceil(math.log2(n)) * a)
 
 
 def test_parameter_server_grows_linearly():

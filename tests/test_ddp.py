@@ -133,7 +133,7 @@ def _errors():
         msgs.append(str(err))
     # a second synced backward before finishing is an error, not silently wrong gradients
     model3 = GPT(GPTConfig(**SMALL))
-    ddp3 = BucketedDDP(model3, bucket_mb=1e-6)
+    BucketedDDP(model3, bucket_mb=1e-6)   # kept alive by its hooks on model3's parameters
     model3(x, x)[1].backward()
     try:
         model3(x, x)[1].backward()
@@ -169,7 +169,8 @@ def test_scaling_calculator_worked_example():
     assert scaling.efficiency(100, 10, 1) == 1.0                                # nothing to sync
     assert scaling.efficiency(100, 10, 8, accum=4) == pytest.approx(400 / 410)
     # a common claim's formula disagrees with its own speedup by a factor N
-    assert scaling.common_claim_efficiency(100, 10, 8) * 8 == pytest.approx(scaling.efficiency(100, 10, 8))
+    assert scaling.common_claim_efficiency(100, 10, 8) * 8 == pytest.approx(
+        scaling.efficiency(100, 10, 8))
     # per-rank bytes approach 2D, never grow linearly; buckets add only latency
     assert scaling.bytes_per_rank(1e9, 64) < 2e9 and scaling.bytes_per_rank(1e9, 2) == 1e9
     one, many = (scaling.comm_time(1e8, 8, 5e-6, 50e9, b) for b in (1, 10))
@@ -222,7 +223,8 @@ def test_step_model_pieces_are_the_slowest_ranks_and_add_up():
     assert ranks[0] == ranks[1], "every piece is the max over ranks: both ranks hold the same rows"
     params = list(build_model(SMALL, dtype="float32").parameters())
     for row, (kind, mb) in zip(ranks[0], variants):
-        n = len(params) if kind == "naive" else 1 if kind == "torch" else len(assign_buckets(params, mb))
+        n = (len(params) if kind == "naive" else 1 if kind == "torch"
+             else len(assign_buckets(params, mb)))
         assert (row["version"], row["bucket_mb"], row["messages"]) == (kind, mb, n)
         assert row["step"] > 0 and row["compute"] > 0 and row["comm"] > 0
         assert (row["pack"] > 0) == (kind == "bucketed")

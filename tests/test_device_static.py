@@ -1,8 +1,9 @@
 """Device-correct everywhere, checked on a CPU-only machine: in labs, checkers, chapters and
-solutions, every tensor factory (torch.zeros, ones, empty, full, rand*, arange, tensor, ...) called in
-rank code says device= (labkit.launch.device()), is moved at once (`.to(dev)`), or carries
-`# cpu: <reason>` on its line. Rank code: a function that calls torch.distributed or
-labkit.launch.device(), one passed to run(...), and what those call or define (tests/devicecheck.py).
+solutions, every tensor factory (torch.zeros, ones, empty, full, rand*, arange, tensor, ...)
+called in rank code says device= (labkit.launch.device()), is moved at once (`.to(dev)`), or
+carries `# cpu: <reason>` on its line. Rank code: a function that calls torch.distributed or
+labkit.launch.device(), one passed to run(...), and what those call or define
+(tests/devicecheck.py).
 
 ALLOWED lists the findings of the day this test was written, each with who fixes it. A new finding
 fails; so does an entry that is no longer found (delete it: the list only shrinks).
@@ -27,16 +28,16 @@ def _where(f):
 def test_no_new_tensor_without_a_device_in_rank_code():
     found = all_static_findings(ROOT)
     new = [_where(f) for f in found if f.key() not in ALLOWED]
-    assert not new, ("tensors made without device= in rank code (on a GPU rank they land on the CPU; "
-                     "pass device=labkit.launch.device(), or add `# cpu: <why>` on the line):\n  "
-                     + "\n  ".join(new))
+    assert not new, ("tensors made without device= in rank code (on a GPU rank they land on the "
+                     "CPU; pass device=labkit.launch.device(), or add `# cpu: <why>` on the "
+                     "line):\n  " + "\n  ".join(new))
 
 
 def test_allow_list_only_shrinks():
     keys = {f.key() for f in all_static_findings(ROOT)}
     fixed = [f"{k} (owner {o})" for k, o in ALLOWED.items() if k not in keys]
-    assert not fixed, ("no longer a violation: delete from ALLOWED in tests/test_device_static.py:\n  "
-                       + "\n  ".join(fixed))
+    assert not fixed, ("no longer a violation: delete from ALLOWED in "
+                       "tests/test_device_static.py:\n  " + "\n  ".join(fixed))
 
 
 def test_allow_list_names_owners():

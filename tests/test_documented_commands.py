@@ -29,10 +29,12 @@ from labkit import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-START = re.compile(r"^(?:\$ )?(?:[A-Z_]+=\S+ )*(labkit |torchrun |\./book\.sh|\./test\.sh|bash scripts/)")
+START = re.compile(r"^(?:\$ )?(?:[A-Z_]+=\S+ )*"
+                   r"(labkit |torchrun |\./book\.sh|\./test\.sh|bash scripts/)")
 
-# what each lab's documented line says it shows, beyond its final table's marker (tests/test_labs.py;
-# tp's marker names the tiny run's layer count, so its own line here stands for it)
+# what each lab's documented line says it shows, beyond its final table's marker
+# (tests/test_labs.py; tp's marker names the tiny run's layer count, so its own line here stands
+# for it)
 EXPECT = {
     "intro": ["bytes/param"],
     "ring": ["ring", "parameter server", "builtin"],
@@ -52,10 +54,12 @@ EXPECT = {
 
 # documented command (its start) -> the test that runs it
 COVERED_BY = {
-    "./book.sh": "tests/e2e/test_jupyterlab_browser.py::test_book_sh_opens_the_landing_page_which_leads_to_every_notebook",
+    "./book.sh": "tests/e2e/test_jupyterlab_browser.py::"
+                 "test_book_sh_opens_the_landing_page_which_leads_to_every_notebook",
     "./test.sh": ".ci/run (CI runs it on a clean clone)",
     "labkit grade": "tests/test_grade.py::test_every_file_gets_a_row_with_the_right_scores",
-    "bash scripts/gpu-smoke.sh": "scripts/gpu-smoke.sh on a GPU machine (exit 2 without one); docs/gpu-and-cluster.md",
+    "bash scripts/gpu-smoke.sh": "scripts/gpu-smoke.sh on a GPU machine (exit 2 without one); "
+                                 "docs/gpu-and-cluster.md",
     "labkit exercises": "tests/test_exercises_kept.py",
     "labkit book": "tests/test_freshness.py",
     "labkit site": "tests/test_site.py",

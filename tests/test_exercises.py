@@ -1,5 +1,6 @@
 """Exercises: generated from solutions and in sync; grading scores solutions full and untouched
-exercises zero. Each chapter's wrong answers (and hang reports) are in tests/test_chNN_exercises.py."""
+exercises zero. Each chapter's wrong answers (and hang reports) are in
+tests/test_chNN_exercises.py."""
 from pathlib import Path
 
 import pytest

@@ -16,9 +16,11 @@ from labkit import book
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for d in ("chapters", "solutions") for p in (ROOT / d).glob("*.ipynb"))
 OFF = os.environ.get("LABKIT_FRESHNESS") == "off"
+PYTHON3 = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 
-@pytest.mark.skipif(OFF, reason="LABKIT_FRESHNESS=off: saved outputs not checked against labkit's sources")
+@pytest.mark.skipif(OFF, reason="LABKIT_FRESHNESS=off: saved outputs not checked against "
+                                "labkit's sources")
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_saved_outputs_are_newer_than_the_code_they_ran(path):
     reasons = book.stale_reasons(nbformat.read(str(path), as_version=4))
@@ -34,10 +36,12 @@ def _package(tmp_path):
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text('"""fake"""\n')
     (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("def f():\n    from labkit.sub import b  # a rank imports inside\n    return b.g()\n")
+    (pkg / "a.py").write_text("def f():\n    from labkit.sub import b  # a rank imports inside\n"
+                              "    return b.g()\n")
     (pkg / "sub" / "b.py").write_text("from . import c\n\ndef g():\n    return c.h()\n")
-    (pkg / "sub" / "c.py").write_text("from importlib import resources\n\ndef h():\n"
-                                      "    return resources.files('labkit').joinpath('data/x.txt')\n")
+    (pkg / "sub" / "c.py").write_text(
+        "from importlib import resources\n\ndef h():\n"
+        "    return resources.files('labkit').joinpath('data/x.txt')\n")
     (pkg / "data").mkdir()
     (pkg / "data" / "x.txt").write_text("a file the code reads by name\n")
     (pkg / "unused.py").write_text("X = 1\n")
@@ -87,7 +91,8 @@ def test_staleness_fires_when_a_source_it_runs_changes(tmp_path):
 
     book.stamp(nb, book.dependencies(nb, book.Sources(pkg)), seconds=1.0)
     (pkg / "unused.py").unlink()
-    assert "ran files that no longer exist: labkit/unused.py" in book.stale_reasons(nb, book.Sources(pkg))
+    assert "ran files that no longer exist: labkit/unused.py" in book.stale_reasons(
+        nb, book.Sources(pkg))
 
 
 def test_editing_a_code_cell_after_the_run_is_stale(tmp_path):
@@ -123,10 +128,11 @@ def test_run_executes_in_a_fresh_kernel_with_the_installed_labkit_and_stamps(tmp
                    "print(os.getcwd() == os.path.dirname(os.path.abspath('42_demo.ipynb')),"
                    " os.path.exists('42_demo.ipynb'), os.path.dirname(labkit.__file__))",
                    "print(comm.ring_steps('all_reduce', 4))")
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = dict(PYTHON3)
     nbformat.write(nb, str(path))
     assert book.main(["run", "42", "--root", str(tmp_path)]) == 0
-    assert "chapters/42_demo.ipynb" in capsys.readouterr().out  # one line per notebook, with seconds
+    # one line per notebook, with seconds
+    assert "chapters/42_demo.ipynb" in capsys.readouterr().out
     saved = nbformat.read(str(path), as_version=4)
     cwd_ok, exists, pkg = saved.cells[1].outputs[0].text.split()
     assert (cwd_ok, exists) == ("True", "True")  # the kernel runs in the notebook's folder
@@ -142,7 +148,7 @@ def test_a_failing_notebook_is_left_as_it_was_and_the_run_exits_1(tmp_path, caps
     (tmp_path / "chapters").mkdir()
     path = tmp_path / "chapters" / "43_broken.ipynb"
     nb = _notebook("import labkit", "1 / 0")
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = dict(PYTHON3)
     nbformat.write(nb, str(path))
     before = path.read_bytes()
     assert book.main(["run", "43", "--root", str(tmp_path)]) == 1

@@ -46,7 +46,8 @@ def test_every_file_gets_a_row_with_the_right_scores(graded):
     assert sorted(rows) == ["alice/00_why_distribute.ipynb", "bob/00_why_distribute.ipynb",
                             "carol_00_why_distribute.ipynb", "dave_00_why_distribute.ipynb",
                             "erin-homework.ipynb"]
-    assert rows["alice/00_why_distribute.ipynb"]["scores"] == {"0.1": 3, "0.2": 2, "0.3": 5, "0.4": 2}
+    assert rows["alice/00_why_distribute.ipynb"]["scores"] == {"0.1": 3, "0.2": 2, "0.3": 5,
+                                                              "0.4": 2}
     assert rows["alice/00_why_distribute.ipynb"]["error"] == ""
     for crashed in ("bob/00_why_distribute.ipynb", "carol_00_why_distribute.ipynb"):
         assert rows[crashed]["scores"] == {"0.1": 3, "0.2": 0, "0.3": 0, "0.4": 0}, rows[crashed]
@@ -55,7 +56,8 @@ def test_every_file_gets_a_row_with_the_right_scores(graded):
     assert "exit status 1" in bob, bob   # os._exit(1), said
     carol = rows["carol_00_why_distribute.ipynb"]["error"]
     assert "longer than 20 s" in carol and "code cell 4 ('import time')" in carol, carol
-    assert rows["dave_00_why_distribute.ipynb"]["scores"] == {"0.1": 0, "0.2": 0, "0.3": 0, "0.4": 0}
+    assert rows["dave_00_why_distribute.ipynb"]["scores"] == {"0.1": 0, "0.2": 0, "0.3": 0,
+                                                             "0.4": 0}
     assert "not a readable notebook" in rows["dave_00_why_distribute.ipynb"]["error"]
     erin = rows["erin-homework.ipynb"]  # chapter found from the checker it imports
     assert erin["chapter"] == 0 and erin["scores"] == {"0.1": 0, "0.2": 0, "0.3": 0, "0.4": 0}
@@ -68,8 +70,8 @@ def test_csv_and_summary(graded):
         table = list(csv.DictReader(f))
     assert [r["notebook"] for r in table][0] == "alice/00_why_distribute.ipynb"
     assert {r["notebook"]: float(r["total"]) for r in table}["alice/00_why_distribute.ipynb"] == 12
-    assert all(set(r) >= {"0.1", "0.2", "0.3", "0.4", "total", "possible", "seconds", "failures", "error"}
-               for r in table)
+    assert all(set(r) >= {"0.1", "0.2", "0.3", "0.4", "total", "possible", "seconds", "failures",
+                          "error"} for r in table)
     assert float(table[0]["seconds"]) > 0          # each notebook's grading time, in seconds
     assert "[5/5] grading" in printed and "stopped early" in printed
     assert "12/12" in printed

@@ -166,7 +166,8 @@ def test_a_hung_answer_is_stopped_and_the_next_exercises_graded(tmp_path):
     # 45 s, not less: on CI's two loaded cores the next answer's checker (0.2 starts ranks at
     # three world sizes, 5 s here when idle) runs under the same limit and must finish within it
     row = grade_notebook(path, checker_timeout=45)
-    assert row["scores"] == {"0.1": 0, "0.2": 2, "0.3": 5, "0.4": 2}, (row["error"], row["failures"])
+    assert row["scores"] == {"0.1": 0, "0.2": 2, "0.3": 5, "0.4": 2}, \
+        (row["error"], row["failures"])
     assert "0.1: answer from code cell 3" in row["error"]
     assert "still running after 45 s and was stopped" in row["error"], row["error"]
 

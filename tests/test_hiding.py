@@ -97,7 +97,8 @@ def test_measured_crossover_solves_the_fitted_power_law():
 
 
 def _right(n_params, world, flops_per_s, bandwidth, alpha, grad_bytes, n_buckets):
-    comm = n_buckets * 2 * (world - 1) * alpha + 2 * (world - 1) / world * n_params * grad_bytes / bandwidth
+    comm = (n_buckets * 2 * (world - 1) * alpha
+            + 2 * (world - 1) / world * n_params * grad_bytes / bandwidth)
     return comm * flops_per_s / (4 * n_params)
 
 

@@ -40,9 +40,9 @@ def test_numbers_come_back_as_javascript_writes_them(value, saved):
 
 
 def _nb(cells, **metadata):
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
     return nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "cells": cells,
-                               "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                           "language": "python"}, **metadata}})
+                               "metadata": {"kernelspec": kernelspec, **metadata}})
 
 
 def _code(id_, metadata=None, outputs=()):
@@ -54,7 +54,8 @@ def test_collapsed_and_outputs_hidden_are_kept_equal_collapsed_first():
     nb = nbfile.as_jupyterlab(_nb([
         _code("a", {"jupyter": {"outputs_hidden": True}}),
         _code("b", {"collapsed": False}),
-        _code("c", {"collapsed": True, "jupyter": {"source_hidden": True, "outputs_hidden": False}}),
+        _code("c", {"collapsed": True,
+                    "jupyter": {"source_hidden": True, "outputs_hidden": False}}),
         _code("d", {"jupyter": {"source_hidden": True}}),
         {"cell_type": "markdown", "id": "e", "metadata": {"collapsed": True}, "source": "# x"}]))
     got = [c.metadata for c in nb.cells]
@@ -89,7 +90,8 @@ def test_write_is_atomic_and_round_trips(tmp_path):
 # ---- the save hook, through jupyter_server's own contents manager ------------------------------
 
 PLOT = {"output_type": "display_data", "metadata": {},
-        "data": {labsave.PLOTLY: {"data": [{"y": [0.0, 1.5]}], "layout": {}}, "text/plain": "Figure"}}
+        "data": {labsave.PLOTLY: {"data": [{"y": [0.0, 1.5]}], "layout": {}},
+                 "text/plain": "Figure"}}
 
 
 @pytest.fixture
@@ -118,7 +120,8 @@ def test_saving_an_unedited_notebook_keeps_its_bytes(book, caplog):
     before = path.read_bytes()
     cm.log = logging.getLogger("test-labsave")
     with caplog.at_level(logging.INFO, logger="test-labsave"):
-        cm.save({"type": "notebook", "format": "json", "content": _as_browser_sends(path)}, "ch.ipynb")
+        cm.save({"type": "notebook", "format": "json", "content": _as_browser_sends(path)},
+                "ch.ipynb")
     assert path.read_bytes() == before
     assert "unchanged by the reader" in caplog.text  # kept because equal, not by luck
 
@@ -139,5 +142,6 @@ def test_book_sh_leaves_start_here_as_committed():
     committed file must be what it writes, or starting the book edits it."""
     from labkit import landing
 
-    assert nbfile.dumps(landing.landing_notebook(ROOT)) == (ROOT / "START_HERE.ipynb").read_text(), \
+    want = (ROOT / "START_HERE.ipynb").read_text()
+    assert nbfile.dumps(landing.landing_notebook(ROOT)) == want, \
         "START_HERE.ipynb is out of date: run python -m labkit.landing ."

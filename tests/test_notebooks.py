@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted(p for d in ("chapters", "solutions", "exercises") for p in (ROOT / d).glob("*.ipynb"))
+NOTEBOOKS = sorted(p for d in ("chapters", "solutions", "exercises")
+                   for p in (ROOT / d).glob("*.ipynb"))
 
 
 def _code(path):

@@ -28,7 +28,8 @@ def test_micro_batches_for_bubble_is_the_smallest(P, target, v):
 
 def test_interleaving_divides_bubble_time_by_v():
     P, K, v = 8, 32, 4
-    assert costs.pipeline.bubble_overhead(P, K, v) == pytest.approx(costs.pipeline.bubble_overhead(P, K) / v)
+    assert costs.pipeline.bubble_overhead(P, K, v) == pytest.approx(
+        costs.pipeline.bubble_overhead(P, K) / v)
     t1 = costs.pipeline.step_time(P, K, 1.0, 2.0) - K * 3.0
     tv = costs.pipeline.step_time(P, K, 1.0, 2.0, v=v) - K * 3.0
     assert tv == pytest.approx(t1 / v)
@@ -168,8 +169,9 @@ def test_executor_matches_one_process_reference(P):
     # measured bytes: 1F1B's stage 0 holds 4 of the 6 micro-batches (5 of 7 rows), GPipe all
     if P == 4:
         one, gp = (E.merge([r[i] for r in per_rank]) for i in (0, 1))
-        assert one["peak_activation_bytes"][0] == pytest.approx(gp["peak_activation_bytes"][0] * 5 / 7, rel=0.01)
-        assert one["peak_activation_bytes"][3] == pytest.approx(gp["peak_activation_bytes"][3] * 2 / 7, rel=0.01)
+        peak, gpipe_peak = one["peak_activation_bytes"], gp["peak_activation_bytes"]
+        assert peak[0] == pytest.approx(gpipe_peak[0] * 5 / 7, rel=0.01)
+        assert peak[3] == pytest.approx(gpipe_peak[3] * 2 / 7, rel=0.01)
 
 
 def test_executor_rejects_a_wrong_world_size():
@@ -191,7 +193,8 @@ def test_checker_accepts_1f1b(P, K):
 
 
 def test_checker_rejects_gpipe_and_lazy_orders():
-    with pytest.raises(AssertionError, match=r"stage 0 holds 8 micro-batches.*at most min\(K, P - p\) = 4"):
+    with pytest.raises(AssertionError,
+                       match=r"stage 0 holds 8 micro-batches.*at most min\(K, P - p\) = 4"):
         ch05.assert_1f1b_schedule(S.gpipe(4, 8))
 
     def too_few_warmup(p, P, K):  # valid and low-memory, but stage 0 waits: bigger bubble
@@ -303,7 +306,7 @@ def test_executor_makes_its_buffers_on_the_model_device():
     sched = [S.one_f_one_b(2, 3), S.interleaved_1f1b(2, 4, 2), S.from_stage_fn(_out_of_order, 2, 2)]
     per_rank = run(_pipeline_on_the_model_device, 2, args=(sched, cfg, 5), timeout=60, echo=False)
     ref = E.reference_step(cfg, 5)
-    for i, s in enumerate(sched):  # the out-of-order one too: on Gloo the tags pair the messages
+    for i in range(len(sched)):  # the out-of-order one too: on Gloo the tags pair the messages
         E.compare_to_reference(E.merge([r[0][i] for r in per_rank]), ref)
         assert all(r[0][i]["devices"] == {"cpu"} for r in per_rank)
     for _, calls, ran_on, _ in per_rank:
@@ -436,7 +439,7 @@ def test_interleaving_sends_more_messages_of_the_same_size():
         assert r["logged_bytes"] <= r["kernel_sent"] <= 1.1 * r["logged_bytes"]
 
 
-# ----------------------------------------------------------------------------- zero bubble (issue 17)
+# ------------------------------------------------------------------------ zero bubble (issue 17)
 from labkit.pipeline import torch_orders as TO  # noqa: E402
 from labkit.pipeline import zero_bubble as ZB  # noqa: E402
 from labkit.pipeline.schedules import W  # noqa: E402
@@ -524,7 +527,8 @@ def test_split_backward_matches_one_process_reference(P):
         assert merged["peak_in_flight"] == simulate(s).peak_in_flight, s.name
         assert len(merged["timeline"]) == sum(map(len, s.stages))
         assert check_causality(s, merged["timeline"]) == []
-        assert {e["kind"] for e in merged["timeline"]} == ({"F", "B", "W"} if s.split else {"F", "B"})
+        kinds = {"F", "B", "W"} if s.split else {"F", "B"}
+        assert {e["kind"] for e in merged["timeline"]} == kinds
     if P == 4:  # ZB-H1 holds 1F1B's stage-0 peak on the last stage too (measured bytes)
         h1, one = (E.merge([r[i] for r in per_rank]) for i in (0, 2))
         assert h1["peak_activation_bytes"][0] == pytest.approx(one["peak_activation_bytes"][0])

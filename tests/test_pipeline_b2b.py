@@ -56,8 +56,9 @@ def test_period_of_the_simulators_timelines_equals_its_own_bubbles(name, v, t_b)
     assert back_to_back.period(b2b, K, steps)["bubble"] == pytest.approx(
         steady_state(s, 1.0, t_b, t_w=1.0, steps=steps)["bubble"], abs=1e-9)
     one = simulate(s, 1.0, t_b, t_w=1.0)
-    flush = [dict(e, mb=e["mb"] + i * K, start=e["start"] + i * (one.makespan + 0.5),
-                  end=e["end"] + i * (one.makespan + 0.5)) for i in range(steps) for e in one.timeline]
+    gap = one.makespan + 0.5
+    flush = [dict(e, mb=e["mb"] + i * K, start=e["start"] + i * gap, end=e["end"] + i * gap)
+             for i in range(steps) for e in one.timeline]
     got = back_to_back.period(flush, K, steps, flush=True)
     assert got["bubble"] == pytest.approx(one.bubble, abs=1e-9)
     assert got["between"] == pytest.approx(0.5)

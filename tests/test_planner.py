@@ -15,10 +15,10 @@ LLAMA70 = planner.Job("llama2-70b", global_batch=1024, seq_len=4096, recipe="mix
 def test_175b_states_per_gpu_12_and_16_byte_recipes():
     # TP 8 x PP 4 x DP 8, ZeRO-2, Psi = 175e9 exactly as a common write-up counts
     kw = dict(zero_stage=2, dp=8, tp=8, pp=4)
-    assert memory.model_states(175e9, recipe="no_master", **kw).total / GB == pytest.approx(17.77, abs=0.01)
-    assert memory.model_states(175e9, recipe="mixed", **kw).total / GB == pytest.approx(20.51, abs=0.01)
-    # the preset's exact count (174.6B) through the planner gives the same to within 0.5%
     for recipe, want in (("no_master", 17.77), ("mixed", 20.51)):
+        states = memory.model_states(175e9, recipe=recipe, **kw).total
+        assert states / GB == pytest.approx(want, abs=0.01)
+        # the preset's exact count (174.6B) through the planner gives the same to within 0.5%
         job = planner.Job("gpt3-175b", global_batch=1536, seq_len=2048, recipe=recipe)
         est = planner.evaluate(planner.Config(8, 4, 8, zero=2), job, A100_256)
         states = est.memory.params + est.memory.grads + est.memory.optimizer
@@ -39,7 +39,8 @@ def test_where_common_claims_go_astray():
     b = memory.model_states(70e9, recipe="mixed", dp=4, tp=8, pp=4).total
     assert a == b == 16 * 70e9 / 32
     # "ZeRO-3: 105 GB across 8 GPUs, ~13 GB per GPU": 105 GB is already per GPU
-    assert memory.model_states(70e9, recipe="no_master", zero_stage=3, dp=8).total == pytest.approx(105e9)
+    states = memory.model_states(70e9, recipe="no_master", zero_stage=3, dp=8)
+    assert states.total == pytest.approx(105e9)
 
 
 def test_zero2_pays_a_reduce_scatter_per_micro_batch_zero1_does_not():
@@ -339,8 +340,10 @@ def test_conditions_say_which_axis_binds():
     assert dp["need"] == pytest.approx(0.75 * 156e12 / 25e9, rel=1e-2) and dp["have"] == 2048
     assert planner.binding(c, GPT3, A100_256) == dp and dp["binds"] and not dp["hides"]
     # ZeRO-3 is paid per micro-batch; one GPU has nothing to hide
-    assert planner.conditions(planner.Config(4, 16, 4, zero=3), GPT3, A100_256)[0]["axis"] == "ZeRO-3"
+    zero3 = planner.Config(4, 16, 4, zero=3)
+    assert planner.conditions(zero3, GPT3, A100_256)[0]["axis"] == "ZeRO-3"
     one = planner.Job("llama2-7b", global_batch=8, seq_len=1024)
-    assert planner.binding(planner.Config(1, 1, 1), one, planner.Cluster(1, 1, "H200 141GB")) is None
+    assert planner.binding(planner.Config(1, 1, 1), one,
+                           planner.Cluster(1, 1, "H200 141GB")) is None
     assert "binds: DP" in "\n".join(planner.reasons(planner.evaluate(c, GPT3, A100_256), GPT3,
                                                      A100_256))

@@ -17,7 +17,8 @@ def _synthetic(tmp_path):
     """Compute labels on thread 1, Gloo's runloop thread 2 with three collectives, a c10d call
     inside backward (queueing: not compute). Intervals in microseconds, chosen by hand."""
     events = [
-        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "thread 1 (python)"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1,
+         "args": {"name": "thread 1 (python)"}},
         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2,
          "args": {"name": "thread 2 (pt_gloo_runloop)"}},
         _event("forward", 0, 100, 1),

@@ -93,7 +93,8 @@ def test_the_guard_finds_the_referees_stale_references():
 @pytest.mark.parametrize("path", NOTEBOOKS + TEXTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_chapter_references_name_the_chapter_that_holds_the_topic(path):
     chapters = _chapters()
-    problems = [p for where, text in _markdown(path) for p in stale_references(where, text, chapters)]
+    problems = [p for where, text in _markdown(path)
+                for p in stale_references(where, text, chapters)]
     assert not problems, "\n".join(problems)
 
 
@@ -108,7 +109,8 @@ def test_no_printed_held_false_stands_unaddressed(path):
     cells = json.loads(path.read_text())["cells"]
     problems = []
     for i, cell in enumerate(cells):
-        printed = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+        printed = "".join("".join(o.get("text", ""))
+                          + "".join(o.get("data", {}).get("text/plain", ""))
                           for o in cell.get("outputs", []) if o["output_type"] != "error")
         if "held: False" not in printed:
             continue

@@ -30,7 +30,8 @@ def test_prose_numbers_are_printed_or_sourced(path):
 def test_every_listed_number_is_still_in_the_prose(path):
     stated = {n for _, n in prose_numbers(json.loads(path.read_text()), int(path.name[:2]))}
     stale = sorted(set(SOURCES.get(path.stem, {})) - stated)
-    assert not stale, f"{path.name}: tests/prose_numbers.toml lists numbers the prose dropped: {stale}"
+    assert not stale, \
+        f"{path.name}: tests/prose_numbers.toml lists numbers the prose dropped: {stale}"
 
 
 def test_sources_name_only_chapters_that_exist():

@@ -1,5 +1,6 @@
-"""The README's chapter table carries the numbers the chapters themselves give (labkit.chapter_stats):
-words of prose, references, and the minutes of the last full run; and the README stays a door."""
+"""The README's chapter table carries the numbers the chapters themselves give
+(labkit.chapter_stats): words of prose, references, and the minutes of the last full run; and
+the README stays a door."""
 import re
 from pathlib import Path
 
@@ -20,7 +21,8 @@ def _table_rows() -> dict:
 
 
 def test_the_chapter_table_numbers_are_the_chapters_own():
-    rows, header = _table_rows(), next(l for l in README.splitlines() if l.startswith("| # |"))
+    rows = _table_rows()
+    header = next(line for line in README.splitlines() if line.startswith("| # |"))
     names = [c.strip() for c in header.strip().strip("|").split("|")]
     want = {s["number"]: s for s in all_stats(ROOT)}
     assert sorted(rows) == sorted(want)
@@ -31,8 +33,10 @@ def test_the_chapter_table_numbers_are_the_chapters_own():
                     "run (min)": str(want[number]["minutes"])}
         for column, value in expected.items():
             if got.get(column) != value:
-                wrong.append(f"chapter {number} {column}: README {got.get(column)!r}, chapter {value}")
-    assert not wrong, "\n".join(wrong) + "\n(python -m labkit.chapter_stats --write-readme puts them in)"
+                wrong.append(f"chapter {number} {column}: README {got.get(column)!r}, "
+                             f"chapter {value}")
+    assert not wrong, ("\n".join(wrong)
+                       + "\n(python -m labkit.chapter_stats --write-readme puts them in)")
 
 
 def test_the_readme_is_a_door():

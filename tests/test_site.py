@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _chapter(root: Path, folder: str, name: str, title: str, cells=()) -> None:
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# Chapter {name[:2]} — {title}"),
-                                         *cells])
+    title_cell = nbformat.v4.new_markdown_cell(f"# Chapter {name[:2]} — {title}")
+    nb = nbformat.v4.new_notebook(cells=[title_cell, *cells])
     (root / folder).mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, root / folder / name)
 
@@ -60,16 +60,19 @@ def test_committed_landing_is_valid_and_lists_the_book():
 
 
 def test_prepare_turns_plotly_json_into_a_figure_div_and_widgets_into_a_note():
-    fig = {"data": [{"type": "bar", "x": [1], "y": [2], "name": "</script>"}], "layout": {"height": 300}}
+    fig = {"data": [{"type": "bar", "x": [1], "y": [2], "name": "</script>"}],
+           "layout": {"height": 300}}
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fig", outputs=[
         nbformat.v4.new_output("display_data", data={site.PLOTLY: fig, "text/plain": "Figure"}),
-        nbformat.v4.new_output("display_data", data={site.WIDGET: {"model_id": "x"}, "text/plain": "W"}),
+        nbformat.v4.new_output("display_data",
+                               data={site.WIDGET: {"model_id": "x"}, "text/plain": "W"}),
     ])])
     nb.metadata["widgets"] = {"state": {}}
     out = site.prepare(nb)
     html0 = out.cells[0].outputs[0]["data"]
     assert list(html0) == ["text/html"]
-    m = re.search(r'<script type="application/json" id="fig1-json">(.*)</script>', html0["text/html"])
+    m = re.search(r'<script type="application/json" id="fig1-json">(.*)</script>',
+                  html0["text/html"])
     assert json.loads(m.group(1)) == fig  # "</script>" inside the JSON is escaped, still equal
     assert 'height:300px' in html0["text/html"]
     assert out.cells[0].outputs[1]["data"] == {"text/html": site.WIDGET_NOTE}
@@ -78,7 +81,8 @@ def test_prepare_turns_plotly_json_into_a_figure_div_and_widgets_into_a_note():
 
 def test_build_writes_pages_with_local_assets_only(tmp_path):
     book = tmp_path / "book"
-    md = nbformat.v4.new_markdown_cell("Math $a^2$ and see [the solutions](../solutions/01_b.ipynb#top).")
+    md = nbformat.v4.new_markdown_cell(
+        "Math $a^2$ and see [the solutions](../solutions/01_b.ipynb#top).")
     _chapter(book, "chapters", "00_a.ipynb", "First")
     _chapter(book, "chapters", "01_b.ipynb", "Second", [md])
     _chapter(book, "solutions", "01_b.ipynb", "Second")
@@ -130,7 +134,8 @@ def test_committed_glossary_links_only_chapters_that_exist():
 
 
 def _widget_cell(source, model_ids):
-    outs = [nbformat.v4.new_output("display_data", data={site.WIDGET: {"model_id": m}, "text/plain": "W"})
+    outs = [nbformat.v4.new_output("display_data",
+                                   data={site.WIDGET: {"model_id": m}, "text/plain": "W"})
             for m in model_ids]
     return nbformat.v4.new_code_cell(source, outputs=outs)
 
@@ -158,7 +163,8 @@ def test_every_chapter_calculator_has_a_website_calculator():
     for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             if any(site.WIDGET in o.get("data", {}) for o in cell.get("outputs", [])):
-                if web.find(path.name[:2], cell.source) is None and "ring_explorer" not in cell.source:
+                if (web.find(path.name[:2], cell.source) is None
+                        and "ring_explorer" not in cell.source):
                     missing.append(f"{path.name}: {cell.source.strip()[:60]}")
     assert not missing, missing
     for key in web.CALCULATORS:
@@ -168,7 +174,8 @@ def test_every_chapter_calculator_has_a_website_calculator():
 def test_calculators_import_no_torch_numpy_plotly_or_ipywidgets():
     """What Pyodide imports must be pure Python: blocked here, every calculator still renders."""
     code = ("import sys\n"
-            "for m in ('torch', 'numpy', 'plotly', 'ipywidgets', 'IPython'): sys.modules[m] = None\n"
+            "for m in ('torch', 'numpy', 'plotly', 'ipywidgets', 'IPython'):\n"
+            "    sys.modules[m] = None\n"
             "from labkit.widgets import web\n"
             "print(sum(len(web.render(k)) > 0 for k in web.CALCULATORS))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -183,7 +190,8 @@ def test_inputs_as_the_browser_sends_them():
     assert web.from_inputs("intro", {"dp": 16.0})["dp"] == 16 and isinstance(
         web.from_inputs("intro", {"dp": 16.0})["dp"], int)
     # fp32 weights are their own master copy: the fp32 recipe's 16 B/param, not 18
-    assert web.render("precision", {"weights": "fp32", "grads": "fp32"}).startswith("4 + 4 + 8 = 16")
+    assert web.render("precision", {"weights": "fp32", "grads": "fp32"}).startswith(
+        "4 + 4 + 8 = 16")
 
 
 def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tmp_path):
@@ -195,7 +203,8 @@ def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tmp_path):
     for folder in ("chapters", "exercises", "solutions"):
         page = (tmp_path / "site" / folder / "00_a.html").read_text()
         footer = page[page.index('class="book-path"'):]
-        order = [footer.index(f'href="../{f}/00_a.html"') for f in ("chapters", "exercises", "solutions")]
+        order = [footer.index(f'href="../{f}/00_a.html"')
+                 for f in ("chapters", "exercises", "solutions")]
         assert order == sorted(order), folder
         assert 'href="../chapters/01_b.html">next: 01' in footer
     index = (tmp_path / "site" / "index.html").read_text()
@@ -273,7 +282,8 @@ def test_website_defaults_print_what_the_notebook_widgets_saved():
     for key, calc in web.CALCULATORS.items():
         if calc.chapter == "07":
             continue
-        saved = json.dumps(json.loads(next((ROOT / "chapters").glob(f"{calc.chapter}_*.ipynb")).read_text()))
+        chapter = next((ROOT / "chapters").glob(f"{calc.chapter}_*.ipynb"))
+        saved = json.dumps(json.loads(chapter.read_text()))
         assert json.dumps(web.render(key))[1:-1] in saved, key
 
 

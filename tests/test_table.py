@@ -17,7 +17,8 @@ def test_dict_rows_keys_functions_formats_and_alignment():
 
 
 def test_tuple_rows_plain_headers_indent_and_no_rule():
-    out = table([("00", "Why distribute?", "intro"), ("06", "Checkpointing", "checkpoint, train_ft")],
+    out = table([("00", "Why distribute?", "intro"),
+                 ("06", "Checkpointing", "checkpoint, train_ft")],
                 ["ch", "chapter", "labs"], indent="  ", rule=False)
     assert out.splitlines() == ["  ch  chapter          labs",
                                 "  00  Why distribute?  intro",

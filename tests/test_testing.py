@@ -41,7 +41,8 @@ def test_explicit_tolerance_overrides_the_default():
 
 def test_compare_dicts_names_missing_keys_and_first_mismatch():
     ref = {"w": torch.ones(2), "b": torch.zeros(2), "c": torch.ones(1)}
-    with pytest.raises(AssertionError, match=r"grads keys differ: missing 1: 'c'; unexpected 1: 'x'"):
+    with pytest.raises(AssertionError,
+                       match=r"grads keys differ: missing 1: 'c'; unexpected 1: 'x'"):
         compare_dicts({"w": torch.ones(2), "b": torch.zeros(2), "x": torch.ones(1)}, ref,
                       what="grads")
     got = {"w": torch.ones(2), "b": torch.tensor([0.0, 0.5]), "c": torch.ones(1) * 2}

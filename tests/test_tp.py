@@ -1,6 +1,7 @@
 """labkit.tp against the one-process reference (nn.Linear, labkit.model.GPT) on real Gloo
 processes at TP = 2, 3 and 4: outputs and gradients, odd sizes, exact communication bytes."""
 import pytest
+from tp_pairs import grad_pairs, param_pairs
 
 from labkit.check import ch04
 from labkit.costs import tensor_parallel as tpc
@@ -28,7 +29,7 @@ def _gpt_job(cfg_kwargs, batch, steps=2):
 
     from labkit import commlog
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-    from labkit.tp import apply_tp, gather_tp_grads, gather_tp_state
+    from labkit.tp import apply_tp
 
     cfg = GPTConfig(**cfg_kwargs)
     ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0), None)
@@ -46,13 +47,9 @@ def _gpt_job(cfg_kwargs, batch, steps=2):
             loss_t.backward()
         logs.append({"forward": n_fwd, "events": log.as_dicts()})
         out[f"step {step} loss"] = (loss_t.detach(), loss_r.detach())
-        grads = gather_tp_grads(tp)
-        for name, p in ref.named_parameters():
-            out[f"step {step} grad {name}"] = (grads[name], p.grad)
+        out.update(grad_pairs(tp, ref, f"step {step}"))
         opt_r.step(), opt_t.step(), opt_r.zero_grad(), opt_t.zero_grad()
-    state = gather_tp_state(tp)
-    for name, p in ref.named_parameters():
-        out[f"param after steps {name}"] = (state[name], p.detach())
+    out.update(param_pairs(tp, ref, "param after steps"))
     return out, logs, dist.get_world_size()
 
 

@@ -58,7 +58,7 @@ def _probe(prefetch: bool):
     plain(x, y)[1].backward()
     zero = ZeRO3(model, torch.optim.SGD, prefetch=prefetch, lr=0.1)
     out = []
-    for step in range(2):            # the second step runs with the prefetch order known
+    for _ in range(2):               # the second step runs with the prefetch order known
         calls.update(forward=0, backward=0)
         phase[0] = "forward"
         with _Weights() as seen:

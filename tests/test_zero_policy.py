@@ -74,7 +74,8 @@ def _dtype_probe():
     zero.step()
     state = [(k, v.dtype, v.numel(), s.numel()) for s in zero.shards
              for k, v in zero.optimizer.state[s].items() if v.dim() > 0]
-    return {"seen": watch.seen, "recomputed": recomputed, "full_numel": full, "loss_dtype": loss.dtype,
+    return {"seen": watch.seen, "recomputed": recomputed, "full_numel": full,
+            "loss_dtype": loss.dtype,
             "masters": [(s.dtype, s.numel(), s.untyped_storage().nbytes()) for s in zero.shards],
             "grads": [s.grad.dtype for s in zero.shards], "state": state,
             "freed": sum(p.numel() for p in model.parameters())}

@@ -1,9 +1,25 @@
 """What the browser tests share: skip (or, where CI requires the browser, fail) when Chromium or
-Playwright is missing, and a free loopback port for a server of their own."""
+Playwright is missing; a headless Chromium; a Jupyter server of their own (JupyterLab itself or
+./book.sh in a copy of the book) on a free loopback port with a random token, and its REST API."""
+import contextlib
+import json
 import os
+import secrets
+import signal
 import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
+# Chromium on a machine with a closed network: no background traffic, no sandbox when root.
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--disable-dev-shm-usage"]
 
 
 def need(ok: bool, why: str) -> None:
@@ -18,3 +34,76 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def chromium():
+    """A headless Chromium driven by Playwright (see need() when either is missing)."""
+    need(Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM}")
+    try:
+        from playwright.sync_api import sync_playwright  # optional: the test skips without it
+    except ImportError:
+        need(False, "the Python package playwright is not installed")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+def api(server: dict, path: str, method: str = "GET"):
+    """One call to the server's REST API with its token: the JSON answer, None when empty."""
+    req = urllib.request.Request(f"{server['url']}{path}", method=method,
+                                 headers={"Authorization": f"token {server['token']}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+@contextlib.contextmanager
+def serve_jupyter(cmd: list, jupyter_dirs: Path, log_path: Path, start_s: float, cwd=None,
+            what: str = "JupyterLab"):
+    """Runs `cmd` (a Jupyter server; this adds a free port and a random token) in a process group
+    of its own, with Jupyter's config, runtime and data folders under `jupyter_dirs` and without
+    PYTHONPATH (the kernels must import the installed labkit). Yields {url, token, log} once the
+    REST API answers; afterwards stops the group: the server, its kernels and their ranks."""
+    port, token = free_port(), secrets.token_hex(16)
+    cmd = [*cmd, f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           f"--IdentityProvider.token={token}"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(JUPYTER_CONFIG_DIR=str(jupyter_dirs / ".cfg"),
+               JUPYTER_RUNTIME_DIR=str(jupyter_dirs / ".run"),
+               JUPYTER_DATA_DIR=str(jupyter_dirs / ".data"))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        srv = {"url": f"http://127.0.0.1:{port}", "token": token, "log": log_path}
+        deadline = time.monotonic() + start_s
+        while True:
+            try:
+                api(srv, "/api/status")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    pytest.fail(f"{what} did not start:\n" + log_path.read_text()[-3000:])
+                time.sleep(0.5)
+        try:
+            yield srv
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def serve_book(repo: Path, *args: str):
+    """./book.sh itself, run in `repo`, a copy of the book (so that JupyterLab's autosave and
+    settings writes never touch the repository), with the repository's .venv: the same
+    requirements, so scripts/env.sh installs nothing. Yields the server, as serve_jupyter() does."""
+    (repo / ".venv").symlink_to(ROOT / ".venv")
+    cmd = ["bash", str(repo / "book.sh"), "--no-browser", *args]
+    with serve_jupyter(cmd, repo, repo.parent / "book-sh.log", start_s=120,
+                 what="./book.sh (JupyterLab)") as srv:
+        yield srv

@@ -21,26 +21,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
-import signal
-import subprocess
+import shutil
 import sys
 import time
-import urllib.request
-from pathlib import Path
 
+import nbformat
 import pytest
-from e2e_common import free_port, need
+from e2e_common import ROOT, api, chromium, serve_book, serve_jupyter
+from nbval.plugin import coalesce_streams, transform_streams_for_comparison
 
-ROOT = Path(__file__).resolve().parents[2]
+from labkit.widgets.intro import state_rows
+
 CHAPTERS = sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 FIRST = "00_why_distribute.ipynb"
-CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
 SHOTS = ROOT / "build" / "e2e"
-# Chromium on a machine with a closed network: no background traffic, no sandbox when root.
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"]
 RUN_ALL_TIMEOUT_S = 420
 PLOTLY = "application/vnd.plotly.v1+json"
 LAB_SETTINGS = {
@@ -59,17 +53,6 @@ def _selected(name: str) -> bool:
     return not wanted or name[:2] in wanted.split(",")
 
 
-_need, _free_port = need, free_port   # shared with the other browser tests (e2e_common)
-
-
-def _api(server, method: str, path: str):
-    req = urllib.request.Request(f"{server['url']}{path}", method=method,
-                                 headers={"Authorization": f"token {server['token']}"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        body = r.read()
-    return json.loads(body) if body else None
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A JupyterLab on 127.0.0.1:PORT with a token, rooted at cleared copies of the chapters."""
@@ -85,52 +68,21 @@ def server(tmp_path_factory):
     for rel, value in LAB_SETTINGS.items():
         (base / "settings" / rel).parent.mkdir(parents=True, exist_ok=True)
         (base / "settings" / rel).write_text(json.dumps(value))
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # labkit must be installed
-    env.update(JUPYTER_CONFIG_DIR=str(base / "config"), JUPYTER_RUNTIME_DIR=str(base / "runtime"),
-               JUPYTER_DATA_DIR=str(base / "data"))
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={book}",
-           f"--LabApp.user_settings_dir={base / 'settings'}",
+           f"--ServerApp.root_dir={book}", f"--LabApp.user_settings_dir={base / 'settings'}",
            f"--LabApp.workspaces_dir={base / 'workspaces'}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers
-    log_path = base / "jupyter.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=book, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        srv = {"url": f"http://127.0.0.1:{port}", "token": token, "book": book, "log": log_path}
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                _api(srv, "GET", "/api/status")
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    proc.kill()
-                    pytest.fail("JupyterLab did not start:\n" + log_path.read_text()[-3000:])
-                time.sleep(0.5)
+    with serve_jupyter(cmd, base, base / "jupyter.log", start_s=90, cwd=book) as srv:
+        srv["book"] = book
         yield srv
-        os.killpg(proc.pid, signal.SIGTERM)  # the server, its kernels and their ranks
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
 def browser():
-    _need(Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM}")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _need(False, "the Python package playwright is not installed")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+    with chromium() as b:
+        SHOTS.mkdir(parents=True, exist_ok=True)
         yield b
-        b.close()
 
 
 class Chapter:
@@ -149,7 +101,8 @@ class Chapter:
     def run_all_and_save(self) -> None:
         page = self.page
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                               timeout=90_000)
         self._click_run_all()
         # Done when every cell has its number; or when the kernel has sat idle with some cells
         # never run (Run All stops at an error), which the checks on the saved file then report.
@@ -192,8 +145,8 @@ class Chapter:
         started means clicking again cannot run a cell twice.
         """
         page = self.page
-        for attempt in range(4):
-            page.locator(".jp-Notebook .jp-Cell").first.click()  # the menu acts on the focused notebook
+        for _ in range(4):
+            page.locator(".jp-Notebook .jp-Cell").first.click()  # the menu acts on its notebook
             page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
             page.click("li[data-command='runmenu:run-all']")
             deadline = time.monotonic() + 15
@@ -209,9 +162,9 @@ class Chapter:
         (locator or self.page).screenshot(path=str(path))
 
     def close(self) -> None:
-        for s in _api(self.server, "GET", "/api/sessions"):  # free the kernel (and its ranks)
+        for s in api(self.server, "/api/sessions"):  # free the kernel (and its ranks)
             if s["path"].endswith(self.name):
-                _api(self.server, "DELETE", f"/api/sessions/{s['id']}")
+                api(self.server, f"/api/sessions/{s['id']}", "DELETE")
         self.context.close()
 
 
@@ -220,23 +173,23 @@ def check_ran_top_to_bottom(nb: dict, shown=None) -> None:
     counts, problems = [], []
     for i, cell in enumerate(c for c in nb["cells"] if c["cell_type"] == "code"):
         counts.append(cell["execution_count"])
+        expected = "raises-exception" in cell["metadata"].get("tags", [])
         for out in cell["outputs"]:
-            if out["output_type"] == "error" and "raises-exception" not in cell["metadata"].get("tags", []):
+            if out["output_type"] == "error" and not expected:
                 problems.append(f"code cell {i}: {out['ename']}: {out['evalue'][:300]}")
     assert not problems, "cells failed in the browser:\n" + "\n".join(problems)
     assert counts == list(range(1, len(counts) + 1)), \
         f"execution counts {counts}; the page's prompts showed {shown}"
 
 
-NBVAL_SKIP_KEYS = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
-                   "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
+NBVAL_SKIP_KEYS = {"metadata", "traceback", "prompt_number", "output_type", "name",
+                   "execution_count", "application/vnd.jupyter.widget-view+json", "image/png",
+                   "image/jpeg"}
 
 
 def _nbval_view(outputs) -> dict:
     """A cell's outputs as `pytest --nbval-lax` compares them (nbval's own stream coalescing,
     then every output key and MIME type but the ones nbval skips, in order per key)."""
-    from nbval.plugin import coalesce_streams, transform_streams_for_comparison
-
     view = {}
     for out in transform_streams_for_comparison(coalesce_streams(outputs)):
         for key, value in out.items():
@@ -253,8 +206,6 @@ def check_outputs_like_nbval(saved: dict, name: str) -> int:
     """The cells marked `# NBVAL_CHECK_OUTPUT` printed, in the browser, what the committed chapter
     shows: the check `pytest chapters --nbval-lax` makes, done here so that the chapters run once
     (test.sh leaves them out of nbval when this test runs). Returns how many cells it compared."""
-    import nbformat
-
     ran = nbformat.reads(json.dumps(saved), as_version=4)
     committed = nbformat.read(str(ROOT / "chapters" / name), as_version=4)
     pairs = [(i, a, b) for i, (a, b) in enumerate(zip(
@@ -268,15 +219,16 @@ def check_outputs_like_nbval(saved: dict, name: str) -> int:
             key = next(k for k in sorted(set(w) | set(g)) if w.get(k) != g.get(k))
             first = next((ln for ln in want.source.splitlines() if not ln.startswith('#')), '')
             bad.append(f"code cell {i} ({first[:60]!r}), {key}:\n"
-                       f"  committed: {str(w.get(key))[:400]}\n  browser:   {str(g.get(key))[:400]}")
+                       f"  committed: {str(w.get(key))[:400]}\n"
+                       f"  browser:   {str(g.get(key))[:400]}")
     assert not bad, (f"{name}: outputs differ from the committed notebook (re-run it with "
                      "`labkit book run`, or find out why they changed):\n" + "\n".join(bad))
     return len(pairs)
 
 
 def check_plots_rendered(chapter: Chapter) -> None:
-    want = sum(PLOTLY in o.get("data", {}) for c in chapter.saved["cells"] if c["cell_type"] == "code"
-               for o in c["outputs"])
+    want = sum(PLOTLY in o.get("data", {}) for c in chapter.saved["cells"]
+               if c["cell_type"] == "code" for o in c["outputs"])
     got = chapter.page.locator(".jp-Notebook .js-plotly-plot").count()
     assert want >= 1 and got >= want, f"{got} plotly figures drawn for {want} figure outputs"
 
@@ -293,7 +245,7 @@ def check_widgets_respond(chapter: Chapter) -> int:
         slider = cell.locator(".widget-slider").first
         cell.scroll_into_view_if_needed()
         out = cell.locator(".jp-Cell-outputArea")
-        shown = """el => [...el.querySelectorAll('.widget-output')].map(o => o.innerText).join('|')"""
+        shown = "el => [...el.querySelectorAll('.widget-output')].map(o => o.innerText).join('|')"
         before = out.evaluate(shown)
         readout = slider.locator(".widget-readout").inner_text().strip()
         slider.locator(".noUi-handle").first.focus()
@@ -325,8 +277,6 @@ def test_chapter00_runs_top_to_bottom_in_a_real_browser(first_chapter):
 
 def test_chapter00_calculator_slider_moves_the_number_to_the_right_value(first_chapter):
     """Move the ZeRO-stage slider with the keyboard; the GB per GPU shown must follow labkit."""
-    from labkit.widgets.intro import state_rows
-
     page = first_chapter.page
     calc = page.locator(".jp-Notebook .widget-interact").first
     calc.scroll_into_view_if_needed()
@@ -359,7 +309,8 @@ def test_chapter00_multiprocess_lab_cells_return_every_rank(first_chapter):
     assert all(f"rank {r} of 4" in out for r in range(4)), out
     first_chapter.shot("lab-cell", cell)
     reduced = page.locator(".jp-Notebook .jp-CodeCell").filter(has_text="run(all_reduce_demo, 4")
-    assert "[10.0, 10.0, 10.0, 10.0] expected 10.0" in reduced.locator(".jp-OutputArea").inner_text()
+    reduced = reduced.locator(".jp-OutputArea").inner_text()
+    assert "[10.0, 10.0, 10.0, 10.0] expected 10.0" in reduced
     assert not first_chapter.page_errors, first_chapter.page_errors[:5]
 
 
@@ -380,49 +331,21 @@ def test_every_chapter_runs_with_live_plots_and_widgets(browser, server, name):
 
 # ---- One door: ./book.sh opens START_HERE.ipynb, which leads to every notebook ------------------
 
-BOOK_FILES = ["book.sh", "scripts/env.sh", "requirements.txt", "requirements.lock", "pyproject.toml",
-              "jupyterlab", "chapters", "exercises", "solutions", "START_HERE.ipynb"]
+BOOK_FILES = ["book.sh", "scripts/env.sh", "requirements.txt", "requirements.lock",
+              "pyproject.toml", "jupyterlab", "chapters", "exercises", "solutions",
+              "START_HERE.ipynb"]
 
 
 @pytest.fixture(scope="module")
 def book_sh(tmp_path_factory):
-    """./book.sh itself (its settings, its landing page, its root), run in a copy of the book so
-    that JupyterLab's autosave and settings writes never touch the repository."""
-    import shutil
-
+    """./book.sh itself (its settings, its landing page, its root), in a copy of the book."""
     repo = tmp_path_factory.mktemp("door") / "book"
     for rel in BOOK_FILES:
         src, dst = ROOT / rel, repo / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
-    (repo / ".venv").symlink_to(ROOT / ".venv")  # same requirements: env.sh installs nothing
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(JUPYTER_CONFIG_DIR=str(repo / ".cfg"), JUPYTER_RUNTIME_DIR=str(repo / ".run"),
-               JUPYTER_DATA_DIR=str(repo / ".data"))
-    log_path = repo.parent / "book-sh.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(["bash", str(repo / "book.sh"), "--no-browser",
-                                 f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-                                 f"--IdentityProvider.token={token}"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        srv = {"url": f"http://127.0.0.1:{port}", "token": token, "book": repo, "log": log_path}
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                _api(srv, "GET", "/api/status")
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    pytest.fail("./book.sh did not start JupyterLab:\n" + log_path.read_text()[-3000:])
-                time.sleep(0.5)
+    with serve_book(repo) as srv:
         yield srv
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, book_sh):
@@ -431,15 +354,23 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
     shows all three folders; a cell of the chapter runs."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     outside = []
-    context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(book_sh["url"])
-                  or r.request.url.startswith(("data:", "blob:")) else (outside.append(r.request.url), r.abort()))
+
+    def route(r):
+        if r.request.url.startswith((book_sh["url"], "data:", "blob:")):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
     page = context.new_page()
     page.goto(f"{book_sh['url']}/?token={book_sh['token']}")
     landing = page.locator(".jp-Notebook .jp-RenderedMarkdown:has-text('How grading works')")
     landing.first.wait_for(timeout=90_000)
     assert page.locator(".lm-TabBar-tab.jp-mod-current:has-text('START_HERE.ipynb')").count() == 1
     page.wait_for_timeout(3000)  # the news question, were it asked, shows up by now
-    assert page.locator(".Toastify__toast:has-text('news')").count() == 0, "Jupyter news pop-up shown"
+    assert page.locator(".Toastify__toast:has-text('news')").count() == 0, \
+        "Jupyter news pop-up shown"
     listing = page.locator(".jp-DirListing-itemText").all_inner_texts()
     assert {"chapters", "exercises", "solutions"} <= set(listing), listing
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -450,16 +381,18 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
         page.locator(f".jp-RenderedMarkdown a[href*='{href}']").first.click()  # Lab resolves hrefs
         page.locator(f".lm-TabBar-tab.jp-mod-current:has-text('{tab}')").wait_for(timeout=60_000)
         # The notebook opened is that one: JupyterLab puts the current document's path in the URL.
-        page.wait_for_function("(p) => decodeURIComponent(location.pathname).endsWith('/tree/' + p)",
-                               arg=href, timeout=30_000)
-        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+        page.wait_for_function(
+            "(p) => decodeURIComponent(location.pathname).endsWith('/tree/' + p)",
+            arg=href, timeout=30_000)
+        shown = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
+        shown.first.wait_for(timeout=60_000)
 
     for folder in ("exercises", "solutions", "chapters"):  # the chapter last: its cell runs next
         follow(f"{folder}/{FIRST}", FIRST)
     # Run the chapter's first code cell (its imports) and wait for its execution count.
     nb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-    nb.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000) \
-        if nb.locator(".jp-Notebook-ExecutionIndicator").count() else None
+    if nb.locator(".jp-Notebook-ExecutionIndicator").count():
+        nb.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
     cell = nb.locator(".jp-CodeCell").first
     prompt = cell.locator(".jp-InputPrompt")
     # Under load a fresh kernel can miss the first Run (the prompt stays '[ ]:' with the kernel
@@ -483,9 +416,10 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
                                arg=prompt.element_handle(), timeout=120_000)
     except Exception:
         page.screenshot(path=str(SHOTS / "door-chapter-stuck.png"))
+        indicator = nb.locator(".jp-Notebook-ExecutionIndicator")
+        status = indicator.first.get_attribute("data-status") if indicator.count() else None
         pytest.fail(f"the chapter's first cell did not run; its prompt reads "
-                    f"{prompt.inner_text()!r}; kernel status "
-                    f"{nb.locator('.jp-Notebook-ExecutionIndicator').first.get_attribute('data-status') if nb.locator('.jp-Notebook-ExecutionIndicator').count() else None!r}; "
+                    f"{prompt.inner_text()!r}; kernel status {status!r}; "
                     f"dialogs: {page.locator('.jp-Dialog').all_inner_texts()!r}; server log:\n"
                     + book_sh["log"].read_text()[-3000:])
     assert cell.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"

@@ -17,42 +17,26 @@ LABKIT_E2E_REQUIRED=1.
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
 import shutil
-import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from e2e_common import free_port, need
+from e2e_common import CHROMIUM, ROOT, api, chromium, need, serve_book
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"]
 PLOTLY = "application/vnd.plotly.v1+json"
-DOCMANAGER = Path("jupyterlab/user-settings/@jupyterlab/docmanager-extension/plugin.jupyterlab-settings")
+DOCMANAGER = Path("jupyterlab/user-settings/@jupyterlab/docmanager-extension/"
+                  "plugin.jupyterlab-settings")
 AUTOSAVE_S = 3  # the test's copy only; the book keeps JupyterLab's default (on, every 120 s)
-
-
-_need, _free_port = need, free_port   # shared with the other browser tests (e2e_common)
-
-
-def _api(srv, path: str):
-    req = urllib.request.Request(f"{srv['url']}{path}",
-                                 headers={"Authorization": f"token {srv['token']}"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read() or b"null")
 
 
 def _json5(path: Path) -> dict:
     """A JupyterLab settings file: JSON with // comments."""
-    return json.loads(re.sub(r"^\s*//.*$", "", path.read_text(), flags=re.M)) if path.exists() else {}
+    if not path.exists():
+        return {}
+    return json.loads(re.sub(r"^\s*//.*$", "", path.read_text(), flags=re.M))
 
 
 def _notebooks(repo: Path) -> list[str]:
@@ -69,7 +53,7 @@ def _plots(path: Path) -> int:
 @pytest.fixture(scope="module")
 def book(tmp_path_factory):
     """./book.sh in a copy of every tracked file; yields the server and the copy's bytes."""
-    _need(Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM}")
+    need(Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM}")
     repo = tmp_path_factory.mktemp("open") / "book"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
                              check=True).stdout.decode().split("\0")
@@ -80,42 +64,15 @@ def book(tmp_path_factory):
             (repo / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, repo / rel)
             before[rel] = (repo / rel).read_bytes()
-    (repo / ".venv").symlink_to(ROOT / ".venv")  # the same requirements: env.sh installs nothing
     settings = _json5(repo / DOCMANAGER)
     settings.update(autosave=True, autosaveInterval=AUTOSAVE_S)
     (repo / DOCMANAGER).parent.mkdir(parents=True, exist_ok=True)
     (repo / DOCMANAGER).write_text(json.dumps(settings))
     before.pop(DOCMANAGER.as_posix(), None)  # the one file the test changes itself
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(JUPYTER_CONFIG_DIR=str(repo / ".cfg"), JUPYTER_RUNTIME_DIR=str(repo / ".run"),
-               JUPYTER_DATA_DIR=str(repo / ".data"))
-    log_path = repo.parent / "book-sh.log"
-    with open(log_path, "wb") as log:
-        # expose_app_in_browser: the test opens notebooks with JupyterLab's own "open" command
-        proc = subprocess.Popen(["bash", str(repo / "book.sh"), "--no-browser",
-                                 f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-                                 f"--IdentityProvider.token={token}",
-                                 "--LabApp.expose_app_in_browser=True"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        srv = {"url": f"http://127.0.0.1:{port}", "token": token, "repo": repo, "log": log_path,
-               "before": before}
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                _api(srv, "/api/status")
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    pytest.fail("./book.sh did not start JupyterLab:\n" + log_path.read_text()[-3000:])
-                time.sleep(0.5)
+    # expose_app_in_browser: the test opens notebooks with JupyterLab's own "open" command
+    with serve_book(repo, "--LabApp.expose_app_in_browser=True") as srv:
+        srv.update(repo=repo, before=before)
         yield srv
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and its kernels
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_the_books_own_settings_keep_autosave_on():
@@ -124,27 +81,24 @@ def test_the_books_own_settings_keep_autosave_on():
 
 
 def test_opening_every_notebook_and_autosaving_changes_no_tracked_file(book):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _need(False, "the Python package playwright is not installed")
     repo, names = book["repo"], _notebooks(book["repo"])
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+    with chromium() as browser:
         page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(f"{book['url']}/lab/tree/START_HERE.ipynb?token={book['token']}")
         page.wait_for_function("() => window.jupyterapp", timeout=120_000)
-        page.evaluate("async () => { await window.jupyterapp.started; await window.jupyterapp.restored; }")
+        page.evaluate("async () => { await window.jupyterapp.started;"
+                      " await window.jupyterapp.restored; }")
         shown = ".jp-NotebookPanel:not(.lm-mod-hidden)"
         for name in names:
             if name != "START_HERE.ipynb":
                 page.evaluate("async (path) => { const w = await window.jupyterapp.commands"
                               ".execute('docmanager:open', {path}); await w.context.ready; }", name)
             page.wait_for_function(
-                """(name) => { const t = document.querySelector('.lm-DockPanel-tabBar .lm-mod-current');
-                               return t && t.title.includes(name.split('/').pop()); }""",
+                """(name) => {
+                    const t = document.querySelector('.lm-DockPanel-tabBar .lm-mod-current');
+                    return t && t.title.includes(name.split('/').pop()); }""",
                 arg=name, timeout=60_000)
             page.locator(f"{shown} .jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
             want = _plots(repo / name)  # shown until drawn: drawing is what writes the PNG
@@ -154,7 +108,7 @@ def test_opening_every_notebook_and_autosaving_changes_no_tracked_file(book):
         # Every notebook has its kernel (whose info JupyterLab writes into the metadata), idle.
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            sessions = _api(book, "/api/sessions")
+            sessions = api(book, "/api/sessions")
             if len(sessions) == len(names) and all(
                     s["kernel"]["execution_state"] == "idle" for s in sessions):
                 break
@@ -162,13 +116,13 @@ def test_opening_every_notebook_and_autosaving_changes_no_tracked_file(book):
         else:
             pytest.fail(f"{len(sessions)} kernels for {len(names)} notebooks, not all idle")
         # Autosave's turns: until no tab shows unsaved changes, then one turn more.
+        unsaved = page.locator(".lm-DockPanel-tabBar .jp-mod-dirty")
         deadline = time.monotonic() + 120
-        while page.locator(".lm-DockPanel-tabBar .jp-mod-dirty").count() and time.monotonic() < deadline:
+        while unsaved.count() and time.monotonic() < deadline:
             time.sleep(1)
-        dirty = page.locator(".lm-DockPanel-tabBar .jp-mod-dirty").all_inner_texts()
+        dirty = unsaved.all_inner_texts()
         time.sleep(AUTOSAVE_S + 2)
         tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").count()
-        browser.close()
     assert tabs == len(names), f"{tabs} tabs open for {len(names)} notebooks"
     assert not dirty, f"autosave left these unsaved: {dirty}"
     log = book["log"].read_text()

@@ -19,7 +19,6 @@ LABKIT_E2E_REQUIRED=1.
 """
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from e2e_common import free_port, need
+from e2e_common import ROOT, chromium, free_port, need
 
 from labkit import site
 from labkit.costs import memory, models
@@ -36,15 +35,7 @@ from labkit.costs import precision as cp
 from labkit.costs import tensor_parallel as tpc
 from labkit.widgets import ring, web
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage"]
 MATH = re.compile(r"\$\$|(?<![\\$\w])\$[^$\s][^$\n]*?\$|\\\(|\\\[")
-
-
-_need = need  # shared with the other browser tests (e2e_common)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +44,8 @@ def built(tmp_path_factory):
     start = time.monotonic()
     pages = site.build(ROOT, out)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    runtime = sum(f.stat().st_size for f in (out / "_static" / "pyodide").rglob("*") if f.is_file())
+    runtime = sum(f.stat().st_size for f in (out / "_static" / "pyodide").rglob("*")
+                  if f.is_file())
     print(f"site build: {len(pages)} pages in {time.monotonic() - start:.1f} s; "
           f"{size / 1e6:.1f} MB, of which the Pyodide runtime {runtime / 1e6:.1f} MB")
     return out, pages
@@ -61,15 +53,8 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    _need(Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM}")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _need(False, "the Python package playwright is not installed")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def test_every_page_renders_offline(built, browser):
@@ -92,7 +77,8 @@ def test_every_page_renders_offline(built, browser):
     page = context.new_page()
     problems = []
     messages = []
-    page.on("console", lambda m: messages.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("console", lambda m: messages.append(f"console {m.type}: {m.text}")
+            if m.type == "error" else None)
     page.on("pageerror", lambda e: messages.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: messages.append(f"request failed: {r.url}"))
     figures = math_pages = 0
@@ -117,8 +103,10 @@ def test_every_page_renders_offline(built, browser):
         if n_katex:
             math_pages += 1
         if page.locator(".katex-error").count():
-            problems.append(f"{rel}: KaTeX error: {page.locator('.katex-error').first.get_attribute('title')}")
-        for href in page.evaluate("() => [...document.querySelectorAll('nav a, footer a')].map(a => a.href)"):
+            title = page.locator(".katex-error").first.get_attribute("title")
+            problems.append(f"{rel}: KaTeX error: {title}")
+        for href in page.evaluate(
+                "() => [...document.querySelectorAll('nav a, footer a')].map(a => a.href)"):
             target = Path(unquote(urlparse(href).path))
             if not target.exists():
                 problems.append(f"{rel}: navigation link to a missing page: {href}")
@@ -142,7 +130,7 @@ def test_landing_page_links_every_chapter(built):
 @pytest.fixture(scope="module")
 def served(built):
     out, pages = built
-    _need((out / "_static" / "pyodide" / "pyodide.asm.wasm").exists(),
+    need((out / "_static" / "pyodide" / "pyodide.asm.wasm").exists(),
           "no Pyodide runtime in the site (scripts/pyodide-fetch.sh could not fetch it)")
     httpd = site.server(out, free_port())
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -187,8 +175,12 @@ def _moe(v):  # the widget's model: h 4096, 32 layers, experts of 3.5 h, vocabul
     return f"{r['total_params'] / 1e9:.2f} B total"
 
 
-DIRECT = {"precision": _precision, "intro": _intro, "moe": _moe,
-          "tp": lambda v: f"one all-reduce: {tpc.allreduce_bytes(int(v['b']), int(v['s']), int(v['h'])) / 1e6:.1f} MB"}
+def _tp(v):
+    nbytes = tpc.allreduce_bytes(int(v["b"]), int(v["s"]), int(v["h"]))
+    return f"one all-reduce: {nbytes / 1e6:.1f} MB"
+
+
+DIRECT = {"precision": _precision, "intro": _intro, "moe": _moe, "tp": _tp}
 
 READ = """c => Object.fromEntries([...c.querySelectorAll('form input, form select')].map(el =>
     [el.name, el.type === 'checkbox' ? el.checked : el.tagName === 'SELECT' ? JSON.parse(el.value)
@@ -197,8 +189,8 @@ READ = """c => Object.fromEntries([...c.querySelectorAll('form input, form selec
 MOVE = """(c, name) => { const el = c.querySelector(`[name="${name}"]`);
     if (el.type === 'checkbox') el.checked = !el.checked;
     else if (el.tagName === 'SELECT') el.selectedIndex = (el.selectedIndex + 1) % el.options.length;
-    else { const lo = Number(el.min), hi = Number(el.max);
-           el.value = String(Math.abs(Number(el.value) - hi) > Math.abs(Number(el.value) - lo) ? hi : lo); }
+    else { const lo = Number(el.min), hi = Number(el.max), v = Number(el.value);
+           el.value = String(Math.abs(v - hi) > Math.abs(v - lo) ? hi : lo); }
     el.dispatchEvent(new Event('input', {bubbles: true})); }"""
 
 
@@ -209,7 +201,8 @@ def test_calculators_compute_what_labkit_computes(served, browser):
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}")
+            if m.type in ("error", "warning") else None)
     with_calc = [p for p in pages if 'class="book-calc"' in p.read_text()]
     assert len(with_calc) >= 10, [p.name for p in with_calc]
     seen, problems, live_ms = set(), [], []
@@ -219,7 +212,7 @@ def test_calculators_compute_what_labkit_computes(served, browser):
         page.wait_for_function("() => [...document.querySelectorAll('div.book-calc')].every("
                                "c => c.classList.contains('live'))", timeout=240_000)
         live_ms.append(int(page.evaluate("document.body.dataset.calculatorsLiveMs")))
-        for i, calc in enumerate(page.locator("div.book-calc").all()):
+        for calc in page.locator("div.book-calc").all():
             key = calc.get_attribute("data-calc")
             seen.add(key)
             changed = 0
@@ -241,7 +234,8 @@ def test_calculators_compute_what_labkit_computes(served, browser):
     assert not outside, f"requests leaving the site: {sorted(set(outside))[:10]}"
     assert not problems, "\n".join(problems[:20])
     assert not errors, "\n".join(errors[:20])
-    assert seen == set(web.CALCULATORS), f"calculators never seen on a page: {set(web.CALCULATORS) - seen}"
+    assert seen == set(web.CALCULATORS), \
+        f"calculators never seen on a page: {set(web.CALCULATORS) - seen}"
     print(f"{len(seen)} calculators on {len(with_calc)} pages; live {min(live_ms) / 1e3:.1f} to "
           f"{max(live_ms) / 1e3:.1f} s after navigation (first page {live_ms[0] / 1e3:.1f} s)")
 
@@ -254,9 +248,11 @@ def test_ring_explorer_switches_frames_from_file(built, browser):
     page.goto((out / "chapters" / "01_collectives.html").resolve().as_uri(), wait_until="load")
     box = page.locator("div.book-frames")
     box.locator("svg.main-svg").first.wait_for(timeout=60_000)
-    for name, value, n, step in (("step", 3, 4, 3), ("n", 8, 8, 3), ("step", 14, 8, 14), ("n", 2, 2, 2)):
+    moves = (("step", 3, 4, 3), ("n", 8, 8, 3), ("step", 14, 8, 14), ("n", 2, 2, 2))
+    for name, value, n, step in moves:
         box.evaluate("(c, [name, v]) => { const el = c.querySelector(`[name=${name}]`);"
-                     " el.value = String(v); el.dispatchEvent(new Event('input')); }", [name, value])
+                     " el.value = String(v); el.dispatchEvent(new Event('input')); }",
+                     [name, value])
         want = f"{n} ranks — {ring.step_label(n, step)}"
         try:  # Plotly.react may finish drawing after the event returns
             page.wait_for_function("w => document.querySelector('div.book-frames .gtitle')"
@@ -268,16 +264,19 @@ def test_ring_explorer_switches_frames_from_file(built, browser):
     page.close()
 
 
-PROSE = ".jp-RenderedMarkdown p, .jp-RenderedMarkdown li, .jp-RenderedMarkdown h1, .jp-RenderedMarkdown h2, .jp-RenderedMarkdown h3, footer"
+PROSE = (".jp-RenderedMarkdown p, .jp-RenderedMarkdown li, .jp-RenderedMarkdown h1, "
+         ".jp-RenderedMarkdown h2, .jp-RenderedMarkdown h3, footer")
 OVERFLOW = """(sel) => {
     const w = document.documentElement.clientWidth;
     const bad = [];
-    if (document.documentElement.scrollWidth > w + 1) bad.push(`page scrolls sideways: ${document.documentElement.scrollWidth} > ${w}`);
+    const sw = document.documentElement.scrollWidth;
+    if (sw > w + 1) bad.push(`page scrolls sideways: ${sw} > ${w}`);
     for (const el of document.querySelectorAll(sel)) {
         const r = el.getBoundingClientRect();
         if (r.width === 0) continue;
         if (el.scrollWidth > el.clientWidth + 1 || r.right > w + 1)
-            bad.push(`${el.tagName} "${el.textContent.trim().slice(0, 50)}" ${Math.round(r.right)} > ${w}`);
+            bad.push(`${el.tagName} "${el.textContent.trim().slice(0, 50)}" `
+                     + `${Math.round(r.right)} > ${w}`);
     }
     return bad; }"""
 
