@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit import commlog
+from labkit import commlog, reference
 
 
 def param_groups(params) -> tuple[list, list]:
@@ -59,15 +59,12 @@ def flat_params(groups) -> list:
 
 
 def weight_decay_groups(model, weight_decay: float, named=None) -> list:
-    """Two torch-style groups: matrices decay, 1-D tensors (norm weights, biases) do not (the
-    usual GPT recipe). Frozen parameters stay in the groups: an optimizer skips them (no
+    """labkit.reference.weight_decay_groups over the model's named parameters: matrices decay,
+    1-D tensors do not. Frozen parameters stay in the groups: an optimizer skips them (no
     gradient; param_groups sets them apart), and ZeRO-1/2 with a policy must be given them to
     cast them to param_dtype with the rest."""
-    named = list(model.named_parameters()) if named is None else list(named)
-    decay = [p for _, p in named if p.dim() >= 2]
-    plain = [p for _, p in named if p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": plain, "weight_decay": 0.0}]
+    return reference.weight_decay_groups(model.named_parameters() if named is None else named,
+                                         weight_decay)
 
 
 def with_flags(params, grads, world: int) -> list:

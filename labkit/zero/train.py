@@ -52,27 +52,12 @@ def real_model(cfg: GPTConfig, seed: int = 0, freeze=(), unused: bool = False):
 def real_reference(cfg: GPTConfig, optimizer: str, steps: int = 3, batch_size: int = 12,
                    seed: int = 0, freeze=(), unused=False, groups=False,
                    max_grad_norm=None) -> dict:
-    """Plain PyTorch on one process: torch param groups (no decay on 1-D tensors), torch's
-    clip_grad_norm_. {"params", "losses", "grads" (first step, after clipping)}."""
-    model = real_model(cfg, seed, freeze, unused)
-    cls, kw = optimizer_spec(optimizer)
-    opt = cls(weight_decay_groups(model, kw.get("weight_decay", 0.0)), **kw) if groups \
-        else make_optimizer(optimizer, model.parameters())
-    tokens, losses, first = tiny_corpus(), [], None
-    for step in range(steps):
-        x, y = get_batch(tokens, batch_size, cfg.block_size, step, seed)   # (B, T)
-        loss = model(x, y)[1]
-        loss.backward()
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None],
-                                           max_grad_norm)
-        if first is None:
-            first = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "losses": losses, "grads": first}
+    """The one-process reference (labkit.reference.train) on real_model: torch param groups (no
+    decay on 1-D tensors), torch's clip_grad_norm_. {"params", "losses", "grads" (first step,
+    after clipping)}."""
+    spec = _reference.TrainSpec(steps=steps, batch=batch_size, optimizer=optimizer, seed=seed,
+                                decay_groups=groups, max_grad_norm=max_grad_norm)
+    return _reference.train(real_model(cfg, seed, freeze, unused), spec).as_dict()
 
 
 def make_stage(stage: int, model, optimizer: str, group=None, naive: bool = False,
