@@ -91,12 +91,12 @@ def _predict_hint(key, got, measured, world, accum, no_sync) -> str:
                    f"all-reduce over {world} ranks, and how many times per step?")
 
 
-@graded("2.3")
 def _off(got, ref) -> float:
     """How far got is from ref, relative to ref."""
     return abs(got / ref - 1)
 
 
+@graded("2.3")
 def predict_ddp_step(fn, cases=PREDICT_CASES):
     """Exercise 2.3: fn(param_bytes, bucket_mb, world, accum, no_sync) -> {"all_reduces",
     "bytes_sent"} for one optimizer step, per rank."""
