@@ -21,6 +21,7 @@ import torch
 from torch.utils import benchmark
 
 from labkit.costs import roofline as costs
+from labkit.timing import now
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MATMUL_SIZES = (256, 512, 1024, 2048)
@@ -58,6 +59,28 @@ def time_matmul(m: int, k: int, n: int, dtype: str = "fp32", device: str = "cpu"
                            device, min_run_time)
 
 
+def matmul_operands(shapes, tokens: int, device="cpu") -> tuple:
+    """Random float32 operands of the matmuls (tokens, in) @ (in, out), one per (in, out) in
+    `shapes`: ([x (tokens, in)], [w (in, out)]), and their FLOPs, 2 * tokens * in * out summed."""
+    xs = [torch.randn(tokens, k, device=device) for k, _ in shapes]          # (tokens, in)
+    ws = [torch.randn(k, n, device=device) for k, n in shapes]               # (in, out)
+    return xs, ws, sum(2 * tokens * k * n for k, n in shapes)
+
+
+def time_matmuls(xs, ws, repeats: int = 5, warmup: int = 1) -> list:
+    """Seconds of each of `repeats` passes over x @ w for the pairs of `matmul_operands`, after
+    `warmup` untimed passes (a sweep's ranks time them side by side, so no Timer blocks here)."""
+    dev = xs[0].device
+    times = []
+    for i in range(warmup + repeats):
+        start = now(dev)
+        for x, w in zip(xs, ws):
+            x @ w                                                             # (tokens, out)
+        if i >= warmup:
+            times.append(now(dev) - start)
+    return times
+
+
 def matmul_flops(n: int, dtype: str = "fp32", device: str = "cpu",
                  min_run_time: float = 0.2) -> float:
     """FLOP/s of an n x n x n matmul: 2 n^3 / median seconds."""
@@ -76,7 +99,8 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, device: str = "cpu", op: str = "cop
         stmt, env, moved = "out.copy_(x)", {"x": x, "out": out}, 2 * numel * 4
     elif op == "add":
         y = torch.rand(numel, device=device)
-        stmt, env, moved = "torch.add(x, y, out=out)", {"torch": torch, "x": x, "y": y, "out": out}, 3 * numel * 4
+        stmt, moved = "torch.add(x, y, out=out)", 3 * numel * 4
+        env = {"torch": torch, "x": x, "y": y, "out": out}
     else:
         raise ValueError(f"op={op!r}: choose 'read', 'copy' or 'add'")
     return moved / _median_seconds(stmt, env, device, min_run_time)

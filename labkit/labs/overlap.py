@@ -57,7 +57,7 @@ def measured_crossover(tokens, comm, backward):
     return math.exp(-a / b) if b < 0 else None
 
 
-def _fit(ar, n: int) -> dict:
+def fit_all_reduce(ar, n: int) -> dict:
     """fit_ring's alpha and bandwidth; when noise makes its best alpha negative, a plain least
     squares line with alpha clamped at 0 (costs.comm.fit_alpha_beta), said in "clamped"."""
     from labkit.costs import comm
@@ -88,7 +88,7 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
     numels = [k * 1024 // 4 for k in sizes_kib]
     per_rank = run(_measure, nproc, args=(cfg, rows, bucket_mb, rounds, numels))
     ar = medians([r["all_reduce"] for r in per_rank], numels)
-    fit = _fit(ar, nproc)
+    fit = fit_all_reduce(ar, nproc)
     r0 = per_rank[0]
     n_params, e_g, buckets = r0["params"], r0["grad_bytes"] / r0["params"], r0["buckets"]
     rate = min(r["rate"] for r in per_rank)          # the slowest rank sets the step
