@@ -92,3 +92,14 @@ def test_overlap_cp_lab_table_follows_its_measurements():
     want = hiding.cp(2, 16, 8, res["flops_per_s"], res["bandwidth"], res["alpha"], act_bytes=4)
     assert res["predicted_chunk"] == pytest.approx(want.value)
     assert "CP ring" in overlap_cp.report(res)
+
+
+def test_first_crossing_interpolates_around_the_crossing():
+    from labkit.labs.overlap import first_crossing, measured_crossover
+
+    xs, compute = [1, 2, 4, 8], [1.0, 1.0, 1.0, 1.0]
+    # ratio 4, 2, 0.5, 0.25: falls through 1 between 2 and 4 as x^-2 there -> 2 * sqrt(2)
+    assert first_crossing(xs, [4.0, 2.0, 0.5, 0.25], compute) == pytest.approx(2 * 2 ** 0.5)
+    # never below 1: the power law through every point, extrapolated
+    never = [8.0, 6.0, 4.0, 2.0]
+    assert first_crossing(xs, never, compute) == measured_crossover(xs, never, compute) > 8

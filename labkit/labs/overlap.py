@@ -57,6 +57,18 @@ def measured_crossover(tokens, comm, backward):
     return math.exp(-a / b) if b < 0 else None
 
 
+def first_crossing(xs, comm, compute):
+    """Where comm / compute first falls through 1, interpolated as a power law between the two
+    points around it: over a wide sweep the ratio is not one power law (a CPU's FLOP rate changes
+    with the size), and a line through all of it misplaces the crossing. Falls back to
+    measured_crossover over every point (an extrapolation) when the ratio never falls through 1."""
+    r = [c / w for c, w in zip(comm, compute)]
+    for i in range(len(xs) - 1):
+        if r[i] >= 1 > r[i + 1]:
+            return measured_crossover(xs[i:i + 2], comm[i:i + 2], compute[i:i + 2])
+    return measured_crossover(xs, comm, compute)
+
+
 def fit_all_reduce(ar, n: int) -> dict:
     """fit_ring's alpha and bandwidth; when noise makes its best alpha negative, a plain least
     squares line with alpha clamped at 0 (costs.comm.fit_alpha_beta), said in "clamped"."""

@@ -9,11 +9,13 @@ while a hop is in flight (labkit.context.tiled.attend, the ring's own kernel, un
 FLOPs), the hop alone, and ring_attention's forward with its blocked wait read by commlog
 (labkit.context.crossover). From (1) and the attention FLOP/s of (2) at the middle c,
 costs.hiding.cp predicts the c at which the block takes as long as the hop; the measured
-crossover is where the measured hop / block ratio crosses 1, fitted as a power of c.
+crossover is where the measured hop / block ratio falls through 1, a power law between the two
+sizes around it (labkit.labs.overlap.first_crossing).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 
@@ -21,8 +23,8 @@ from labkit.cliargs import ArgParser, count
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 CHUNKS = (16, 32, 64, 128, 256, 512)  # tokens per rank, s / cp
-SIZES_KIB = (4, 64, 256, 512)           # more hop sizes (K + V) for the alpha-beta fit: the
-# sweep's range (a Gloo hop of a few MiB on loopback is far slower per byte: it would set the fit)
+SIZES_KIB = (4, 64, 256, 1024, 2048)    # more hop sizes (K + V) for the alpha-beta fit: about
+# the sweep's range (a Gloo hop of 4 MiB on loopback was 5x slower per byte here: it set the fit)
 ACT_BYTES = 4                           # float32 on this CPU
 
 
@@ -31,7 +33,7 @@ def _measure(chunks, heads, head_dim, kv_heads, rounds, numels):
     from labkit.context import crossover
     from labkit.labs import rank_place
 
-    return dict(hops=crossover.hop_times(numels, repeats=max(5, rounds)),
+    return dict(hops=crossover.hop_times(numels, repeats=max(9, rounds)),
                 sweep=crossover.sweep(chunks, heads, head_dim, kv_heads, rounds),
                 ran_on=rank_place())
 
@@ -48,7 +50,7 @@ def measure(nproc: int = 2, chunks=CHUNKS, heads: int = 4, head_dim: int = 32,
     from labkit.context import crossover
     from labkit.costs import comm, hiding
     from labkit.labs.intro import medians
-    from labkit.labs.overlap import measured_crossover
+    from labkit.labs.overlap import first_crossing
     from labkit.launch import run
 
     kv_heads = heads if kv_heads is None else kv_heads
@@ -57,7 +59,11 @@ def measure(nproc: int = 2, chunks=CHUNKS, heads: int = 4, head_dim: int = 32,
     numels = sorted({c * kv for c in chunks} | {k * 1024 // (2 * ACT_BYTES) for k in sizes_kib})
     per_rank = run(_measure, nproc, args=(chunks, heads, head_dim, kv_heads, rounds, numels))
     hops = [dict(r, bytes=2 * r["bytes"]) for r in medians([r["hops"] for r in per_rank], numels)]
-    alpha, bw = comm.fit_alpha_beta([r["bytes"] for r in hops], [r["median"] for r in hops])
+    try:
+        alpha, bw = comm.fit_alpha_beta([r["bytes"] for r in hops], [r["median"] for r in hops])
+        flat = False
+    except ValueError:              # no growth with size within the noise: latency alone
+        alpha, bw, flat = statistics.median(r["median"] for r in hops), math.inf, True
     fit_err = max(abs(alpha + r["bytes"] / bw - r["median"]) / r["median"] for r in hops)
     mid = chunks[len(chunks) // 2]
     rate = crossover.block_flops(mid, heads, head_dim) / _slowest_median(per_rank, mid, "block")
@@ -74,10 +80,11 @@ def measure(nproc: int = 2, chunks=CHUNKS, heads: int = 4, head_dim: int = 32,
                          wait=_slowest_median(per_rank, c, "wait")))
     pred = hiding.cp(nproc, h, kv, rate, bw, alpha, act_bytes=ACT_BYTES)
     bw_only = hiding.cp(nproc, h, kv, rate, bw, 0.0, act_bytes=ACT_BYTES)
-    measured = measured_crossover(chunks, [r["hop"] for r in rows], [r["block"] for r in rows])
+    measured = first_crossing(chunks, [r["hop"] for r in rows], [r["block"] for r in rows])
     return {"nproc": nproc, "heads": heads, "head_dim": head_dim, "kv_heads": kv_heads,
             "hidden": h, "kv": kv, "rounds": rounds, "act_bytes": ACT_BYTES, "rate_chunk": mid,
             "flops_per_s": rate, "alpha": alpha, "bandwidth": bw, "fit_max_residual": fit_err,
+            "fit_flat": flat,
             "hops": hops, "rows": rows, "predicted_chunk": pred.value, "binds": pred.binds,
             "predicted_chunk_no_alpha": bw_only.value, "measured_chunk": measured,
             "ratio": measured / pred.value if measured else None,
@@ -95,7 +102,8 @@ def report(res: dict) -> str:
             f"{res['load']:.1f}")
     fit = (f"measured: {res['flops_per_s'] / 1e9:.2f} GFLOP/s on an attention block at c = "
            f"{res['rate_chunk']}, one hop alpha {1e6 * res['alpha']:.0f} us, bandwidth "
-           f"{res['bandwidth'] / 1e9:.2f} GB/s (fit within {100 * res['fit_max_residual']:.0f}%)")
+           f"{res['bandwidth'] / 1e9:.2f} GB/s (fit within {100 * res['fit_max_residual']:.0f}%"
+           f"{'; hop time did not grow with size: alpha alone' if res['fit_flat'] else ''})")
     rows = table(res["rows"], [
         ("tokens/rank c", "chunk"),
         ("block ms", lambda r: 1e3 * r["block"], ".2f"),

@@ -8,7 +8,8 @@ among them each width's (tokens, h) activation, and fitted to the ring's alpha-b
 (labkit.tp.crossover) at each width, all ranks at once. From the fit and the FLOP/s of (2) at
 the middle width, costs.hiding.tp predicts the width at which the layer's matmuls take as long
 as its two all-reduces; the measured crossover is where the measured ratio (two all-reduces of
-the activation / the matmuls) crosses 1, fitted as a power of the width. Plain Megatron's f and
+the activation / the matmuls) falls through 1, a power law between the two widths around it
+(labkit.labs.overlap.first_crossing). Plain Megatron's f and
 g block, so the crossover says where a collective matmul (async TP) COULD hide the traffic.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
     """Run both measurements and compare: the lab's whole result as a dict (JSON-ready)."""
     from labkit.costs import comm, hiding
     from labkit.labs.intro import medians
-    from labkit.labs.overlap import fit_all_reduce, measured_crossover
+    from labkit.labs.overlap import first_crossing, fit_all_reduce
     from labkit.launch import run
     from labkit.tp import crossover
 
@@ -69,7 +70,7 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
     pred = hiding.tp(nproc, rate, fit["bandwidth"], fit["alpha"], tokens=tokens,
                      act_bytes=ACT_BYTES)
     bw_only = hiding.tp(nproc, rate, fit["bandwidth"], 0.0, tokens=tokens, act_bytes=ACT_BYTES)
-    measured = measured_crossover(widths, [r["comm"] for r in rows], [r["compute"] for r in rows])
+    measured = first_crossing(widths, [r["comm"] for r in rows], [r["compute"] for r in rows])
     return {"nproc": nproc, "tokens": tokens, "rounds": rounds, "act_bytes": ACT_BYTES,
             "rate_width": mid, "flops_per_s": rate, "alpha": fit["alpha"],
             "bandwidth": fit["bandwidth"], "fit_max_residual": fit["max_residual"],
