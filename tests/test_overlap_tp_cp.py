@@ -1,7 +1,8 @@
 """The measured pieces of the TP and CP crossover labs (labkit.tp.crossover,
 labkit.context.crossover, labs overlap_tp and overlap_cp) count what they claim: FLOPs against
 torch's FlopCounterMode, bytes against commlog, and the labs' tables against their own inputs
-and costs.hiding. No timing is asserted. About 15 s (two 2-rank launches, tiny sizes)."""
+and costs.hiding. No timing is asserted. Three 2-rank launches at tiny sizes: about 15 s once
+the launcher is warm, 40 s cold on a loaded 2-core machine."""
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
