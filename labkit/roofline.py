@@ -21,6 +21,7 @@ import torch
 from torch.utils import benchmark
 
 from labkit.costs import roofline as costs
+from labkit.timing import now
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MATMUL_SIZES = (256, 512, 1024, 2048)
@@ -56,6 +57,28 @@ def time_matmul(m: int, k: int, n: int, dtype: str = "fp32", device: str = "cpu"
     out = torch.empty(m, n, device=device, dtype=dt)
     return _median_seconds("torch.mm(a, b, out=out)", {"torch": torch, "a": a, "b": b, "out": out},
                            device, min_run_time)
+
+
+def matmul_operands(shapes, tokens: int, device="cpu") -> tuple:
+    """Random float32 operands of the matmuls (tokens, in) @ (in, out), one per (in, out) in
+    `shapes`: ([x (tokens, in)], [w (in, out)]), and their FLOPs, 2 * tokens * in * out summed."""
+    xs = [torch.randn(tokens, k, device=device) for k, _ in shapes]          # (tokens, in)
+    ws = [torch.randn(k, n, device=device) for k, n in shapes]               # (in, out)
+    return xs, ws, sum(2 * tokens * k * n for k, n in shapes)
+
+
+def time_matmuls(xs, ws, repeats: int = 5, warmup: int = 1) -> list:
+    """Seconds of each of `repeats` passes over x @ w for the pairs of `matmul_operands`, after
+    `warmup` untimed passes (a sweep's ranks time them side by side, so no Timer blocks here)."""
+    dev = xs[0].device
+    times = []
+    for i in range(warmup + repeats):
+        start = now(dev)
+        for x, w in zip(xs, ws):
+            x @ w                                                             # (tokens, out)
+        if i >= warmup:
+            times.append(now(dev) - start)
+    return times
 
 
 def matmul_flops(n: int, dtype: str = "fp32", device: str = "cpu",

@@ -99,6 +99,9 @@ BAD = {
     "precision": [["--steps", "0"], ["--nproc", "0"]],
     "overlap": [["--nproc", "1"], ["--rows", "4"], ["--rows", "0", "2"], ["--n-embd", "60"],
                 ["--rounds", "0"], ["--sizes-kib", "64"]],
+    "overlap_tp": [["--nproc", "1"], ["--widths", "64"], ["--widths", "63", "128"],
+                   ["--tokens", "0"]],
+    "overlap_cp": [["--nproc", "1"], ["--chunks", "64"], ["--heads", "4", "--kv-heads", "3"]],
 }
 
 

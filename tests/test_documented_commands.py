@@ -40,6 +40,8 @@ EXPECT = {
     "ring": ["ring", "parameter server", "builtin"],
     "ddp": ["naive", "overlap", "bucketed", "torch"],
     "overlap": ["predicted", "measured"],
+    "overlap_tp": ["predicted", "measured"],
+    "overlap_cp": ["predicted", "measured"],
     "zero": ["the ring predicts"],
     "tp": ["per layer (formula: 4)", "counted by the kernel"],
     "pipeline": ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "formula"],

@@ -18,12 +18,12 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from labkit import roofline
 from labkit.ddp.bucketed import BucketedDDP
 from labkit.ddp.common import Timeline
 from labkit.ddp.verify import build_model
 from labkit.launch import device
 from labkit.model import get_batch, tiny_corpus
-from labkit.timing import now
 
 # wide enough that a backward's matmuls, not Python, set its time near the crossover
 WIDE = dict(n_layer=2, n_embd=512, n_head=8, block_size=8)
@@ -38,18 +38,8 @@ def matmul_shapes(cfg: dict) -> list:
 
 def matmul_rate(cfg: dict, tokens: int, repeats: int = 5) -> float:
     """FLOP/s of one block's matmuls at `tokens` rows (float32), the median of `repeats` rounds."""
-    dev = device()
-    shapes = matmul_shapes(cfg)
-    xs = [torch.randn(tokens, k, device=dev) for k, _ in shapes]              # (tokens, in)
-    ws = [torch.randn(k, n, device=dev) for k, n in shapes]                   # (in, out)
-    flops = sum(2 * tokens * k * n for k, n in shapes)
-    times = []
-    for _ in range(repeats + 1):
-        start = now(dev)
-        for x, w in zip(xs, ws):
-            x @ w                                                             # (tokens, out)
-        times.append(now(dev) - start)
-    return flops / statistics.median(times[1:])                               # first: warm-up
+    xs, ws, flops = roofline.matmul_operands(matmul_shapes(cfg), tokens, device())
+    return flops / statistics.median(roofline.time_matmuls(xs, ws, repeats))
 
 
 def _busy(launches) -> float:

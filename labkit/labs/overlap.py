@@ -57,7 +57,19 @@ def measured_crossover(tokens, comm, backward):
     return math.exp(-a / b) if b < 0 else None
 
 
-def _fit(ar, n: int) -> dict:
+def first_crossing(xs, comm, compute):
+    """Where comm / compute first falls through 1, interpolated as a power law between the two
+    points around it: over a wide sweep the ratio is not one power law (a CPU's FLOP rate changes
+    with the size), and a line through all of it misplaces the crossing. Falls back to
+    measured_crossover over every point (an extrapolation) when the ratio never falls through 1."""
+    r = [c / w for c, w in zip(comm, compute)]
+    for i in range(len(xs) - 1):
+        if r[i] >= 1 > r[i + 1]:
+            return measured_crossover(xs[i:i + 2], comm[i:i + 2], compute[i:i + 2])
+    return measured_crossover(xs, comm, compute)
+
+
+def fit_all_reduce(ar, n: int) -> dict:
     """fit_ring's alpha and bandwidth; when noise makes its best alpha negative, a plain least
     squares line with alpha clamped at 0 (costs.comm.fit_alpha_beta), said in "clamped"."""
     from labkit.costs import comm
@@ -88,7 +100,7 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
     numels = [k * 1024 // 4 for k in sizes_kib]
     per_rank = run(_measure, nproc, args=(cfg, rows, bucket_mb, rounds, numels))
     ar = medians([r["all_reduce"] for r in per_rank], numels)
-    fit = _fit(ar, nproc)
+    fit = fit_all_reduce(ar, nproc)
     r0 = per_rank[0]
     n_params, e_g, buckets = r0["params"], r0["grad_bytes"] / r0["params"], r0["buckets"]
     rate = min(r["rate"] for r in per_rank)          # the slowest rank sets the step

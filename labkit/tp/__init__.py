@@ -17,6 +17,8 @@ Modules, one idea each:
                 TensorParallelAttention (heads split)
     measure     rank jobs that count bytes and time layers (lab, benchmark, chapter)
     gpt         apply_tp(model, group): the one-process GPT turned into its TP version; gather back
+    crossover   one rank's layer matmuls timed per width: where TP turns communication-bound
+                (labkit run overlap_tp, costs.hiding.tp)
 """
 from labkit.tp.blocks import NaiveTensorParallelMLP, TensorParallelAttention, TensorParallelMLP
 from labkit.tp.gpt import apply_tp, check_tp_sizes, gather_tp_grads, gather_tp_state

@@ -1,0 +1,195 @@
+"""Lab 07, part 2: at what sequence per rank does ring attention's K/V hop hide? Predict, sweep.
+
+    labkit run overlap_cp --nproc 2 [--chunks 16 32 64 128 256 512] [--json PATH]
+
+On the same N processes (the CP group): (1) one ring hop (K and V sent right, received from the
+left, as ring attention posts them) timed over sizes and fitted to t = alpha + bytes / bandwidth
+(costs.comm.fit_alpha_beta); (2) per tokens per rank c, the block of attention a rank computes
+while a hop is in flight (labkit.context.tiled.attend, the ring's own kernel, unmasked: 4 c^2 h
+FLOPs), the hop alone, and ring_attention's forward with its blocked wait read by commlog
+(labkit.context.crossover). From (1) and the attention FLOP/s of (2) at the middle c,
+costs.hiding.cp predicts the c at which the block takes as long as the hop; the measured
+crossover is where the measured hop / block ratio falls through 1, a power law between the two
+sizes around it (labkit.labs.overlap.first_crossing).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+from labkit.cliargs import ArgParser, count
+
+BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
+CHUNKS = (16, 32, 64, 128, 256, 512)  # tokens per rank, s / cp
+SIZES_KIB = (4, 64, 256, 1024, 2048)    # more hop sizes (K + V) for the alpha-beta fit: about
+# the sweep's range (a Gloo hop of 4 MiB on loopback was 5x slower per byte here: it set the fit)
+ACT_BYTES = 4                           # float32 on this CPU
+
+
+def _measure(chunks, heads, head_dim, kv_heads, rounds, numels):
+    """Rank side: lone hops over sizes first (nothing else running), then the sweep."""
+    from labkit.context import crossover
+    from labkit.labs import rank_place
+
+    return dict(hops=crossover.hop_times(numels, repeats=max(9, rounds)),
+                sweep=crossover.sweep(chunks, heads, head_dim, kv_heads, rounds),
+                ran_on=rank_place())
+
+
+def _slowest_median(per_rank, c, key):
+    """Median over rounds of the slowest rank's seconds (a hop ends when both ends are done)."""
+    rounds = len(per_rank[0]["sweep"][c][key])
+    return statistics.median(max(r["sweep"][c][key][i] for r in per_rank) for i in range(rounds))
+
+
+def measure(nproc: int = 2, chunks=CHUNKS, heads: int = 4, head_dim: int = 32,
+            kv_heads: int | None = None, rounds: int = 3, sizes_kib=SIZES_KIB) -> dict:
+    """Run both measurements and compare: the lab's whole result as a dict (JSON-ready)."""
+    from labkit.context import crossover
+    from labkit.costs import comm, hiding
+    from labkit.labs.intro import medians
+    from labkit.labs.overlap import first_crossing
+    from labkit.launch import run
+
+    kv_heads = heads if kv_heads is None else kv_heads
+    chunks = sorted(set(chunks))
+    h, kv = heads * head_dim, kv_heads * head_dim
+    numels = sorted({c * kv for c in chunks} | {k * 1024 // (2 * ACT_BYTES) for k in sizes_kib})
+    per_rank = run(_measure, nproc, args=(chunks, heads, head_dim, kv_heads, rounds, numels))
+    hops = [dict(r, bytes=2 * r["bytes"]) for r in medians([r["hops"] for r in per_rank], numels)]
+    try:
+        alpha, bw = comm.fit_alpha_beta([r["bytes"] for r in hops], [r["median"] for r in hops])
+        flat = False
+    except ValueError:              # no growth with size within the noise: latency alone
+        alpha, bw, flat = statistics.median(r["median"] for r in hops), math.inf, True
+    fit_err = max(abs(alpha + r["bytes"] / bw - r["median"]) / r["median"] for r in hops)
+    mid = chunks[len(chunks) // 2]
+    rate = crossover.block_flops(mid, heads, head_dim) / _slowest_median(per_rank, mid, "block")
+    rows = []
+    for c in chunks:
+        block, hop = (_slowest_median(per_rank, c, k) for k in ("block", "hop"))
+        nbytes = crossover.hop_bytes(c, kv_heads, head_dim, ACT_BYTES)
+        flops = crossover.block_flops(c, heads, head_dim)
+        model = alpha + nbytes / bw
+        rows.append(dict(chunk=c, block=block, hop=hop, hop_bytes=nbytes, hop_model=model,
+                         flops_per_s=flops / block, ratio=hop / block,
+                         ratio_model=model / (flops / rate),
+                         ring=_slowest_median(per_rank, c, "ring"),
+                         wait=_slowest_median(per_rank, c, "wait")))
+    pred = hiding.cp(nproc, h, kv, rate, bw, alpha, act_bytes=ACT_BYTES)
+    bw_only = hiding.cp(nproc, h, kv, rate, bw, 0.0, act_bytes=ACT_BYTES)
+    measured = first_crossing(chunks, [r["hop"] for r in rows], [r["block"] for r in rows])
+    return {"nproc": nproc, "heads": heads, "head_dim": head_dim, "kv_heads": kv_heads,
+            "hidden": h, "kv": kv, "rounds": rounds, "act_bytes": ACT_BYTES, "rate_chunk": mid,
+            "flops_per_s": rate, "alpha": alpha, "bandwidth": bw, "fit_max_residual": fit_err,
+            "fit_flat": flat,
+            "hops": hops, "rows": rows, "predicted_chunk": pred.value, "binds": pred.binds,
+            "predicted_chunk_no_alpha": bw_only.value, "measured_chunk": measured,
+            "ratio": measured / pred.value if measured else None,
+            "extrapolated": measured is not None and not chunks[0] <= measured <= chunks[-1],
+            "ran_on": per_rank[0]["ran_on"], "load": os.getloadavg()[0]}
+
+
+def report(res: dict) -> str:
+    from labkit.labs import ran_on
+    from labkit.table import table
+
+    head = (f"{res['nproc']} ranks as one CP ring; attention with {res['heads']} query heads and "
+            f"{res['kv_heads']} K/V heads of {res['head_dim']} (h = {res['hidden']}, "
+            f"kv = {res['kv']}), float32; {ran_on(*res['ran_on'])}; load average "
+            f"{res['load']:.1f}")
+    fit = (f"measured: {res['flops_per_s'] / 1e9:.2f} GFLOP/s on an attention block at c = "
+           f"{res['rate_chunk']}, one hop alpha {1e6 * res['alpha']:.0f} us, bandwidth "
+           f"{res['bandwidth'] / 1e9:.2f} GB/s (fit within {100 * res['fit_max_residual']:.0f}%"
+           f"{'; hop time did not grow with size: alpha alone' if res['fit_flat'] else ''})")
+    rows = table(res["rows"], [
+        ("tokens/rank c", "chunk"),
+        ("block ms", lambda r: 1e3 * r["block"], ".2f"),
+        ("GFLOP/s", lambda r: r["flops_per_s"] / 1e9, ".2f"),
+        ("K/V KiB", lambda r: r["hop_bytes"] / 1024, ",.0f"),
+        ("hop ms", lambda r: 1e3 * r["hop"], ".2f"),
+        ("alpha-beta ms", lambda r: 1e3 * r["hop_model"], ".2f"),
+        ("hop/block", "ratio", ".2f"),
+        ("predicted", "ratio_model", ".2f"),
+        ("ring fwd ms", lambda r: 1e3 * r["ring"], ".2f"),
+        ("ring wait ms", lambda r: 1e3 * r["wait"], ".2f")],
+        title="sequence-per-rank sweep: one hop's K/V send vs the block of attention under it "
+              "(medians over rounds of the slowest rank)")
+
+    def c(v):
+        return None if v is None else f"{v:,.0f} tokens"
+
+    cross = table([
+        ("predicted: alpha-beta + FLOP/s (costs.hiding.cp)", c(res["predicted_chunk"])),
+        ("  the same with alpha = 0: kv/h e/2 C/bw", c(res["predicted_chunk_no_alpha"])),
+        ("measured: hop = block", c(res["measured_chunk"])
+         + (" (extrapolated)" if res["extrapolated"] else "") if res["measured_chunk"]
+         else "not found: the ratio does not fall with c")],
+        [("crossover", 0), ("tokens per rank s/cp", 1)],
+        title=f"where a ring hop stops hiding ({res['binds']} binds)")
+    tail = [f"measured / predicted: {res['ratio']:.2f}" if res["ratio"] else "",
+            "ring wait: ring_attention's forward blocked on its K/V (commlog); at cp = 2 the hop "
+            "runs under the causal diagonal block, half the full block's FLOPs"]
+    return "\n".join([head, fit, "", rows, "", cross] + tail)
+
+
+def figure(res: dict):
+    """hop / block against tokens per rank, measured and predicted, crossovers marked (plotly)."""
+    import plotly.graph_objects as go  # here, not at the top: the CLI never draws
+
+    x = [r["chunk"] for r in res["rows"]]
+    fig = go.Figure()
+    fig.add_scatter(x=x, y=[r["ratio"] for r in res["rows"]], name="measured",
+                    mode="lines+markers")
+    fig.add_scatter(x=x, y=[r["ratio_model"] for r in res["rows"]], mode="lines",
+                    name="alpha-beta / (FLOPs / C)", line=dict(dash="dot"))
+    fig.add_hline(y=1, line=dict(color="gray", width=1))
+    for key, name, color in (("predicted_chunk", "predicted", "black"),
+                             ("measured_chunk", "measured", "firebrick")):
+        if res[key]:
+            fig.add_vline(x=res[key], line=dict(color=color, dash="dash"),
+                          annotation_text=f"{name}: {res[key]:,.0f}")
+    fig.update_xaxes(type="log", title="tokens per rank s/cp")
+    fig.update_yaxes(type="log", title="K/V hop / attention block")
+    fig.update_layout(title=f"Ring attention on {res['nproc']} ranks: below the crossover the "
+                            f"K/V hop outlasts the block", height=420)
+    return fig
+
+
+def main(argv=()):
+    from labkit.progress import Progress
+
+    p = ArgParser(prog="labkit run overlap_cp")
+    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
+                   help="ranks, the CP degree (processes; under torchrun: its world size)")
+    p.add_argument("--chunks", type=count, nargs="+", default=list(CHUNKS),
+                   help="tokens per rank (s / cp) to sweep; two or more")
+    p.add_argument("--heads", type=count, default=4, help="query heads")
+    p.add_argument("--head-dim", type=count, default=32, help="size of one head")
+    p.add_argument("--kv-heads", type=count, help="K/V heads, dividing --heads (default: "
+                   "--heads; fewer is grouped-query attention)")
+    p.add_argument("--rounds", type=count, default=3, help="timed hops per size (interleaved)")
+    p.add_argument("--sizes-kib", type=count, nargs="+", default=list(SIZES_KIB),
+                   help="more hop sizes (K + V) for the alpha-beta fit, KiB")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
+    a = p.parse_args(list(argv))
+    if a.nproc < 2:
+        p.error(f"argument --nproc: there is no ring on {a.nproc} rank; e.g. --nproc 2")
+    if len(set(a.chunks)) < 2:
+        p.error(f"argument --chunks: sweep at least two sizes (got {a.chunks}); "
+                f"e.g. --chunks 64 512")
+    if a.kv_heads is not None and a.heads % a.kv_heads:
+        p.error(f"argument --kv-heads: {a.kv_heads} does not divide --heads {a.heads}; "
+                f"e.g. --kv-heads 1")
+    prog = Progress("overlap_cp", total=1)
+    res = measure(a.nproc, a.chunks, a.heads, a.head_dim, a.kv_heads, a.rounds, a.sizes_kib)
+    prog.done(f"swept {len(res['rows'])} sequence lengths x {a.rounds} rounds on {a.nproc} ranks")
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    print(report(res))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
