@@ -44,12 +44,14 @@ def test_run_accepts_positive_nproc(capsys, monkeypatch):
 
 
 def test_run_unknown_lab(capsys):
-    _one_line_error(capsys, cli.main(["run", "no_such_lab", "--nproc", "2"]), "no lab named", "labkit list")
+    _one_line_error(capsys, cli.main(["run", "no_such_lab", "--nproc", "2"]), "no lab named",
+                    "labkit list")
 
 
 def test_grade_missing_file_says_so(capsys, tmp_path):
     missing = tmp_path / "nonexistent.ipynb"
-    _one_line_error(capsys, cli.main(["grade", str(missing)]), "no such file or folder", str(missing))
+    _one_line_error(capsys, cli.main(["grade", str(missing)]), "no such file or folder",
+                    str(missing))
 
 
 def test_grade_missing_among_existing_runs_nothing(capsys, tmp_path, monkeypatch):
@@ -68,11 +70,11 @@ def test_grade_refuses_nonpositive_cell_timeout(capsys, tmp_path):
 
 
 def test_site_without_a_book_folder(capsys, tmp_path):
-    _one_line_error(capsys, cli.main(["site", "build", "--root", str(tmp_path), "--out", str(tmp_path / "o")]),
-                    "chapters/")
+    _one_line_error(capsys, cli.main(["site", "build", "--root", str(tmp_path),
+                                      "--out", str(tmp_path / "o")]), "chapters/")
 
 
-# ----------------------------------------------------------------------------- every lab, bad options
+# ------------------------------------------------------------------------ every lab, bad options
 # lab -> option sets that must be refused: exit 2, one line naming a flag, before any process
 BAD = {
     "intro": [["--nproc", "1"], ["--repeats", "0"], ["--sizes-kib", "4", "4"], ["--nope"]],
@@ -95,8 +97,10 @@ BAD = {
     "sequence": [["--cp", "2"], ["--nproc", "3"]],
     "moe": [["--nproc", "3"], ["--top-k", "9"], ["--capacity-factor", "0"]],
     "precision": [["--steps", "0"], ["--nproc", "0"]],
-    "overlap": [["--nproc", "1"], ["--rows", "4"], ["--rows", "0", "2"], ["--n-embd", "60"], ["--rounds", "0"],
-                ["--sizes-kib", "64"]],
+    "overlap": [["--nproc", "1"], ["--rows", "4"], ["--rows", "0", "2"], ["--n-embd", "60"],
+                ["--rounds", "0"], ["--sizes-kib", "64"]],
+    "overlap_zero3": [["--nproc", "1"], ["--rows", "4"], ["--rows", "0", "2"],
+                      ["--n-embd", "60"], ["--rounds", "0"], ["--sizes-kib", "64"]],
 }
 
 

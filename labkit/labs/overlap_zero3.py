@@ -52,7 +52,7 @@ def measure(nproc: int = 2, rows=ROWS, cfg=None, rounds: int = 3, sizes_kib=SIZE
     cfg = WIDE if cfg is None else cfg
     rows = sorted(set(rows))
     numels = [k * 1024 // 4 for k in sizes_kib]
-    per_rank = run(_measure, nproc, args=(cfg, rows, rounds, numels))
+    per_rank = run(_measure, nproc, args=(cfg, rows, rounds, numels), timeout=900)
     ag = medians([r["all_gather"] for r in per_rank], numels)
     fit = fit_link(ag, nproc, "all_gather")
     r0 = per_rank[0]
