@@ -31,16 +31,22 @@ LABS = {
     "checkpoint": ([], "straggler (rank 1 slowed 3x) found"),
     "train_ft": (["--steps", "4", "--save-every", "2", "--kill-step", "3"], "ranks agree: True"),
     "hybrid": (["--steps", "1", "--batch", "3"], "worst |difference|"),
-    "context": (["--steps", "1", "--seq", "8", "--batch", "2"], "SGD steps vs the one-process reference"),
-    "sequence": (["--steps", "1", "--seq", "8", "--batch", "2"], "SGD steps vs the one-process reference"),
+    "context": (["--steps", "1", "--seq", "8", "--batch", "2"],
+                "SGD steps vs the one-process reference"),
+    "sequence": (["--steps", "1", "--seq", "8", "--batch", "2"],
+                 "SGD steps vs the one-process reference"),
     "moe": (["--steps", "1", "--batch", "4"], "expert parallel vs one-process MoE"),
     "precision": (["--steps", "2"], "resident bytes/param"),
     "overlap": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
                  "--sizes-kib", "64", "1024", "4096"],
                 "where the step turns communication-bound"),
+    "overlap_zero3": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
+                       "--sizes-kib", "64", "1024"],
+                      "where the micro-batch turns communication-bound"),
 }
 CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons
-GPU_READY = ("ring", "tp", "pipeline", "hybrid", "overlap")  # "backend B, device D" in their table
+# "backend B, device D" in their table
+GPU_READY = ("ring", "tp", "pipeline", "hybrid", "overlap", "overlap_zero3")
 PROGRESS = re.compile(r"^\[(\w+)\] .*\((\d+/\d+, )?\d+\.\d s\)$", re.M)
 
 
