@@ -7,7 +7,6 @@
     labkit.pipeline.executor    runs a schedule on real processes on labkit.model's GPT
     labkit.pipeline.measure     times schedules on real processes: measured vs simulated vs formula
     labkit.pipeline.causality   is a measured timeline causal, is its bubble above its floor
-    labkit.pipeline.versus_zero3  bytes on the wire of a pipeline step vs a ZeRO-3 step (kernel)
 
 Import the submodule you need (`from labkit.pipeline import schedules`); nothing runs at import.
 """

@@ -24,8 +24,6 @@ Toward Training Trillion Parameter Models"), each checked against one process.
     reduce      a unit's gradients: reduce-scatter (sharded), all-reduce (replicated), flags
     prefetch    the next unit's all-gather posted before this one computes (order of step 1)
     overlap     measuring it: timeline, hidden share, peak unsharded bytes by storage
-    crossover   where the gathers stop hiding: ZeRO3 steps swept over the micro-batch, from its
-                timeline and commlog records (the lab: labkit.labs.overlap_zero3)
     scaling     ShardedLossScaler: fp16 dynamic loss scaling, every rank skips the same steps
     tracking    50 steps under bf16 / fp16 policies vs the fp32 reference and FSDP2
     precision   MixedPrecisionPolicy for ZeRO3 (FSDP2's fields: bf16 gathers and compute, fp32
@@ -55,7 +53,6 @@ from labkit.zero.zero1 import DataParallel, ZeRO1, naive_zero1_step, zero1_step,
 from labkit.zero.zero2 import ZeRO2
 from labkit.zero.zero3 import ZeRO3
 
-__all__ = ["DataParallel", "MixedPrecisionPolicy", "ShardedLossScaler", "ZeRO1", "ZeRO2", "ZeRO3",
-           "all_gather_full", "chunk_size", "naive_zero1_step", "one_dimensional", "smaller_than",
-           "padded_flat", "param_groups", "reduce_scatter_algorithm", "reduce_scatter_mean",
+__all__ = ["DataParallel", "MixedPrecisionPolicy", "ShardedLossScaler", "ZeRO1", "ZeRO2", "ZeRO3", "all_gather_full",
+           "chunk_size", "naive_zero1_step", "one_dimensional", "smaller_than", "padded_flat", "param_groups", "reduce_scatter_algorithm", "reduce_scatter_mean",
            "shard_of", "shard_optimizer", "weight_decay_groups", "zero1_step", "zero1_step_flat"]
