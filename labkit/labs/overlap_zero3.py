@@ -22,7 +22,7 @@ from labkit.cliargs import ArgParser, count
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 ROWS = (1, 2, 4, 8, 16, 32)               # per-rank micro-batch, sequences of block_size tokens
-SIZES_KIB = (64, 1024, 4096, 16384, 32768)  # all-gather outputs for the alpha-beta fit
+SIZES_KIB = (64, 256, 1024, 4096, 16384)  # all-gather outputs for the fit: the units' range
 FIELDS = ("forward", "backward", "compute", "comm", "gather", "exposed", "step")
 
 

@@ -81,8 +81,9 @@ def sweep(cfg: GPTConfig = WIDE, rows=(1, 4, 16), *, rounds: int = 3, warmup: in
         return dict(spans(tl.events, log.events, tl.t0), step=end,
                     gathers=sum(e.op == "all_gather" for e in log.events))
 
+    step(rows[0])                                   # records the units' order: no prefetch
     for b in rows:
-        for _ in range(warmup + 1):                 # + 1: the step that records the order
+        for _ in range(warmup):
             step(b)
     order = list(rows)
     for r in range(rounds):
