@@ -102,6 +102,8 @@ BAD = {
     "overlap_tp": [["--nproc", "1"], ["--widths", "64"], ["--widths", "63", "128"],
                    ["--tokens", "0"]],
     "overlap_cp": [["--nproc", "1"], ["--chunks", "64"], ["--heads", "4", "--kv-heads", "3"]],
+    "overlap_zero3": [["--nproc", "1"], ["--rows", "4"], ["--rows", "0", "2"],
+                      ["--n-embd", "60"], ["--rounds", "0"], ["--sizes-kib", "64"]],
 }
 
 

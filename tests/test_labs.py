@@ -44,10 +44,14 @@ LABS = {
                     "--sizes-kib", "4096"], "where a TP layer turns communication-bound"),
     "overlap_cp": (["--chunks", "8", "16", "--heads", "2", "--head-dim", "8", "--rounds", "1",
                     "--sizes-kib", "256"], "where a ring hop stops hiding"),
+    "overlap_zero3": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
+                       "--sizes-kib", "64", "1024"],
+                      "where the micro-batch turns communication-bound"),
 }
 CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons
-GPU_READY = ("ring", "tp", "pipeline", "hybrid", "overlap", "overlap_tp",  # "backend B,
-             "overlap_cp")                                        # device D" in their table
+# "backend B, device D" in their table
+GPU_READY = ("ring", "tp", "pipeline", "hybrid", "overlap", "overlap_tp", "overlap_cp",
+             "overlap_zero3")
 PROGRESS = re.compile(r"^\[(\w+)\] .*\((\d+/\d+, )?\d+\.\d s\)$", re.M)
 
 

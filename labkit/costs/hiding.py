@@ -119,17 +119,19 @@ def dp_step_time(tokens: float, n_params: float, n: int, flops_per_s: float, ban
 
 # ----------------------------------------------------------------------------- ZeRO-3
 def zero3(n_params: float, n: int, flops_per_s: float, bandwidth: float, alpha: float = 0.0,
-          weight_bytes: float = 2, grad_bytes: float = 2) -> Crossover:
+          weight_bytes: float = 2, grad_bytes: float = 2, n_units: int = 1) -> Crossover:
     """Tokens per rank per MICRO-batch above which ZeRO-3 / FSDP's traffic hides.
 
     Forward: all-gather of the weights under 2P t/C. Backward: all-gather again + reduce-scatter
     of the gradients under 4P t/C. The larger of the two crossovers binds (with equal 16-bit
-    weights and gradients they are equal: (N-1)/N * C/bw)."""
-    _pos(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth)
+    weights and gradients they are equal: (N-1)/N * C/bw). n_units: one gather (and one
+    reduce-scatter) per unit, each paying the ring's (N-1) alpha (as dp's n_buckets)."""
+    _pos(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth, n_units=n_units)
     if n == 1:
         return Crossover("ZeRO-3", "tokens per rank per micro-batch", 0.0, "nothing to gather")
-    ag = comm.ring_time("all_gather", n_params * weight_bytes, n, alpha, bandwidth)
-    rs = comm.ring_time("reduce_scatter", n_params * grad_bytes, n, alpha, bandwidth)
+    latency = (n_units - 1) * comm.ring_steps("all_gather", n) * alpha   # the other units' alpha
+    ag = comm.ring_time("all_gather", n_params * weight_bytes, n, alpha, bandwidth) + latency
+    rs = comm.ring_time("reduce_scatter", n_params * grad_bytes, n, alpha, bandwidth) + latency
     fwd = ag * flops_per_s / (FORWARD_FLOPS * n_params)
     bwd = (ag + rs) * flops_per_s / (BACKWARD_FLOPS * n_params)
     binds = ("forward: the weights' all-gather" if fwd > bwd

@@ -42,7 +42,7 @@ def matmul_rate(cfg: dict, tokens: int, repeats: int = 5) -> float:
     return flops / statistics.median(roofline.time_matmuls(xs, ws, repeats))
 
 
-def _busy(launches) -> float:
+def busy(launches) -> float:
     """Seconds during which at least one all-reduce was in flight (union of the intervals)."""
     total, cur = 0.0, None
     for start, end in sorted((r["start"], r["end"]) for r in launches):
@@ -84,7 +84,7 @@ def sweep(cfg: dict, rows, *, bucket_mb: float = 4.0, rounds: int = 5, warmup: i
             opt.zero_grad(set_to_none=True)
         spans = {e["name"]: e["end"] - e["start"] for e in tl.events
                  if e["name"] in ("forward", "backward", "wait", "optimizer")}
-        return dict(spans, step=tl.events[-1]["end"], comm=_busy(ddp.launches),
+        return dict(spans, step=tl.events[-1]["end"], comm=busy(ddp.launches),
                     launches=len(ddp.launches))
 
     for b in rows:

@@ -37,6 +37,12 @@ def all_reduce_times(numels, repeats: int = 15, inner: int = 8) -> list:
     """Rank side: for each size, `repeats` timings (seconds) of one `dist.all_reduce` of that many
     float32 values on this rank. Each repeat starts at a barrier and averages `inner` calls back
     to back (a quarter of that from 1 MiB up), so one late wake-up of a process is diluted."""
+    return collective_times(numels, "all_reduce", repeats, inner)
+
+
+def collective_times(numels, op: str = "all_reduce", repeats: int = 15, inner: int = 8) -> list:
+    """all_reduce_times for op "all_reduce" or "all_gather" (numel: the gathered output, each
+    rank contributing numel / N of it, as ZeRO-3's gathers and costs.comm count it)."""
     import torch
     import torch.distributed as dist
 
@@ -44,17 +50,26 @@ def all_reduce_times(numels, repeats: int = 15, inner: int = 8) -> list:
     from labkit.timing import now
 
     dev = device()
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     out = []
     for numel in numels:
         t = torch.ones(numel, device=dev)               # (numel,) float32
-        dist.all_reduce(t)                              # warm-up: connections, allocations
+        world = dist.get_world_size()
+        mine = torch.ones(numel // world, device=dev)   # (numel/N,) this rank's chunk
+
+        def call(t=t, mine=mine, world=world):
+            if op == "all_gather":
+                gather(t[:mine.numel() * world], mine)   # (N*numel/N,)
+            else:
+                dist.all_reduce(t)
+        call()                                          # warm-up: connections, allocations
         calls = inner if 4 * numel < 2**20 else max(1, inner // 4)
         times = []
         for _ in range(repeats):
             dist.barrier()
             start = now(dev)                            # waits for queued GPU work first
             for _ in range(calls):
-                dist.all_reduce(t)
+                call()
             times.append((now(dev) - start) / calls)
         out.append(times)
     return out
@@ -81,8 +96,9 @@ def medians(per_rank, numels) -> list:
     return sorted(rows, key=lambda r: r["bytes"])
 
 
-def fit_ring(nbytes, seconds, n: int) -> dict:
-    """Fit the ring model t = 2(n-1)·alpha + 2(n-1)/n·D/bandwidth to measured all-reduce times.
+def fit_ring(nbytes, seconds, n: int, op: str = "all_reduce") -> dict:
+    """Fit the ring model t = 2(n-1)·alpha + 2(n-1)/n·D/bandwidth to measured all-reduce times
+    (op "all_gather": (n-1)·alpha + (n-1)/n·D/bandwidth, D the gathered output).
 
     Least squares on *relative* errors ((model - t)/t), so a 5 ms point and a 50 ms one weigh
     alike; otherwise the largest sizes alone would set alpha. No clamping: a fit that needs a
@@ -93,8 +109,7 @@ def fit_ring(nbytes, seconds, n: int) -> dict:
 
     from labkit.costs import comm
 
-    xs = [(comm.ring_steps("all_reduce", n), comm.ring_bytes_sent_per_rank("all_reduce", b, n))
-          for b in nbytes]
+    xs = [(comm.ring_steps(op, n), comm.ring_bytes_sent_per_rank(op, b, n)) for b in nbytes]
     ts = list(map(float, seconds))
     if len({x[1] for x in xs}) < 2 or len(xs) != len(ts):
         raise ValueError("need at least two different sizes, with one time each")
@@ -111,7 +126,7 @@ def fit_ring(nbytes, seconds, n: int) -> dict:
         raise ValueError(f"the best fit has alpha = {alpha:.3g} s and 1/bandwidth = {inv_bw:.3g} "
                          f"s/byte: these times are too noisy for the model (repeat on a quieter "
                          f"machine, or with more repeats)")
-    model = [comm.ring_allreduce_time(b, n, alpha, 1 / inv_bw) for b in nbytes]
+    model = [comm.ring_time(op, b, n, alpha, 1 / inv_bw) for b in nbytes]
     rel = [(m - t) / t for m, t in zip(model, ts)]
     logs = [math.log(t) for t in ts]
     mean = sum(logs) / len(logs)

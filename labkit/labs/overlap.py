@@ -41,7 +41,7 @@ def _median(xs):
     return 0.5 * (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2])
 
 
-def _line(xs, ys):
+def fit_line(xs, ys):
     """Least-squares (intercept, slope) of ys against xs."""
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
@@ -53,7 +53,8 @@ def measured_crossover(tokens, comm, backward):
     """Tokens at which comm / backward = 1: log(ratio) fitted as a line in log(tokens) (a power
     law; noise in one point moves it less than interpolating between two). None if the ratio does
     not fall with the batch."""
-    a, b = _line([math.log(t) for t in tokens], [math.log(c / w) for c, w in zip(comm, backward)])
+    a, b = fit_line([math.log(t) for t in tokens],
+                    [math.log(c / w) for c, w in zip(comm, backward)])
     return math.exp(-a / b) if b < 0 else None
 
 
@@ -69,7 +70,7 @@ def first_crossing(xs, comm, compute):
     return measured_crossover(xs, comm, compute)
 
 
-def fit_all_reduce(ar, n: int) -> dict:
+def fit_link(ar, n: int, op: str = "all_reduce") -> dict:
     """fit_ring's alpha and bandwidth; when noise makes its best alpha negative, a plain least
     squares line with alpha clamped at 0 (costs.comm.fit_alpha_beta), said in "clamped"."""
     from labkit.costs import comm
@@ -77,12 +78,12 @@ def fit_all_reduce(ar, n: int) -> dict:
 
     nbytes, seconds = [r["bytes"] for r in ar], [r["median"] for r in ar]
     try:
-        return dict(fit_ring(nbytes, seconds, n), clamped=False)
+        return dict(fit_ring(nbytes, seconds, n, op), clamped=False)
     except ValueError:
-        per_rank = [comm.ring_bytes_sent_per_rank("all_reduce", b, n) for b in nbytes]
+        per_rank = [comm.ring_bytes_sent_per_rank(op, b, n) for b in nbytes]
         a, bw = comm.fit_alpha_beta(per_rank, seconds)
-        alpha = a / comm.ring_steps("all_reduce", n)
-        model = [comm.ring_allreduce_time(b, n, alpha, bw) for b in nbytes]
+        alpha = a / comm.ring_steps(op, n)
+        model = [comm.ring_time(op, b, n, alpha, bw) for b in nbytes]
         return {"alpha": alpha, "bandwidth": bw, "clamped": True,
                 "max_residual": max(abs(m - t) / t for m, t in zip(model, seconds))}
 
@@ -100,7 +101,7 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
     numels = [k * 1024 // 4 for k in sizes_kib]
     per_rank = run(_measure, nproc, args=(cfg, rows, bucket_mb, rounds, numels))
     ar = medians([r["all_reduce"] for r in per_rank], numels)
-    fit = fit_all_reduce(ar, nproc)
+    fit = fit_link(ar, nproc)
     r0 = per_rank[0]
     n_params, e_g, buckets = r0["params"], r0["grad_bytes"] / r0["params"], r0["buckets"]
     rate = min(r["rate"] for r in per_rank)          # the slowest rank sets the step
@@ -118,7 +119,7 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
                           backward_model=pred["backward"], step_model=pred["step"]))
     flops = hiding.dp(n_params, **link)
     tokens = [s["tokens"] for s in steps]
-    b0, k = _line(tokens, [s["backward"] for s in steps])
+    b0, k = fit_line(tokens, [s["backward"] for s in steps])
     # None: the backward's fixed part alone outlasts the all-reduce (hidden at any batch)
     timed = (flops.terms["comm_s"] - b0) / k if k > 0 and flops.terms["comm_s"] > b0 else None
     measured = measured_crossover(tokens, [s["comm"] for s in steps],

@@ -4,7 +4,7 @@
 
 On the same N processes (the TP group): (1) Gloo's (or NCCL's) all-reduce timed over sizes,
 among them each width's (tokens, h) activation, and fitted to the ring's alpha-beta model
-(labkit.labs.overlap.fit_all_reduce); (2) one rank's forward matmuls of a Megatron layer
+(labkit.labs.overlap.fit_link); (2) one rank's forward matmuls of a Megatron layer
 (labkit.tp.crossover) at each width, all ranks at once. From the fit and the FLOP/s of (2) at
 the middle width, costs.hiding.tp predicts the width at which the layer's matmuls take as long
 as its two all-reduces; the measured crossover is where the measured ratio (two all-reduces of
@@ -43,7 +43,7 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
     """Run both measurements and compare: the lab's whole result as a dict (JSON-ready)."""
     from labkit.costs import comm, hiding
     from labkit.labs.intro import medians
-    from labkit.labs.overlap import first_crossing, fit_all_reduce
+    from labkit.labs.overlap import first_crossing, fit_link
     from labkit.launch import run
     from labkit.tp import crossover
 
@@ -52,7 +52,7 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
     numels = sorted(set(acts.values()) | {k * 1024 // 4 for k in sizes_kib})
     per_rank = run(_measure, nproc, args=(widths, tokens, rounds, numels))
     ar = medians([r["all_reduce"] for r in per_rank], numels)
-    fit = fit_all_reduce(ar, nproc)
+    fit = fit_link(ar, nproc)
     by_bytes = {r["bytes"]: r["median"] for r in ar}
     sweeps = [r["compute"] for r in per_rank]
     compute = {h: statistics.median(crossover.slowest(sweeps, h)) for h in widths}
