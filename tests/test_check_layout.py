@@ -113,3 +113,23 @@ def test_imports_inside_functions_say_why():
                     if "#" not in here and not above.strip().startswith("#"):
                         bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {here.strip()}")
     assert not bad, "imports inside functions without a reason:\n" + "\n".join(bad)
+
+
+def test_each_exercise_registers_the_checker_its_module_names():
+    """@graded registers whatever function follows it: a helper slipped in between once made
+    a private function exercise 2.3's checker (caught only by grading the solution)."""
+    import importlib
+
+    from labkit.check.answers import REGISTRY
+
+    for name in MODULES:
+        importlib.import_module(name)
+    assert REGISTRY, "no checker registered"
+    for exercise, checker in REGISTRY.items():
+        module = importlib.import_module(checker.__module__)
+        where = f"{checker.__module__}.{checker.__name__}"
+        assert not checker.__name__.startswith("_"), \
+            f"exercise {exercise}: @graded sits on the private {where}"
+        own = getattr(module, "EXERCISE", exercise)
+        assert own == exercise or exercise in getattr(module, "EXERCISES", ()), \
+            f"exercise {exercise} is registered in {checker.__module__}, whose EXERCISE is {own}"
