@@ -302,9 +302,9 @@ def test_moe_memory_shards_experts_over_ep_and_flops_count_active_params():
     # compute from the active parameters: 6 N_active + 12 L h s per token
     n_mm = models.active_matmul_params(spec)
     f = flops.hardware_flops_per_token(n_mm, spec.n_layers, spec.hidden, 4096, "none", "flash")
-    assert e8.compute_s == pytest.approx(f * 4096 / (989e12 * 0.5))
+    assert e8.compute_s == pytest.approx(f * 4096 / (flops.peak_flops("H100 80GB") * 0.5))
     model = flops.model_flops_per_token(n_mm, spec.n_layers, spec.hidden, 4096) * 1024 * 4096
-    assert e8.mfu == pytest.approx(model / (e8.step_s * 64 * 989e12))
+    assert e8.mfu == pytest.approx(model / (e8.step_s * 64 * flops.peak_flops("H100 80GB")))
     # the all-to-alls: costs.moe's bytes, 4 per layer and micro-batch, on the node's links
     from labkit.costs import moe
 

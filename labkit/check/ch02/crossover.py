@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.costs import hiding
+from labkit.costs.flops import peak_flops
 
 EXERCISE, TITLE, POINTS = "2.4", "predict the batch where DDP turns communication-bound", 2
 TOLERANCE = 0.01
@@ -25,10 +26,11 @@ FORBIDDEN = Forbidden(("labkit.costs.hiding", "labkit.costs.scaling", "labkit.co
                       why="write the crossover from the formulas")
 
 # (name, n_params, world, FLOP/s, bandwidth B/s, alpha s, grad bytes, buckets, shown)
+H100 = peak_flops("H100 80GB")     # dense bf16, labkit.costs.chips
 CASES = [
-    ("7B, 8 H100 over NVLink (bf16 grads, 50% of peak)", 7e9, 8, 0.5 * 989e12, 450e9, 0.0, 2, 1,
+    ("7B, 8 H100 over NVLink (bf16 grads, 50% of peak)", 7e9, 8, 0.5 * H100, 450e9, 0.0, 2, 1,
      True),
-    ("7B, 64 ranks over InfiniBand NDR (bf16 grads)", 7e9, 64, 0.5 * 989e12, 50e9, 5e-6, 2, 25,
+    ("7B, 64 ranks over InfiniBand NDR (bf16 grads)", 7e9, 64, 0.5 * H100, 50e9, 5e-6, 2, 25,
      True),
     ("the lab's model on Gloo (fp32 grads, 11 buckets)", 6.36e6, 2, 1e10, 0.4e9, 1e-3, 4, 11,
      True),
