@@ -6,7 +6,7 @@ TP's all-reduces), overlap_cp (07, ring attention's K/V hop). Not a lab itself: 
 keeps it off `labkit list`.
 
     fit_link, fit_line, measured_crossover, first_crossing   the fits (pure arithmetic)
-    slowest_medians, batch_crossovers, verdict              the sweep's numbers
+    fit_keys, slowest_medians, batch_crossovers, verdict    the sweep's numbers
     link_text, ms_columns, found, batch_rows, group_rows,
     crossover_table                                         the report's pieces
     ratio_figure, rows_figure, mark_crossovers              the figure's
