@@ -40,6 +40,7 @@ EXPECT = {
     "ring": ["ring", "parameter server", "builtin"],
     "ddp": ["naive", "overlap", "bucketed", "torch"],
     "overlap": ["predicted", "measured"],
+    "overlap_zero3": ["predicted", "measured"],
     "overlap_tp": ["predicted", "measured"],
     "overlap_cp": ["predicted", "measured"],
     "zero": ["the ring predicts"],

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from labkit.costs import hiding, scaling
-from labkit.labs.overlap import measured_crossover
+from labkit.labs._crossover import measured_crossover
 
 C, BW = 500e12, 450e9          # FLOP/s and bytes/s per direction: C/bw = 1111.1 FLOPs per byte
 

@@ -45,7 +45,7 @@ LABS = {
     "overlap_cp": (["--chunks", "8", "16", "--heads", "2", "--head-dim", "8", "--rounds", "1",
                     "--sizes-kib", "256"], "where a ring hop stops hiding"),
     "overlap_zero3": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
-                       "--sizes-kib", "64", "1024"],
+                       "--sizes-kib", "64", "4096"],
                       "where the micro-batch turns communication-bound"),
 }
 CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons

@@ -96,7 +96,7 @@ def test_overlap_cp_lab_table_follows_its_measurements():
 
 
 def test_first_crossing_interpolates_around_the_crossing():
-    from labkit.labs.overlap import first_crossing, measured_crossover
+    from labkit.labs._crossover import first_crossing, measured_crossover
 
     xs, compute = [1, 2, 4, 8], [1.0, 1.0, 1.0, 1.0]
     # ratio 4, 2, 0.5, 0.25: falls through 1 between 2 and 4 as x^-2 there -> 2 * sqrt(2)

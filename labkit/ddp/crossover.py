@@ -9,6 +9,8 @@ they share the machine's load:
                backward, wait (exposed communication: after backward, until the last bucket is
                reduced), the step, and the all-reduces' busy time (the union of their launch-to-
                completion intervals).
+  batches, rotated_rounds   each rank's data and the interleaved timed rounds, shared with
+               labkit.zero.crossover's ZeRO-3 sweep.
 The all-reduce's alpha and bandwidth come from labkit.labs.intro's timing and fit (the lab).
 """
 from __future__ import annotations
@@ -54,6 +56,33 @@ def busy(launches) -> float:
     return total + (cur[1] - cur[0] if cur else 0.0)
 
 
+def batches(rows, block_size: int, dev) -> dict:
+    """{b: this rank's (x, y)} for each batch of b sequences of block_size tokens."""
+    tokens = tiny_corpus()
+    return {b: [t.to(dev) for t in get_batch(tokens, b, block_size, step=dist.get_rank())]
+            for b in rows}                                                     # (b, T) each
+
+
+def rotated_rounds(step, data: dict, timeline, rounds: int, warmup: int) -> dict:
+    """step(x, y) per batch of `data`, each after a barrier and timeline.reset(): `warmup` untimed
+    calls per batch, then `rounds` rounds over every batch, the batches rotated across rounds so
+    drifting load hits every batch alike. Returns {b: [step's result per round]}."""
+    def once(b):
+        dist.barrier()
+        timeline.reset()
+        return step(*data[b])
+
+    order = list(data)
+    for b in order:
+        for _ in range(warmup):
+            once(b)
+    out = {b: [] for b in order}
+    for r in range(rounds):
+        for b in order[r % len(order):] + order[:r % len(order)]:
+            out[b].append(once(b))
+    return out
+
+
 def sweep(cfg: dict, rows, *, bucket_mb: float = 4.0, rounds: int = 5, warmup: int = 1) -> dict:
     """One timed BucketedDDP step per (round, per-rank batch), batches rotated across rounds so
     drifting load hits every batch alike. Returns {"params", "grad_bytes", "buckets", "steps":
@@ -63,15 +92,9 @@ def sweep(cfg: dict, rows, *, bucket_mb: float = 4.0, rounds: int = 5, warmup: i
     tl = Timeline(dev)
     ddp = BucketedDDP(model, bucket_mb=bucket_mb, timeline=tl)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    tokens = tiny_corpus()
-    data = {b: [t.to(dev) for t in get_batch(tokens, b, cfg["block_size"], step=dist.get_rank())]
-            for b in rows}                                                     # (b, T) each
-    out = {b: [] for b in rows}
+    data = batches(rows, cfg["block_size"], dev)
 
-    def step(b):
-        x, y = data[b]
-        dist.barrier()
-        tl.reset()
+    def step(x, y):
         del ddp.launches[:]
         with tl.span("forward"):
             _, loss = ddp(x, y)
@@ -87,13 +110,7 @@ def sweep(cfg: dict, rows, *, bucket_mb: float = 4.0, rounds: int = 5, warmup: i
         return dict(spans, step=tl.events[-1]["end"], comm=busy(ddp.launches),
                     launches=len(ddp.launches))
 
-    for b in rows:
-        for _ in range(warmup):
-            step(b)
-    order = list(rows)
-    for r in range(rounds):
-        for b in order[r % len(order):] + order[:r % len(order)]:
-            out[b].append(step(b))
+    out = rotated_rounds(step, data, tl, rounds, warmup)
     params = [p for p in model.parameters() if p.requires_grad]
     return {"params": sum(p.numel() for p in params),
             "grad_bytes": sum(p.numel() * p.element_size() for p in params),

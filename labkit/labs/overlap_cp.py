@@ -10,16 +10,17 @@ FLOPs), the hop alone, and ring_attention's forward with its blocked wait read b
 (labkit.context.crossover). From (1) and the attention FLOP/s of (2) at the middle c,
 costs.hiding.cp predicts the c at which the block takes as long as the hop; the measured
 crossover is where the measured hop / block ratio falls through 1, a power law between the two
-sizes around it (labkit.labs.overlap.first_crossing).
+sizes around it (labkit.labs._crossover.first_crossing).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import count
+from labkit.labs import _crossover as cx
+from labkit.labs import ran_on
+from labkit.table import table
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 CHUNKS = (16, 32, 64, 128, 256, 512)  # tokens per rank, s / cp
@@ -50,7 +51,6 @@ def measure(nproc: int = 2, chunks=CHUNKS, heads: int = 4, head_dim: int = 32,
     from labkit.context import crossover
     from labkit.costs import comm, hiding
     from labkit.labs.intro import medians
-    from labkit.labs.overlap import first_crossing
     from labkit.launch import run
 
     kv_heads = heads if kv_heads is None else kv_heads
@@ -80,30 +80,25 @@ def measure(nproc: int = 2, chunks=CHUNKS, heads: int = 4, head_dim: int = 32,
                          wait=_slowest_median(per_rank, c, "wait")))
     pred = hiding.cp(nproc, h, kv, rate, bw, alpha, act_bytes=ACT_BYTES)
     bw_only = hiding.cp(nproc, h, kv, rate, bw, 0.0, act_bytes=ACT_BYTES)
-    measured = first_crossing(chunks, [r["hop"] for r in rows], [r["block"] for r in rows])
+    measured = cx.first_crossing(chunks, [r["hop"] for r in rows], [r["block"] for r in rows])
     return {"nproc": nproc, "heads": heads, "head_dim": head_dim, "kv_heads": kv_heads,
             "hidden": h, "kv": kv, "rounds": rounds, "act_bytes": ACT_BYTES, "rate_chunk": mid,
             "flops_per_s": rate, "alpha": alpha, "bandwidth": bw, "fit_max_residual": fit_err,
             "fit_flat": flat,
             "hops": hops, "rows": rows, "predicted_chunk": pred.value, "binds": pred.binds,
             "predicted_chunk_no_alpha": bw_only.value, "measured_chunk": measured,
-            "ratio": measured / pred.value if measured else None,
-            "extrapolated": measured is not None and not chunks[0] <= measured <= chunks[-1],
-            "ran_on": per_rank[0]["ran_on"], "load": os.getloadavg()[0]}
+            **cx.verdict(measured, pred.value, chunks, per_rank[0]["ran_on"])}
 
 
 def report(res: dict) -> str:
-    from labkit.labs import ran_on
-    from labkit.table import table
-
     head = (f"{res['nproc']} ranks as one CP ring; attention with {res['heads']} query heads and "
             f"{res['kv_heads']} K/V heads of {res['head_dim']} (h = {res['hidden']}, "
             f"kv = {res['kv']}), float32; {ran_on(*res['ran_on'])}; load average "
             f"{res['load']:.1f}")
     fit = (f"measured: {res['flops_per_s'] / 1e9:.2f} GFLOP/s on an attention block at c = "
-           f"{res['rate_chunk']}, one hop alpha {1e6 * res['alpha']:.0f} us, bandwidth "
-           f"{res['bandwidth'] / 1e9:.2f} GB/s (fit within {100 * res['fit_max_residual']:.0f}%"
-           f"{'; hop time did not grow with size: alpha alone' if res['fit_flat'] else ''})")
+           f"{res['rate_chunk']}, "
+           + cx.link_text(res, "one hop", "; hop time did not grow with size: alpha alone"
+                          if res["fit_flat"] else ""))
     rows = table(res["rows"], [
         ("tokens/rank c", "chunk"),
         ("block ms", lambda r: 1e3 * r["block"], ".2f"),
@@ -121,14 +116,9 @@ def report(res: dict) -> str:
     def c(v):
         return None if v is None else f"{v:,.0f} tokens"
 
-    cross = table([
-        ("predicted: alpha-beta + FLOP/s (costs.hiding.cp)", c(res["predicted_chunk"])),
-        ("  the same with alpha = 0: kv/h e/2 C/bw", c(res["predicted_chunk_no_alpha"])),
-        ("measured: hop = block", c(res["measured_chunk"])
-         + (" (extrapolated)" if res["extrapolated"] else "") if res["measured_chunk"]
-         else "not found: the ratio does not fall with c")],
-        [("crossover", 0), ("tokens per rank s/cp", 1)],
-        title=f"where a ring hop stops hiding ({res['binds']} binds)")
+    cross = cx.crossover_table(
+        cx.group_rows(res, "chunk", c, "cp", "kv/h e/2 C/bw", "hop = block", "c"),
+        "tokens per rank s/cp", f"where a ring hop stops hiding ({res['binds']} binds)")
     tail = [f"measured / predicted: {res['ratio']:.2f}" if res["ratio"] else "",
             "ring wait: ring_attention's forward blocked on its K/V (commlog); at cp = 2 the hop "
             "runs under the causal diagonal block, half the full block's FLOPs"]
@@ -137,59 +127,27 @@ def report(res: dict) -> str:
 
 def figure(res: dict):
     """hop / block against tokens per rank, measured and predicted, crossovers marked (plotly)."""
-    import plotly.graph_objects as go  # here, not at the top: the CLI never draws
-
-    x = [r["chunk"] for r in res["rows"]]
-    fig = go.Figure()
-    fig.add_scatter(x=x, y=[r["ratio"] for r in res["rows"]], name="measured",
-                    mode="lines+markers")
-    fig.add_scatter(x=x, y=[r["ratio_model"] for r in res["rows"]], mode="lines",
-                    name="alpha-beta / (FLOPs / C)", line=dict(dash="dot"))
-    fig.add_hline(y=1, line=dict(color="gray", width=1))
-    for key, name, color in (("predicted_chunk", "predicted", "black"),
-                             ("measured_chunk", "measured", "firebrick")):
-        if res[key]:
-            fig.add_vline(x=res[key], line=dict(color=color, dash="dash"),
-                          annotation_text=f"{name}: {res[key]:,.0f}")
-    fig.update_xaxes(type="log", title="tokens per rank s/cp")
-    fig.update_yaxes(type="log", title="K/V hop / attention block")
-    fig.update_layout(title=f"Ring attention on {res['nproc']} ranks: below the crossover the "
-                            f"K/V hop outlasts the block", height=420)
-    return fig
+    return cx.rows_figure(res, "chunk", "{name}: {value:,.0f}", "tokens per rank s/cp",
+                          "K/V hop / attention block",
+                          f"Ring attention on {res['nproc']} ranks: below the crossover the K/V "
+                          f"hop outlasts the block")
 
 
 def main(argv=()):
-    from labkit.progress import Progress
-
-    p = ArgParser(prog="labkit run overlap_cp")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="ranks, the CP degree (processes; under torchrun: its world size)")
-    p.add_argument("--chunks", type=count, nargs="+", default=list(CHUNKS),
-                   help="tokens per rank (s / cp) to sweep; two or more")
+    p = cx.group_parser("overlap_cp", "CP", "--chunks", CHUNKS,
+                        "tokens per rank (s / cp) to sweep; two or more")
     p.add_argument("--heads", type=count, default=4, help="query heads")
     p.add_argument("--head-dim", type=count, default=32, help="size of one head")
     p.add_argument("--kv-heads", type=count, help="K/V heads, dividing --heads (default: "
                    "--heads; fewer is grouped-query attention)")
     p.add_argument("--rounds", type=count, default=3, help="timed hops per size (interleaved)")
-    p.add_argument("--sizes-kib", type=count, nargs="+", default=list(SIZES_KIB),
-                   help="more hop sizes (K + V) for the alpha-beta fit, KiB")
-    p.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
+    cx.add_fit_options(p, SIZES_KIB, "more hop sizes (K + V) for the alpha-beta fit, KiB")
     a = p.parse_args(list(argv))
-    if a.nproc < 2:
-        p.error(f"argument --nproc: there is no ring on {a.nproc} rank; e.g. --nproc 2")
-    if len(set(a.chunks)) < 2:
-        p.error(f"argument --chunks: sweep at least two sizes (got {a.chunks}); "
-                f"e.g. --chunks 64 512")
+    cx.sweep_checks(p, a, "there is no ring", "--chunks", a.chunks, "sizes", "--chunks 64 512")
     if a.kv_heads is not None and a.heads % a.kv_heads:
         p.error(f"argument --kv-heads: {a.kv_heads} does not divide --heads {a.heads}; "
                 f"e.g. --kv-heads 1")
-    prog = Progress("overlap_cp", total=1)
-    res = measure(a.nproc, a.chunks, a.heads, a.head_dim, a.kv_heads, a.rounds, a.sizes_kib)
-    prog.done(f"swept {len(res['rows'])} sequence lengths x {a.rounds} rounds on {a.nproc} ranks")
-    if os.environ.get("RANK", "0") != "0":
-        return 0
-    print(report(res))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
-    return 0
+    return cx.finish("overlap_cp", lambda: measure(a.nproc, a.chunks, a.heads, a.head_dim,
+                                                   a.kv_heads, a.rounds, a.sizes_kib),
+                     lambda res: f"swept {len(res['rows'])} sequence lengths x {a.rounds} rounds "
+                                 f"on {a.nproc} ranks", report, a.json)

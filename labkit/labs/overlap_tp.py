@@ -4,21 +4,22 @@
 
 On the same N processes (the TP group): (1) Gloo's (or NCCL's) all-reduce timed over sizes,
 among them each width's (tokens, h) activation, and fitted to the ring's alpha-beta model
-(labkit.labs.overlap.fit_link); (2) one rank's forward matmuls of a Megatron layer
+(labkit.labs._crossover.fit_link); (2) one rank's forward matmuls of a Megatron layer
 (labkit.tp.crossover) at each width, all ranks at once. From the fit and the FLOP/s of (2) at
 the middle width, costs.hiding.tp predicts the width at which the layer's matmuls take as long
 as its two all-reduces; the measured crossover is where the measured ratio (two all-reduces of
 the activation / the matmuls) falls through 1, a power law between the two widths around it
-(labkit.labs.overlap.first_crossing). Plain Megatron's f and
+(labkit.labs._crossover.first_crossing). Plain Megatron's f and
 g block, so the crossover says where a collective matmul (async TP) COULD hide the traffic.
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 
-from labkit.cliargs import ArgParser, count
+from labkit.cliargs import count
+from labkit.labs import _crossover as cx
+from labkit.labs import ran_on
+from labkit.table import table
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 WIDTHS = (32, 64, 128, 256, 512)        # hidden widths h to sweep
@@ -43,7 +44,6 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
     """Run both measurements and compare: the lab's whole result as a dict (JSON-ready)."""
     from labkit.costs import comm, hiding
     from labkit.labs.intro import medians
-    from labkit.labs.overlap import first_crossing, fit_link
     from labkit.launch import run
     from labkit.tp import crossover
 
@@ -52,7 +52,7 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
     numels = sorted(set(acts.values()) | {k * 1024 // 4 for k in sizes_kib})
     per_rank = run(_measure, nproc, args=(widths, tokens, rounds, numels))
     ar = medians([r["all_reduce"] for r in per_rank], numels)
-    fit = fit_link(ar, nproc)
+    fit = cx.fit_link(ar, nproc)
     by_bytes = {r["bytes"]: r["median"] for r in ar}
     sweeps = [r["compute"] for r in per_rank]
     compute = {h: statistics.median(crossover.slowest(sweeps, h)) for h in widths}
@@ -70,28 +70,19 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
     pred = hiding.tp(nproc, rate, fit["bandwidth"], fit["alpha"], tokens=tokens,
                      act_bytes=ACT_BYTES)
     bw_only = hiding.tp(nproc, rate, fit["bandwidth"], 0.0, tokens=tokens, act_bytes=ACT_BYTES)
-    measured = first_crossing(widths, [r["comm"] for r in rows], [r["compute"] for r in rows])
+    measured = cx.first_crossing(widths, [r["comm"] for r in rows], [r["compute"] for r in rows])
     return {"nproc": nproc, "tokens": tokens, "rounds": rounds, "act_bytes": ACT_BYTES,
-            "rate_width": mid, "flops_per_s": rate, "alpha": fit["alpha"],
-            "bandwidth": fit["bandwidth"], "fit_max_residual": fit["max_residual"],
-            "fit_clamped": fit["clamped"], "all_reduce": ar, "rows": rows,
-            "predicted_width": pred.value, "binds": pred.binds,
+            "rate_width": mid, "flops_per_s": rate, **cx.fit_keys(fit), "all_reduce": ar,
+            "rows": rows, "predicted_width": pred.value, "binds": pred.binds,
             "predicted_width_no_alpha": bw_only.value, "measured_width": measured,
-            "ratio": measured / pred.value if measured else None,
-            "extrapolated": measured is not None and not widths[0] <= measured <= widths[-1],
-            "ran_on": per_rank[0]["ran_on"], "load": os.getloadavg()[0]}
+            **cx.verdict(measured, pred.value, widths, per_rank[0]["ran_on"])}
 
 
 def report(res: dict) -> str:
-    from labkit.labs import ran_on
-    from labkit.table import table
-
     head = (f"{res['nproc']} ranks as one TP group, one GPT layer (4h MLP) on {res['tokens']:,} "
             f"tokens, float32; {ran_on(*res['ran_on'])}; load average {res['load']:.1f}")
     fit = (f"measured: {res['flops_per_s'] / 1e9:.1f} GFLOP/s on the layer's matmuls at h = "
-           f"{res['rate_width']}, all-reduce alpha {1e6 * res['alpha']:.0f} us, bandwidth "
-           f"{res['bandwidth'] / 1e9:.2f} GB/s (fit within {100 * res['fit_max_residual']:.0f}%"
-           f"{'; alpha clamped at 0: noisy times' if res['fit_clamped'] else ''})")
+           f"{res['rate_width']}, {cx.link_text(res, 'all-reduce')}")
     rows = table(res["rows"], [
         ("width h", "width"),
         ("matmuls ms", lambda r: 1e3 * r["compute"], ".2f"),
@@ -106,72 +97,36 @@ def report(res: dict) -> str:
     def w(v):
         return None if v is None else f"h = {v:,.0f}"
 
-    cross = table([
-        ("predicted: alpha-beta + FLOP/s (costs.hiding.tp)", w(res["predicted_width"])),
-        ("  the same with alpha = 0: (tp-1) e/6 C/bw", w(res["predicted_width_no_alpha"])),
-        ("measured: 2 all-reduces = matmuls", w(res["measured_width"])
-         + (" (extrapolated)" if res["extrapolated"] else "") if res["measured_width"]
-         else "not found: the ratio does not fall with the width")],
-        [("crossover", 0), ("width", 1)],
-        title=f"where a TP layer turns communication-bound ({res['binds']} binds)")
+    cross = cx.crossover_table(
+        cx.group_rows(res, "width", w, "tp", "(tp-1) e/6 C/bw", "2 all-reduces = matmuls",
+                      "the width"),
+        "width", f"where a TP layer turns communication-bound ({res['binds']} binds)")
     tail = f"measured / predicted: {res['ratio']:.2f}" if res["ratio"] else ""
     return "\n".join([head, fit, "", rows, "", cross, tail])
 
 
 def figure(res: dict):
     """comm / compute against the width, measured and predicted, crossovers marked (plotly)."""
-    import plotly.graph_objects as go  # here, not at the top: the CLI never draws
-
-    x = [r["width"] for r in res["rows"]]
-    fig = go.Figure()
-    fig.add_scatter(x=x, y=[r["ratio"] for r in res["rows"]], name="measured",
-                    mode="lines+markers")
-    fig.add_scatter(x=x, y=[r["ratio_model"] for r in res["rows"]], mode="lines",
-                    name="alpha-beta / (FLOPs / C)", line=dict(dash="dot"))
-    fig.add_hline(y=1, line=dict(color="gray", width=1))
-    for key, name, color in (("predicted_width", "predicted", "black"),
-                             ("measured_width", "measured", "firebrick")):
-        if res[key]:
-            fig.add_vline(x=res[key], line=dict(color=color, dash="dash"),
-                          annotation_text=f"{name}: h = {res[key]:,.0f}")
-    fig.update_xaxes(type="log", title="hidden width h")
-    fig.update_yaxes(type="log", title="2 all-reduces / layer matmuls (forward)")
-    fig.update_layout(title=f"TP {res['nproc']}, {res['tokens']:,} tokens: below the crossover "
-                            f"the all-reduces outlast the matmuls", height=420)
-    return fig
+    return cx.rows_figure(res, "width", "{name}: h = {value:,.0f}", "hidden width h",
+                          "2 all-reduces / layer matmuls (forward)",
+                          f"TP {res['nproc']}, {res['tokens']:,} tokens: below the crossover the "
+                          f"all-reduces outlast the matmuls")
 
 
 def main(argv=()):
-    from labkit.progress import Progress
-
-    p = ArgParser(prog="labkit run overlap_tp")
-    p.add_argument("--nproc", type=count, default=int(os.environ.get("WORLD_SIZE", 2)),
-                   help="ranks, the TP degree (processes; under torchrun: its world size)")
-    p.add_argument("--widths", type=count, nargs="+", default=list(WIDTHS),
-                   help="hidden widths h to sweep, multiples of --nproc; two or more")
+    p = cx.group_parser("overlap_tp", "TP", "--widths", WIDTHS,
+                        "hidden widths h to sweep, multiples of --nproc; two or more")
     p.add_argument("--tokens", type=count, default=TOKENS, help="tokens in the layer (b * s)")
     p.add_argument("--rounds", type=count, default=3, help="timed passes per width (interleaved)")
-    p.add_argument("--sizes-kib", type=count, nargs="+", default=list(SIZES_KIB),
-                   help="more all-reduce sizes for the alpha-beta fit, KiB")
-    p.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
+    cx.add_fit_options(p, SIZES_KIB, "more all-reduce sizes for the alpha-beta fit, KiB")
     a = p.parse_args(list(argv))
-    if a.nproc < 2:
-        p.error(f"argument --nproc: there is no all-reduce to hide on {a.nproc} rank; "
-                f"e.g. --nproc 2")
-    if len(set(a.widths)) < 2:
-        p.error(f"argument --widths: sweep at least two widths (got {a.widths}); "
-                f"e.g. --widths 64 256")
+    cx.sweep_checks(p, a, "there is no all-reduce to hide", "--widths", a.widths, "widths",
+                    "--widths 64 256")
     odd = [h for h in a.widths if h % a.nproc]
     if odd:
         p.error(f"argument --widths: {odd} do not split over {a.nproc} ranks; use multiples of "
                 f"{a.nproc}, e.g. --widths {64 * a.nproc} {256 * a.nproc}")
-    prog = Progress("overlap_tp", total=1)
-    res = measure(a.nproc, a.widths, a.tokens, a.rounds, a.sizes_kib)
-    prog.done(f"swept {len(res['rows'])} widths x {a.rounds} rounds on {a.nproc} ranks")
-    if os.environ.get("RANK", "0") != "0":
-        return 0
-    print(report(res))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
-    return 0
+    return cx.finish("overlap_tp", lambda: measure(a.nproc, a.widths, a.tokens, a.rounds,
+                                                   a.sizes_kib),
+                     lambda res: f"swept {len(res['rows'])} widths x {a.rounds} rounds on "
+                                 f"{a.nproc} ranks", report, a.json)

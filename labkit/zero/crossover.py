@@ -22,13 +22,12 @@ labkit.labs.intro (the lab, labkit.labs.overlap_zero3, measures them on the same
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from labkit import commlog
 from labkit.ddp.common import Timeline
-from labkit.ddp.crossover import busy
+from labkit.ddp.crossover import batches, busy, rotated_rounds
 from labkit.launch import device
-from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+from labkit.model import GPT, GPTConfig
 from labkit.timing import now
 from labkit.zero.zero3 import ZeRO3
 
@@ -59,20 +58,14 @@ def sweep(cfg: GPTConfig = WIDE, rows=(1, 4, 16), *, rounds: int = 3, warmup: in
     sequences), batches rotated across rounds so drifting load hits every batch alike. The first
     step records the units' order (no prefetch) and is not timed. Returns {"params", "units",
     "param_bytes", "steps": {rows: [spans(...) + {"step", "gathers"} per round]}}, seconds."""
-    dev, rank = device(), dist.get_rank()
+    dev = device()
     model = GPT(cfg, seed=0).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     tl = Timeline(dev)
     zero = ZeRO3(model, torch.optim.SGD, prefetch=prefetch, timeline=tl, lr=1e-4)
-    tokens = tiny_corpus()
-    data = {b: [t.to(dev) for t in get_batch(tokens, b, cfg.block_size, step=rank)]
-            for b in rows}                                                     # (b, T) each
-    out = {b: [] for b in rows}
+    data = batches(rows, cfg.block_size, dev)
 
-    def step(b):
-        x, y = data[b]
-        dist.barrier()
-        tl.reset()
+    def step(x, y):
         with commlog.record() as log:
             model(x, y)[1].backward()
             zero.step()
@@ -81,14 +74,9 @@ def sweep(cfg: GPTConfig = WIDE, rows=(1, 4, 16), *, rounds: int = 3, warmup: in
         return dict(spans(tl.events, log.events, tl.t0), step=end,
                     gathers=sum(e.op == "all_gather" for e in log.events))
 
-    step(rows[0])                                   # records the units' order: no prefetch
-    for b in rows:
-        for _ in range(warmup):
-            step(b)
-    order = list(rows)
-    for r in range(rounds):
-        for b in order[r % len(order):] + order[:r % len(order)]:
-            out[b].append(step(b))
+    # the first step records the units' order (no prefetch): one more untimed step
+    rotated_rounds(step, {rows[0]: data[rows[0]]}, tl, 0, 1)
+    out = rotated_rounds(step, data, tl, rounds, warmup)
     return {"params": n_params, "units": len(zero.units),
             "param_bytes": n_params * next(model.parameters()).element_size()
             if n_params else 0, "steps": out}

@@ -1,0 +1,268 @@
+"""What the four crossover labs share: predict where communication stops hiding under compute,
+sweep, find the measured crossover, print the table, write JSON, draw the figure.
+
+The labs: overlap (02, DDP's all-reduce), overlap_zero3 (03, ZeRO-3's gathers), overlap_tp (04,
+TP's all-reduces), overlap_cp (07, ring attention's K/V hop). Not a lab itself: the underscore
+keeps it off `labkit list`.
+
+    fit_link, fit_line, measured_crossover, first_crossing   the fits (pure arithmetic)
+    fit_keys, slowest_medians, batch_crossovers, verdict    the sweep's numbers
+    link_text, ms_columns, found, batch_rows, group_rows,
+    crossover_table                                         the report's pieces
+    ratio_figure, rows_figure, mark_crossovers              the figure's
+    gpt_parser, parse_gpt, group_parser, add_fit_options,
+    sweep_checks, gpt_checks, finish                        the command line
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+from labkit.cliargs import ArgParser, count, lab_parser
+from labkit.progress import Progress
+from labkit.table import table
+
+
+def fit_line(xs, ys):
+    """Least-squares (intercept, slope) of ys against xs."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def measured_crossover(tokens, comm, backward):
+    """Tokens at which comm / backward = 1: log(ratio) fitted as a line in log(tokens) (a power
+    law; noise in one point moves it less than interpolating between two). None if the ratio does
+    not fall with the batch."""
+    a, b = fit_line([math.log(t) for t in tokens],
+                    [math.log(c / w) for c, w in zip(comm, backward)])
+    return math.exp(-a / b) if b < 0 else None
+
+
+def first_crossing(xs, comm, compute):
+    """Where comm / compute first falls through 1, interpolated as a power law between the two
+    points around it: over a wide sweep the ratio is not one power law (a CPU's FLOP rate changes
+    with the size), and a line through all of it misplaces the crossing. Falls back to
+    measured_crossover over every point (an extrapolation) when the ratio never falls through 1."""
+    r = [c / w for c, w in zip(comm, compute)]
+    for i in range(len(xs) - 1):
+        if r[i] >= 1 > r[i + 1]:
+            return measured_crossover(xs[i:i + 2], comm[i:i + 2], compute[i:i + 2])
+    return measured_crossover(xs, comm, compute)
+
+
+def fit_link(ar, n: int, op: str = "all_reduce") -> dict:
+    """fit_ring's alpha and bandwidth; when noise makes its best alpha negative, a plain least
+    squares line with alpha clamped at 0 (costs.comm.fit_alpha_beta), said in "clamped"."""
+    from labkit.costs import comm
+    from labkit.labs.intro import fit_ring
+
+    nbytes, seconds = [r["bytes"] for r in ar], [r["median"] for r in ar]
+    try:
+        return dict(fit_ring(nbytes, seconds, n, op), clamped=False)
+    except ValueError:
+        per_rank = [comm.ring_bytes_sent_per_rank(op, b, n) for b in nbytes]
+        a, bw = comm.fit_alpha_beta(per_rank, seconds)
+        alpha = a / comm.ring_steps(op, n)
+        model = [comm.ring_time(op, b, n, alpha, bw) for b in nbytes]
+        return {"alpha": alpha, "bandwidth": bw, "clamped": True,
+                "max_residual": max(abs(m - t) / t for m, t in zip(model, seconds))}
+
+
+def fit_keys(fit: dict) -> dict:
+    """fit_link's result under the names the labs' JSON gives it."""
+    return {"alpha": fit["alpha"], "bandwidth": fit["bandwidth"],
+            "fit_max_residual": fit["max_residual"], "fit_clamped": fit["clamped"]}
+
+
+def slowest_medians(per_rank, b, rounds: int, fields) -> dict:
+    """Per field of batch b's steps: each round lasts as long as its slowest rank; then the median
+    over rounds (per_rank: every rank's {"steps": {b: [{field: seconds} per round]}})."""
+    per_round = [{k: max(r["steps"][b][i][k] for r in per_rank) for k in fields}
+                 for i in range(rounds)]
+    return {k: statistics.median([p[k] for p in per_round]) for k in fields}
+
+
+def batch_crossovers(steps, compute: str, flops, comm_model: float, ran_on) -> dict:
+    """A batch sweep's crossovers, in tokens, as the JSON's last keys: flops's prediction
+    (costs.hiding); `timed`, where a line through the measured `compute` times meets the
+    alpha-beta traffic comm_model (None: the compute's fixed part alone outlasts it, hidden at any
+    batch), with that line's fixed seconds and seconds per token; `measured`, where the measured
+    comm / compute is 1 (measured_crossover); then verdict's keys."""
+    tokens = [s["tokens"] for s in steps]
+    times = [s[compute] for s in steps]
+    c0, k = fit_line(tokens, times)
+    timed = (comm_model - c0) / k if k > 0 and comm_model > c0 else None
+    measured = measured_crossover(tokens, [s["comm"] for s in steps], times)
+    return {"predicted_tokens": flops.value, "binds": flops.binds,
+            "predicted_timed_tokens": timed, f"{compute}_fixed_s": c0,
+            f"{compute}_s_per_token": k, "measured_tokens": measured,
+            **verdict(measured, flops.value, tokens, ran_on)}
+
+
+def verdict(measured, predicted: float, xs, ran_on) -> dict:
+    """The JSON's last keys: measured / predicted, whether the measured crossover lies outside the
+    swept xs, where it ran and the load average."""
+    return {"ratio": measured / predicted if measured else None,
+            "extrapolated": measured is not None and not min(xs) <= measured <= max(xs),
+            "ran_on": ran_on, "load": os.getloadavg()[0]}
+
+
+def link_text(res: dict, what: str, note: str | None = None) -> str:
+    """'<what> alpha .. us, bandwidth .. GB/s (fit within ..%<note>)'; the note by default says
+    when fit_link clamped alpha."""
+    if note is None:
+        note = "; alpha clamped at 0: noisy times" if res.get("fit_clamped") else ""
+    return (f"{what} alpha {1e6 * res['alpha']:.0f} us, bandwidth {res['bandwidth'] / 1e9:.2f} "
+            f"GB/s (fit within {100 * res['fit_max_residual']:.0f}%{note})")
+
+
+def found(value, text, extrapolated: bool, over: str) -> str:
+    """The measured crossover's cell: text(value), marked when extrapolated, or why none."""
+    if not value:
+        return f"not found: the ratio does not fall with {over}"
+    return text(value) + (" (extrapolated)" if extrapolated else "")
+
+
+def batch_rows(res: dict, route: str, compute: str, traffic: str, equal: str) -> list:
+    """A batch sweep's crossover rows (batch_crossovers' keys), in tokens and rows per rank: the
+    FLOP/s route (costs.hiding.<route>), the sweep's `compute` line route, the measured one."""
+    T = res["cfg"]["block_size"]
+
+    def tok(v):
+        return None if v is None else f"{v:,.0f} tokens = {v / T:.1f} rows"
+
+    return [(f"predicted: alpha-beta + FLOP/s (costs.hiding.{route})",
+             tok(res["predicted_tokens"])),
+            (f"predicted: alpha-beta + the sweep's {compute} line",
+             tok(res["predicted_timed_tokens"]) or f"none: the {compute}'s fixed "
+             f"{1e3 * res[f'{compute}_fixed_s']:.0f} ms alone outlasts the {traffic}"),
+            (f"measured: {equal}",
+             found(res["measured_tokens"], tok, res["extrapolated"], "the batch"))]
+
+
+def ms_columns(*columns, fmt: str = ".1f") -> list:
+    """table columns of seconds shown in ms: (heading, key) each."""
+    return [(heading, lambda s, key=key: 1e3 * s[key], fmt) for heading, key in columns]
+
+
+def group_rows(res: dict, x: str, text, route: str, formula: str, equal: str, over: str) -> list:
+    """A group lab's crossover rows (overlap_tp's widths, overlap_cp's chunks): the FLOP/s route
+    (costs.hiding.<route>), the same with alpha = 0 (its closed form), the measured one."""
+    return [(f"predicted: alpha-beta + FLOP/s (costs.hiding.{route})", text(res[f"predicted_{x}"])),
+            (f"  the same with alpha = 0: {formula}", text(res[f"predicted_{x}_no_alpha"])),
+            (f"measured: {equal}", found(res[f"measured_{x}"], text, res["extrapolated"], over))]
+
+
+def crossover_table(rows, unit: str, title: str) -> str:
+    """The predicted and measured crossovers, one (name, value) row each."""
+    return table(rows, [("crossover", 0), (unit, 1)], title=title)
+
+
+def mark_crossovers(fig, res: dict, keys, label: str = "{name}: {value:,.0f}") -> None:
+    """A dashed vertical line at each (key, name, color) crossover res holds (plotly)."""
+    for key, name, color in keys:
+        if res[key]:
+            fig.add_vline(x=res[key], line=dict(color=color, dash="dash"),
+                          annotation_text=label.format(name=name, value=res[key]))
+
+
+def rows_figure(res: dict, x: str, label: str, xtitle: str, ytitle: str, title: str):
+    """ratio_figure for a lab whose res["rows"] hold x, "ratio" and "ratio_model", and whose
+    crossovers are "predicted_<x>" and "measured_<x>" (overlap_tp, overlap_cp)."""
+    rows = res["rows"]
+    return ratio_figure([r[x] for r in rows], [r["ratio"] for r in rows],
+                        [r["ratio_model"] for r in rows], ("measured", "alpha-beta / (FLOPs / C)"),
+                        res, ((f"predicted_{x}", "predicted", "black"),
+                              (f"measured_{x}", "measured", "firebrick")),
+                        label, xtitle, ytitle, title, dict(width=1))
+
+
+def ratio_figure(x, measured, model, names, res: dict, keys, label: str, xtitle: str,
+                 ytitle: str, title: str, hline: dict, height: int = 420):
+    """comm / compute against the swept size, measured and predicted (names), ratio 1 marked by
+    a horizontal line (hline: its style) and the crossovers (mark_crossovers) (plotly)."""
+    import plotly.graph_objects as go  # here, not at the top: the CLI never draws
+
+    fig = go.Figure()
+    fig.add_scatter(x=x, y=measured, name=names[0], mode="lines+markers")
+    fig.add_scatter(x=x, y=model, mode="lines", name=names[1], line=dict(dash="dot"))
+    fig.add_hline(y=1, line=dict(color="gray", **hline))
+    mark_crossovers(fig, res, keys, label)
+    fig.update_xaxes(type="log", title=xtitle)
+    fig.update_yaxes(type="log", title=ytitle)
+    fig.update_layout(title=title, height=height)
+    return fig
+
+
+def gpt_parser(name: str, batches: str, rounds: int, rows) -> ArgParser:
+    """lab_parser with --rows and --rounds, for a lab sweeping a GPT's per-rank `batches`."""
+    p = lab_parser(name, nproc=2)
+    p.add_argument("--rows", type=count, nargs="+", default=list(rows),
+                   help=f"per-rank {batches} to sweep (sequences of 8 tokens); two or more")
+    p.add_argument("--rounds", type=count, default=rounds,
+                   help="timed steps per batch (interleaved)")
+    return p
+
+
+def parse_gpt(p: ArgParser, argv, op: str, sizes_kib, alone: str):
+    """--n-embd and add_fit_options (`op`'s sizes) added to gpt_parser's p, argv parsed and
+    checked (sweep_checks, gpt_checks)."""
+    p.add_argument("--n-embd", type=count, default=512,
+                   help="model width (a multiple of 8, the heads); 2 layers")
+    add_fit_options(p, sizes_kib, f"{op} sizes for the alpha-beta fit, KiB; two or more")
+    a = p.parse_args(list(argv))
+    sweep_checks(p, a, alone, "--rows", a.rows, "batches", "--rows 1 4 16")
+    gpt_checks(p, a)
+    return a
+
+
+def group_parser(name: str, degree: str, flag: str, sizes, sizes_help: str) -> ArgParser:
+    """lab_parser for a lab whose ranks are one parallel group (--nproc is its `degree`), with
+    the swept option `flag` (sizes: its default)."""
+    p = lab_parser(name, nproc=2, nproc_help=f"ranks, the {degree} degree (processes; under "
+                                             f"torchrun: its world size)")
+    p.add_argument(flag, type=count, nargs="+", default=list(sizes), help=sizes_help)
+    return p
+
+
+def add_fit_options(p, sizes_kib, sizes_help: str) -> None:
+    """--sizes-kib (sizes for the alpha-beta fit) and --json, every crossover lab's last two."""
+    p.add_argument("--sizes-kib", type=count, nargs="+", default=list(sizes_kib), help=sizes_help)
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
+
+
+def sweep_checks(p, a, alone: str, flag: str, values, what: str, example: str) -> None:
+    """One rank has no traffic to hide (`alone` says which); a sweep wants two sizes or more."""
+    if a.nproc < 2:
+        p.error(f"argument --nproc: {alone} on {a.nproc} rank; e.g. --nproc 2")
+    if len(set(values)) < 2:
+        p.error(f"argument {flag}: sweep at least two {what} (got {values}); e.g. {example}")
+
+
+def gpt_checks(p, a) -> None:
+    """The GPT labs' (overlap, overlap_zero3) fit sizes and width."""
+    if len(set(a.sizes_kib)) < 2:
+        p.error(f"argument --sizes-kib: fit needs two or more sizes (got {a.sizes_kib}); "
+                f"e.g. --sizes-kib 64 4096")
+    if a.n_embd % 8:
+        p.error(f"argument --n-embd: must be a multiple of 8, the heads (got {a.n_embd}); "
+                f"e.g. --n-embd 512")
+
+
+def finish(name: str, measure, done, report, json_path: str | None) -> int:
+    """Run measure(), say done(res) on the progress line; rank 0 prints report(res) and writes
+    the result to json_path (if given)."""
+    prog = Progress(name, total=1)
+    res = measure()
+    prog.done(done(res))
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    print(report(res))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
