@@ -92,7 +92,7 @@ class Chapter:
         self.name, self.server = name, server
         self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
         self.page = self.context.new_page()
-        self.page_errors = []
+        self.page_errors, self.dialogs = [], []
         self.page.on("pageerror", lambda e: self.page_errors.append(str(e)))
         # A workspace of its own: the tab shows this chapter only (not the ones opened before).
         self.page.goto(f"{server['url']}/lab/workspaces/ch{name[:2]}/tree/{name}"
@@ -133,6 +133,23 @@ class Chapter:
             page.wait_for_timeout(1000)
         self.shown_prompts = shown   # for the failure message: what the page showed
 
+    def _answer_dialogs(self) -> None:
+        """A modal JupyterLab dialog over the page (CI once saw one block the Run All click on a
+        loaded machine: a server-connection or kernel-restart notice) is answered with its
+        default button and its text kept: the outputs checked afterwards decide the test, and a
+        failure shows what the dialogs said."""
+        dialogs = self.page.locator(".jp-Dialog")
+        for _ in range(3):
+            if not dialogs.count():
+                return
+            self.dialogs.append(dialogs.first.inner_text()[:300])
+            accept = dialogs.first.locator(".jp-Dialog-button.jp-mod-accept")
+            if accept.count():
+                accept.first.click()
+            else:
+                self.page.keyboard.press("Escape")
+            self.page.wait_for_timeout(500)
+
     def _prompts(self) -> list:
         return self.page.evaluate("""() => [...document.querySelectorAll(
             '.jp-Notebook .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim())""")
@@ -146,6 +163,7 @@ class Chapter:
         """
         page = self.page
         for _ in range(4):
+            self._answer_dialogs()
             page.locator(".jp-Notebook .jp-Cell").first.click()  # the menu acts on its notebook
             page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
             page.click("li[data-command='runmenu:run-all']")
@@ -325,6 +343,10 @@ def test_every_chapter_runs_with_live_plots_and_widgets(browser, server, name):
         check_plots_rendered(ch)
         assert check_widgets_respond(ch) >= 1, f"{name} has no calculator"
         assert not ch.page_errors, ch.page_errors[:5]
+    except AssertionError as err:
+        if ch.dialogs:
+            raise AssertionError(f"{err}\n(dialogs answered on the way: {ch.dialogs})") from err
+        raise
     finally:
         ch.close()
 
