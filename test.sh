@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# Run every test: labkit's unit tests, the chapters (nbval, or the browser test), grading of exercises.
+# Run the tests. Two lanes (docs/testing.md says what each holds and how long it takes):
 #
-# Each notebook runs once. The solutions run under `labkit grade` (tests/test_exercises.py: every
-# one must score full marks), so nbval does not run them again. The chapters run in the browser
-# test (tests/e2e) when Chromium and Playwright are there: it checks the `# NBVAL_CHECK_OUTPUT`
-# cells as nbval does. Without a browser (or with LABKIT_E2E_CHAPTERS naming a subset), nbval
-# runs the chapters instead.
+#   ./test.sh          the commit lane, what CI runs: every code path once (10 minutes on 2 cores)
+#   ./test.sh --full   everything: every chapter in the browser, every documented lab line at full
+#                      size, every lab under torchrun, every notebook opened, the website in the
+#                      browser; rewrites tests/durations.json (the order files are run in)
+#
+# Other arguments go to pytest (./test.sh tests/test_zero.py -x; ./test.sh -m "not browser").
+# Each notebook runs once: the solutions under `labkit grade` (tests/test_exercises.py), the
+# chapters in the browser test (tests/e2e) when Chromium and Playwright are there, else under nbval
+# (and under nbval when LABKIT_E2E_CHAPTERS names a subset). In the commit lane the browser runs
+# chapter 00 and every chapter whose code changed since its last browser pass (its `labkit book`
+# stamp differs from tests/e2e/browser-verified.json, which a passing run updates: commit it).
+# Interrupted (Ctrl-C) or not, nothing it started outlives it: no rank, kernel or JupyterLab.
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/env.sh
+lane=()
+args=()
+for a in "$@"; do
+  if [[ "$a" == "--full" ]]; then lane=(--full); else args+=("$a"); fi
+done
 chapters=(chapters)
 if [[ -z "${LABKIT_E2E_CHAPTERS:-}" && -x "${LABKIT_CHROMIUM:-/usr/bin/chromium}" ]] \
    && python -c "import playwright" 2>/dev/null; then
@@ -16,16 +28,28 @@ if [[ -z "${LABKIT_E2E_CHAPTERS:-}" && -x "${LABKIT_CHROMIUM:-/usr/bin/chromium}
   echo "test.sh: the chapters run in the browser test (tests/e2e), which checks their outputs as nbval would"
 fi
 # Two test files at a time (pytest-xdist; a file's tests, and a notebook's cells, stay together on
-# one worker). Most tests wait on processes they started, so two at once use 2 cores better.
-# LABKIT_TEST_WORKERS=0 runs one at a time.
+# one worker). Most tests wait on processes they started, so two at once use 2 cores better; runs of
+# 4 ranks or more take turns (labkit.launch.serial, LABKIT_RUN_LOCK). LABKIT_TEST_WORKERS=0: one
+# at a time.
 workers=${LABKIT_TEST_WORKERS:-2}
 parallel=()
 if [[ "$workers" != 0 ]] && python -c "import xdist" 2>/dev/null; then
-  parallel=(-n "$workers" --dist loadfile)
-  # longest files first (tests/conftest.py) only if xdist keeps that order (3.8 and newer)
-  if python -c "import sys, importlib.metadata as m; v = m.version('pytest-xdist').split('.');
-sys.exit(0 if (int(v[0]), int(v[1])) >= (3, 8) else 1)" 2>/dev/null; then
-    parallel+=(--no-loadscope-reorder)
-  fi
+  # --no-loadscope-reorder: keep the longest-first order of tests/conftest.py (xdist 3.8+)
+  parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
-exec python -m pytest tests "${chapters[@]}" "${parallel[@]}" --nbval-lax --nbval-cell-timeout=600 -p no:cacheprovider --durations=25 "$@"
+# Every process this run starts carries LABKIT_TEST_RUN; on exit, whatever still carries it (a
+# JupyterLab, a kernel, a rank that double-forked into its own session) is ended.
+export LABKIT_TEST_RUN="test.sh-$$-$RANDOM"
+export LABKIT_RUN_LOCK="${TMPDIR:-/tmp}/labkit-run-lock-$LABKIT_TEST_RUN"
+cleanup() {
+  python scripts/reap.py "$LABKIT_TEST_RUN" "$$" || true
+  rm -f "$LABKIT_RUN_LOCK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+set +e
+python -m pytest tests "${chapters[@]}" "${parallel[@]}" "${lane[@]}" --record --nbval-lax \
+  --nbval-cell-timeout=600 -p no:cacheprovider --durations=25 "${args[@]}"
+code=$?
+set -e
+exit "$code"

@@ -16,7 +16,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 [ -x .venv/bin/python ] || { echo "e2e-setup: run ./test.sh or ./book.sh once first (.venv)"; exit 1; }
 if ! .venv/bin/python -c "import playwright" 2>/dev/null; then
-  .venv/bin/python -m pip install --quiet $(grep -i -E '^(playwright|greenlet|pyee)==' requirements.lock) || {
+  .venv/bin/python -m pip install --quiet $(grep -i -E '^(playwright|greenlet|pyee)==' "$(cat .venv/.labkit-lock 2>/dev/null || echo requirements.lock)" | cut -d' ' -f1) || {
     echo "e2e-setup: could not install playwright; the browser test will skip"; exit 1; }
 fi
 scripts/pyodide-fetch.sh >/dev/null || { echo "e2e-setup: could not fetch Pyodide; the browser test will skip"; exit 1; }

@@ -144,6 +144,37 @@ def test_documented_lab_line_runs_as_written(command):
                "rank: True" in out.stdout, out.stdout[-2000:]
 
 
+def _small(command: str) -> list[str]:
+    """A documented line's lab and rank count with test_labs.LABS's tiny options instead of its
+    own sizes: the same `main`, progress lines and final table, in seconds."""
+    words = [w for part in _argv(command) for w in part.split("=", 1)]
+    lab = _labkit_part(_argv(command))[1]
+    flag = next((f for f in ("--nproc", "--nproc-per-node") if f in words), None)
+    nproc = words[words.index(flag) + 1] if flag else None
+    return ["run", lab, *(["--nproc", nproc] if nproc else []), *LABS[lab][0]]
+
+
+# one documented line per lab (the first), run small per commit; every line at full size: --full
+SMALL = sorted({_labkit_part(_argv(c))[1]: c for c in reversed(RUNS)}.values())
+
+
+@pytest.mark.parametrize("command", SMALL)
+def test_documented_lab_line_runs_small(command):
+    """Per commit (tests/conftest.py): each lab's documented line with tiny options. The line as
+    written, every word its comment promises (EXPECT) included, runs in the full lane."""
+    lab = _labkit_part(_argv(command))[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p))
+    words = [sys.executable, "-m", "labkit", *_small(command)]
+    out = subprocess.run(words, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, " ".join(words[2:]) + "\n" + out.stdout[-2000:] \
+        + out.stderr[-3000:]
+    assert out.stdout.count(LABS[lab][1]) == 1, out.stdout[-3000:]
+    assert _progress_lines(lab, out.stdout), out.stdout[-2000:]
+    if lab in GPU_READY:   # no GPU here: Gloo on the CPU, and the table says so
+        assert "backend gloo, device cpu" in out.stdout, out.stdout[-2000:]
+
+
 class _Started(Exception):
     """Raised where the lab would start its first process: every check before it passed."""
 

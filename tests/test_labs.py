@@ -117,6 +117,12 @@ def test_lab_runs_on_three_local_processes(name, opts):
         assert "dp 3 x tp 1" in out.stdout and "r2(p0 d2 t0)" in out.stdout
 
 
+# Under torchrun per commit (tests/conftest.py): the labs with a torchrun branch of their own
+# (checkpoint, train_ft, hybrid's WORLD_SIZE), one crossover lab (labs/_crossover.py) and ring
+# for the rank-0-prints pattern the others share; every lab under torchrun: ./test.sh --full.
+TORCHRUN_PER_COMMIT = ("checkpoint", "hybrid", "overlap", "ring", "train_ft")
+
+
 @pytest.mark.parametrize("name", sorted(LABS))
 def test_lab_runs_under_torchrun(name):
     opts, marker = LABS[name]

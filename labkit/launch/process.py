@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from labkit.launch import hang, rendezvous, source, transport, warm
+from labkit.launch import hang, rendezvous, serial, source, transport, warm
 from labkit.launch.errors import HangError, LaunchError, RankError
 from labkit.launch.torchrun import run_under_torchrun, under_torchrun
 
@@ -48,6 +48,12 @@ def run(fn, nprocs: int, args: tuple = (), kwargs: dict | None = None, *,
     if timeout is None or timeout <= 0:
         raise LaunchError(f"timeout must be a positive number of seconds, got {timeout!r}")
     backend = rendezvous.resolve_backend(backend, nprocs)
+    with serial.turn(nprocs):   # many ranks take turns where LABKIT_RUN_LOCK says so (tests)
+        return _start(fn, nprocs, args, kwargs, backend, timeout, echo)
+
+
+def _start(fn, nprocs: int, args: tuple, kwargs: dict, backend: str, timeout: float, echo: bool):
+    __tracebackhide__ = True
     try:
         payload, sources = source.dumps((fn, tuple(args), kwargs))
     except Exception as err:  # noqa: BLE001

@@ -4,6 +4,7 @@ Playwright is missing; a headless Chromium; a Jupyter server of their own (Jupyt
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -107,3 +108,51 @@ def serve_book(repo: Path, *args: str):
     with serve_jupyter(cmd, repo, repo.parent / "book-sh.log", start_s=120,
                  what="./book.sh (JupyterLab)") as srv:
         yield srv
+
+
+# A JupyterLab dialog that reports a real error: the kernel died or restarted, the server failed.
+DIALOG_ERROR = re.compile(r"died|restarting|kernel restart|server connection error|"
+                          r"server error|error", re.I)
+
+
+class Dialogs:
+    """Answers every JupyterLab dialog that appears over `page`, whenever it appears, and keeps
+    its text. Playwright runs the handler before any action (a click, a fill) that the dialog
+    would intercept; `answer()` does the same between actions that have no target (key presses,
+    polling). Non-error dialogs (a save conflict, a kernel choice) are answered with their
+    default button; `errors()` are the ones whose text reports a real error, which the test
+    fails with (CI once saw an unanswered dialog intercept a click under load)."""
+
+    SELECTOR = ".jp-Dialog"
+
+    def __init__(self, page):
+        self.page, self.seen = page, []
+        page.add_locator_handler(page.locator(self.SELECTOR), self._handle)
+
+    def _handle(self, dialog) -> None:
+        try:
+            text = " ".join(dialog.first.inner_text(timeout=5_000).split())[:300]
+        except Exception:   # noqa: BLE001  gone before it could be read
+            return
+        self.seen.append(text)
+        accept = dialog.first.locator(".jp-Dialog-button.jp-mod-accept")
+        if accept.count():
+            accept.first.click(timeout=10_000)
+        else:
+            self.page.keyboard.press("Escape")
+        self.page.wait_for_timeout(300)
+
+    def answer(self) -> None:
+        for _ in range(3):
+            dialogs = self.page.locator(self.SELECTOR)
+            if not dialogs.count():
+                return
+            self._handle(dialogs)
+
+    def errors(self) -> list[str]:
+        return [t for t in self.seen if DIALOG_ERROR.search(t)]
+
+    def check(self) -> None:
+        """Fail with the text of every dialog that reported a real error."""
+        bad = self.errors()
+        assert not bad, f"JupyterLab reported an error in a dialog: {bad}"

@@ -18,6 +18,7 @@ when the browser test can run, under nbval otherwise.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -27,7 +28,7 @@ import time
 
 import nbformat
 import pytest
-from e2e_common import ROOT, api, chromium, serve_book, serve_jupyter
+from e2e_common import ROOT, Dialogs, api, chromium, serve_book, serve_jupyter
 from nbval.plugin import coalesce_streams, transform_streams_for_comparison
 
 from labkit.widgets.intro import state_rows
@@ -35,6 +36,7 @@ from labkit.widgets.intro import state_rows
 CHAPTERS = sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
 FIRST = "00_why_distribute.ipynb"
 SHOTS = ROOT / "build" / "e2e"
+BROWSER_RECORD = ROOT / "tests" / "e2e" / "browser-verified.json"
 RUN_ALL_TIMEOUT_S = 420
 PLOTLY = "application/vnd.plotly.v1+json"
 LAB_SETTINGS = {
@@ -92,7 +94,8 @@ class Chapter:
         self.name, self.server = name, server
         self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
         self.page = self.context.new_page()
-        self.page_errors, self.dialogs = [], []
+        self.page_errors = []
+        self.dialogs = Dialogs(self.page)     # any dialog, at any step, answered and kept
         self.page.on("pageerror", lambda e: self.page_errors.append(str(e)))
         # A workspace of its own: the tab shows this chapter only (not the ones opened before).
         self.page.goto(f"{server['url']}/lab/workspaces/ch{name[:2]}/tree/{name}"
@@ -116,11 +119,13 @@ class Chapter:
             idle_since = (idle_since or time.monotonic()) if idle and not running else None
             if idle_since and time.monotonic() - idle_since > 10:
                 break
+            self.dialogs.answer()
             time.sleep(1)
         page.wait_for_timeout(1500)  # last outputs (plots, widget views) settle
         # Save until the file holds what the page shows: the dirty mark can clear while a save
         # (or an autosave from before the last cell ran) is still the one on disk.
         for _ in range(30):
+            self.dialogs.answer()     # a key press has no target for Playwright's handler
             page.keyboard.press("Control+s")
             page.wait_for_function(
                 """() => !document.querySelector('.jp-mod-current.jp-mod-dirty')""", timeout=60_000)
@@ -132,23 +137,6 @@ class Chapter:
                 break
             page.wait_for_timeout(1000)
         self.shown_prompts = shown   # for the failure message: what the page showed
-
-    def _answer_dialogs(self) -> None:
-        """A modal JupyterLab dialog over the page (CI once saw one block the Run All click on a
-        loaded machine: a server-connection or kernel-restart notice) is answered with its
-        default button and its text kept: the outputs checked afterwards decide the test, and a
-        failure shows what the dialogs said."""
-        dialogs = self.page.locator(".jp-Dialog")
-        for _ in range(3):
-            if not dialogs.count():
-                return
-            self.dialogs.append(dialogs.first.inner_text()[:300])
-            accept = dialogs.first.locator(".jp-Dialog-button.jp-mod-accept")
-            if accept.count():
-                accept.first.click()
-            else:
-                self.page.keyboard.press("Escape")
-            self.page.wait_for_timeout(500)
 
     def _prompts(self) -> list:
         return self.page.evaluate("""() => [...document.querySelectorAll(
@@ -163,7 +151,7 @@ class Chapter:
         """
         page = self.page
         for _ in range(4):
-            self._answer_dialogs()
+            self.dialogs.answer()
             page.locator(".jp-Notebook .jp-Cell").first.click()  # the menu acts on its notebook
             page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
             page.click("li[data-command='runmenu:run-all']")
@@ -287,10 +275,13 @@ def first_chapter(browser, server):
     ch.close()
 
 
-def test_chapter00_runs_top_to_bottom_in_a_real_browser(first_chapter):
+def test_chapter00_runs_top_to_bottom_in_a_real_browser(first_chapter, request):
+    first_chapter.dialogs.check()
     check_ran_top_to_bottom(first_chapter.saved, first_chapter.shown_prompts)
     assert check_outputs_like_nbval(first_chapter.saved, FIRST) >= 1
     check_plots_rendered(first_chapter)
+    if request.config.getoption("--record"):
+        _record(FIRST)
 
 
 def test_chapter00_calculator_slider_moves_the_number_to_the_right_value(first_chapter):
@@ -332,28 +323,62 @@ def test_chapter00_multiprocess_lab_cells_return_every_rank(first_chapter):
     assert not first_chapter.page_errors, first_chapter.page_errors[:5]
 
 
+def _code_digest(name: str) -> str:
+    """What a chapter's browser pass vouches for: its code cells and the labkit files they run,
+    as `labkit book run` stamped them (tests/test_freshness.py holds the stamps current)."""
+    stamp = json.loads((ROOT / "chapters" / name).read_text())["metadata"].get("labkit", {})
+    key = json.dumps([stamp.get("cells"), sorted((stamp.get("sources") or {}).items())])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _verified() -> dict:
+    try:
+        return json.loads(BROWSER_RECORD.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _record(name: str) -> None:
+    """A chapter that passed in the browser: its code digest into tests/e2e/browser-verified.json
+    (commit it; the commit lane then skips the chapter until its code changes)."""
+    record = _verified()
+    record[name] = _code_digest(name)
+    BROWSER_RECORD.write_text(json.dumps(dict(sorted(record.items())), indent=1) + "\n")
+
+
 @pytest.mark.parametrize("name", [c for c in CHAPTERS if c != FIRST and _selected(c)])
-def test_every_chapter_runs_with_live_plots_and_widgets(browser, server, name):
+def test_every_chapter_runs_with_live_plots_and_widgets(browser, server, name, request):
+    """Every chapter in the full lane, or when LABKIT_E2E_CHAPTERS names it; in the commit lane
+    the chapters whose code changed since their last browser pass (chapter 00 runs always)."""
+    chosen = os.environ.get("LABKIT_E2E_CHAPTERS") or request.config.getoption("--full")
+    if not chosen and _verified().get(name) == _code_digest(name):
+        pytest.skip(f"{name}: its code passed in the browser already "
+                    "(tests/e2e/browser-verified.json); ./test.sh --full runs it again")
     ch = Chapter(browser, server, name)
     try:
         ch.run_all_and_save()
         ch.shot("after-run-all")
+        ch.dialogs.check()
         check_ran_top_to_bottom(ch.saved, ch.shown_prompts)
         assert check_outputs_like_nbval(ch.saved, name) >= 1, f"{name} checks no output"
         check_plots_rendered(ch)
         assert check_widgets_respond(ch) >= 1, f"{name} has no calculator"
         assert not ch.page_errors, ch.page_errors[:5]
     except AssertionError as err:
-        if ch.dialogs:
-            raise AssertionError(f"{err}\n(dialogs answered on the way: {ch.dialogs})") from err
+        if ch.dialogs.seen:
+            raise AssertionError(f"{err}\n(dialogs answered on the way: {ch.dialogs.seen})") \
+                from err
         raise
     finally:
         ch.close()
+    if request.config.getoption("--record"):
+        _record(name)
 
 
 # ---- One door: ./book.sh opens START_HERE.ipynb, which leads to every notebook ------------------
 
 BOOK_FILES = ["book.sh", "scripts/env.sh", "requirements.txt", "requirements.lock",
+              "requirements-cpu.lock",
               "pyproject.toml", "jupyterlab", "chapters", "exercises", "solutions",
               "START_HERE.ipynb"]
 
@@ -386,6 +411,7 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
 
     context.route("**/*", route)
     page = context.new_page()
+    dialogs = Dialogs(page)
     page.goto(f"{book_sh['url']}/?token={book_sh['token']}")
     landing = page.locator(".jp-Notebook .jp-RenderedMarkdown:has-text('How grading works')")
     landing.first.wait_for(timeout=90_000)
@@ -422,6 +448,7 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
     # chapter's imports, so running it twice is harmless.
     started = False
     for _ in range(4):
+        dialogs.answer()
         prompt.click()    # selects the cell (command mode), no editor focus
         page.click("#jp-MainMenu .lm-MenuBar-itemLabel:text-is('Run')")
         page.click("li[data-command='runmenu:run']")  # Run Selected Cell(s)
@@ -449,5 +476,6 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
     page.screenshot(path=str(SHOTS / "door-chapter.png"))
     tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").all_inner_texts()
     context.close()
+    dialogs.check()
     assert sum(FIRST in t for t in tabs) == 3, tabs  # chapter, exercises and solutions all opened
     assert not outside, f"requests off this machine: {sorted(set(outside))[:5]}"

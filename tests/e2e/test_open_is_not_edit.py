@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_common import CHROMIUM, ROOT, api, chromium, need, serve_book
+from e2e_common import CHROMIUM, ROOT, Dialogs, api, chromium, need, serve_book
 
 PLOTLY = "application/vnd.plotly.v1+json"
 DOCMANAGER = Path("jupyterlab/user-settings/@jupyterlab/docmanager-extension/"
@@ -84,6 +84,7 @@ def test_opening_every_notebook_and_autosaving_changes_no_tracked_file(book):
     repo, names = book["repo"], _notebooks(book["repo"])
     with chromium() as browser:
         page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        dialogs = Dialogs(page)
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(f"{book['url']}/lab/tree/START_HERE.ipynb?token={book['token']}")
@@ -136,3 +137,4 @@ def test_opening_every_notebook_and_autosaving_changes_no_tracked_file(book):
                      if not (repo / rel).is_file() or (repo / rel).read_bytes() != data)
     assert not changed, f"opening the book changed tracked files: {changed}"
     assert not errors, errors[:5]
+    dialogs.check()
