@@ -37,6 +37,47 @@ def comm_per_rank(n_params: float, zero_stage: int, dp: int, bytes_per_value: fl
     return parts
 
 
+def hsdp_comm_per_rank(n_params: float, replicate: int, shard: int, param_bytes: float = 2,
+                       grad_bytes: float = 4) -> dict:
+    """Bytes each rank sends per step under HSDP (labkit.zero.hsdp), per mesh dimension, ring
+    collectives: ZeRO-3 over the shard group, 3(S-1)/S Ψ (two all-gathers of param_bytes, one
+    reduce-scatter of grad_bytes), and the all-reduce of the Ψ/S gradient shard over the
+    replicate group, 2(R-1)/R Ψ/S grad_bytes. replicate=1 is ZeRO-3 (FSDP), shard=1 is DDP."""
+    _check_degrees(replicate=replicate, shard=shard)
+    one = (shard - 1) / shard * n_params
+    out = {"shard": 2 * one * param_bytes + one * grad_bytes,
+           "replicate": 2 * (replicate - 1) / replicate * n_params / shard * grad_bytes}
+    out["total"] = out["shard"] + out["replicate"]
+    return out
+
+
+def hsdp_or_fsdp(n_params: float, nodes: int, gpus_per_node: int, intra_bw: float,
+                 inter_bw: float, param_bytes: float = 2, grad_bytes: float = 4,
+                 state_bytes: float = 16, memory_bytes: float | None = None) -> dict:
+    """FSDP over all nodes x gpus_per_node ranks, or HSDP sharded inside each node and replicated
+    across nodes: communication seconds per step and model-state bytes per GPU of each, and the
+    choice (the faster one whose model states fit in memory_bytes, when given).
+
+    intra_bw, inter_bw: bytes/s per GPU inside a node (NVLink) and across nodes (its NIC). FSDP's
+    ring spans the nodes, so all of its 3(N-1)/N Ψ runs at inter_bw (the slowest link of the
+    ring); HSDP's gathers and reduce-scatter stay at intra_bw and only the gradient shard's
+    all-reduce crosses nodes. state_bytes: model-state bytes per parameter (16 for mixed
+    precision with fp32 Adam). Default dtypes: bf16 gathers, fp32 gradient reduction."""
+    _check_degrees(nodes=nodes, gpus_per_node=gpus_per_node)
+    world = nodes * gpus_per_node
+    fsdp = hsdp_comm_per_rank(n_params, 1, world, param_bytes, grad_bytes)
+    hsdp = hsdp_comm_per_rank(n_params, nodes, gpus_per_node, param_bytes, grad_bytes)
+    out = {"fsdp": {"seconds": fsdp["total"] / (inter_bw if nodes > 1 else intra_bw),
+                    "state_bytes": state_bytes * n_params / world, "sent": fsdp["total"]},
+           "hsdp": {"seconds": hsdp["shard"] / intra_bw + hsdp["replicate"] / inter_bw,
+                    "state_bytes": state_bytes * n_params / gpus_per_node,
+                    "sent": hsdp["total"]}}
+    fits = [k for k in ("hsdp", "fsdp")
+            if memory_bytes is None or out[k]["state_bytes"] <= memory_bytes]
+    out["choice"] = min(fits, key=lambda k: out[k]["seconds"]) if fits else None
+    return out
+
+
 def offload_transfer_bytes(n_params: float, *, recipe, dp: int = 1) -> dict:
     """PCIe bytes per step per GPU under ZeRO-Offload: gradient shard out, weight shard back."""
     r = get_recipe(recipe)

@@ -14,16 +14,18 @@ from labkit.zero.train import optimizer_spec
 
 
 def fsdp2_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12, seed: int = 0,
-                mp_policy=None, grad_scaler: bool = False) -> dict:
+                mp_policy=None, grad_scaler: bool = False, replicate: int = 1) -> dict:
     """mp_policy: labkit's or torch's MixedPrecisionPolicy (None: fp32 throughout).
     grad_scaler: torch's ShardedGradScaler (fp16's dynamic loss scaling); "scales" then holds
-    the scale each step used."""
+    the scale each step used. replicate > 1: HSDP, fully_shard on a 2-D ("replicate", "shard")
+    mesh (FSDP2's hybrid sharding: sharded inside a group, replicated across the groups)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh("cpu", (world,)) if replicate == 1 else init_device_mesh(
+        "cpu", (replicate, world // replicate), mesh_dim_names=("replicate", "shard"))
     model = GPT(cfg, seed=seed)
     shard_kw = {}
     if mp_policy is not None:   # the same four fields
