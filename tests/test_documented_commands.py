@@ -45,6 +45,7 @@ EXPECT = {
     "overlap_cp": ["predicted", "measured"],
     "zero": ["the ring predicts"],
     "hsdp": ["shard dim", "replicate dim", "one process"],
+    "zeropp": ["qwZ", "hpZ", "qgZ", "all held"],
     "tp": ["per layer (formula: 4)", "counted by the kernel"],
     "pipeline": ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "formula"],
     "checkpoint": ["straggler", "sharded save at 4, load at 2", "frozen rank"],

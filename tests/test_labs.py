@@ -26,6 +26,7 @@ LABS = {
             "all-reduces/step"),
     "zero": (["--steps", "1", "--stages", "1", "3"], "the ring predicts"),
     "hsdp": (["--steps", "1"], "HSDP: bytes each rank sent, per mesh dimension"),
+    "zeropp": (["--steps", "1"], "ZeRO++: bytes each rank sent in one step"),
     "tp": (["--steps", "1", "--batch", "2", "--n-layer", "1", "--block-size", "8"],
            "all-reduces for 1 layers"),
     "pipeline": (["--K", "2", "--batch", "4", "--pad-ms", "0", "0"], "formula (P-1)/(vK+P-1)"),
@@ -52,7 +53,7 @@ LABS = {
 CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons
 # "backend B, device D" in their table
 GPU_READY = ("ring", "tp", "pipeline", "hybrid", "overlap", "overlap_tp", "overlap_cp",
-             "overlap_zero3", "hsdp")
+             "overlap_zero3", "hsdp", "zeropp")
 PROGRESS = re.compile(r"^\[(\w+)\] .*\((\d+/\d+, )?\d+\.\d s\)$", re.M)
 
 

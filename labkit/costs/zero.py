@@ -51,6 +51,38 @@ def hsdp_comm_per_rank(n_params: float, replicate: int, shard: int, param_bytes:
     return out
 
 
+def zeropp_comm_per_rank(n_params: float, world: int, *, qwz: bool = False, hpz: int = 0,
+                         qgz: bool = False, block: int = 256, param_bytes: float = 2,
+                         grad_bytes: float = 4) -> dict:
+    """Bytes each rank sends per step under ZeRO++ (labkit.zero.zeropp; Wang et al. 2023), per
+    collective. Ψ = n_params is split in N shards of c = Ψ/N values (give one unit's padded Ψ to
+    be exact: blocks are rounded up per shard). int8 blocks of `block` values carry one fp32
+    scale each: ceil(c/block)(block + 4) bytes a shard instead of c·param_bytes.
+
+    forward_gather   (N-1) shards, int8 with qwZ, else param_bytes a value
+    backward_gather  hpZ=G: (G-1) secondary shards of ceil(Ψ/G) values (inside the node, in the
+                     compute dtype); else as forward
+    reduce_scatter   (N-1) chunks, int8 all-to-all with qgZ, else grad_bytes a value
+    With hpZ, nodes of G ranks, only the forward gather and the gradients cross nodes."""
+    _check_degrees(world=world)
+    c = n_params / world
+    blocks = -(-c // block)
+
+    def shard_bytes(quantized: bool, width: float) -> float:
+        return blocks * (block + 4) if quantized else c * width
+
+    fwd = (world - 1) * shard_bytes(qwz, param_bytes)
+    if hpz and hpz < world:
+        _check_degrees(hpz=hpz)
+        bwd = (hpz - 1) * -(-n_params // hpz) * param_bytes
+    else:
+        bwd = fwd
+    rs = (world - 1) * shard_bytes(qgz, grad_bytes)
+    out = {"forward_gather": fwd, "backward_gather": bwd, "reduce_scatter": rs}
+    out["total"] = fwd + bwd + rs
+    return out
+
+
 def hsdp_or_fsdp(n_params: float, nodes: int, gpus_per_node: int, intra_bw: float,
                  inter_bw: float, param_bytes: float = 2, grad_bytes: float = 4,
                  state_bytes: float = 16, memory_bytes: float | None = None) -> dict:

@@ -18,7 +18,7 @@ CHAPTER_LABS = {
     0: ("Why distribute?", ["intro"]),
     1: ("Collectives and ring all-reduce", ["ring"]),
     2: ("Data parallelism (DDP)", ["ddp", "overlap"]),
-    3: ("ZeRO and FSDP", ["zero", "overlap_zero3", "hsdp"]),
+    3: ("ZeRO and FSDP", ["zero", "overlap_zero3", "hsdp", "zeropp"]),
     4: ("Tensor parallelism", ["tp", "overlap_tp"]),
     5: ("Pipeline parallelism", ["pipeline"]),
     6: ("Checkpointing and fault tolerance", ["checkpoint", "train_ft"]),

@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 
 from labkit import commlog
-from labkit.zero.shard import reduce_scatter_mean_many
 
 
 def _payload(zero, params, grads, world: int, device) -> tuple:
@@ -39,8 +38,7 @@ def reduce_grads(zero, params, grads, device) -> dict:
 
 def _reduce_scatter(zero, params, grads, device) -> dict:
     fulls, flags = _payload(zero, params, grads, dist.get_world_size(zero.group), device)
-    chunks = reduce_scatter_mean_many(                            # (c_i,) each, one message
-        fulls + flags, zero.group, where="ZeRO-3 grads", algorithm=zero.reduce_scatter)
+    chunks = zero.reduce_scatter(fulls + flags)                   # (c_i,) each, one message
     used = chunks.pop().tolist() if flags else [1.0] * len(chunks)
     return {id(p): _to_master(zero, p, c) if u > 0 else None   # up to fp32 (offload: CPU)
             for p, c, u in zip(params, chunks, used)}

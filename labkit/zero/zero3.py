@@ -63,6 +63,7 @@ from labkit.zero.shard import (
     all_gather_flat,
     all_gather_full,
     chunk_size,
+    reduce_scatter_mean_many,
     shard_of,
     unique_params,
 )
@@ -102,7 +103,8 @@ class ZeRO3:
         self.offload, self.timeline = bool(offload), timeline
         self._order, self._pending = ExecutionOrder(), {}
         self.find_unused = find_unused_parameters
-        self.reduce_scatter = reduce_scatter   # None: labkit.zero.shard.reduce_scatter_algorithm
+        # None: labkit.zero.shard.reduce_scatter_algorithm (the constructor's reduce_scatter=)
+        self.reduce_scatter_algorithm = reduce_scatter
         self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
         self._sync, self._held = True, {}
         rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -237,8 +239,7 @@ class ZeRO3:
         if need:
             # cast BEFORE the gather: the wire carries param_dtype (half the bytes in bf16)
             mine = [self._source(p) for p in need]
-            flat = all_gather_flat(torch.cat([s.reshape(-1) for s in mine]),   # (N * sum c_i,)
-                                   self.group, where="ZeRO-3 gather")
+            flat = self.gather(unit, phase, torch.cat([s.reshape(-1) for s in mine]))
             self._fill(need, flat.view(self.world, -1).split([s.numel() for s in mine], dim=1))
         nxt = self._order.after(id(unit), phase) if self.prefetch else None
         if nxt is not None and nxt not in self._pending:
@@ -247,6 +248,17 @@ class ZeRO3:
                 self._pending[nxt] = (ahead, GatherInFlight(
                     [self._source(p) for p in ahead], [self.shapes[id(p)] for p in ahead],
                     self.group, where="ZeRO-3 prefetch"))
+
+    def gather(self, unit, phase: str, mine: torch.Tensor) -> torch.Tensor:
+        """Every rank's shards of the unit (this rank's, concatenated: (sum c_i,)) in rank order,
+        (N * sum c_i,): one all-gather. ZeRO++ (labkit.zero.zeropp) gathers otherwise."""
+        return all_gather_flat(mine, self.group, where="ZeRO-3 gather")
+
+    def reduce_scatter(self, fulls: list) -> list:
+        """This rank's chunk (c_i,) of the mean over ranks of each full gradient, one message
+        (labkit.zero.reduce calls it in backward). ZeRO++ reduces otherwise."""
+        return reduce_scatter_mean_many(fulls, self.group, where="ZeRO-3 grads",
+                                        algorithm=self.reduce_scatter_algorithm)
 
     def _settle(self) -> None:
         """Before the optimizer changes the shards: no gather in flight, no full parameter
