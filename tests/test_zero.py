@@ -11,7 +11,7 @@ from labkit.check import ch03
 from labkit.launch import run
 from labkit.model import GPT
 from labkit.zero import chunk_size, padded_flat, shard_of
-from labkit.zero.measure import moved_numel, predicted_sent
+from labkit.zero.measure import LAB_MODEL, moved_numel, predicted_sent
 from labkit.zero.train import TINY, make_stage, reference_train, sharded_train
 
 STEPS = 3
@@ -306,7 +306,9 @@ def test_bad_input_is_a_clear_error():
 def test_accumulation_no_sync_trades_bytes_sent_for_full_gradients_held():
     """ZeRO-2/3 with 4 micro-batches: reduce-scatter every micro-batch sends 3 more
     reduce-scatters (kernel-counted) but holds ~Ψ/N of gradients; no_sync holds all Ψ (by
-    storage) and sends one."""
+    storage) and sends one. ZeRO-3 unsharded across the micro-batches (FSDP2's
+    set_reshard_after_backward(False) with no_sync) gathers once per step instead of 2k times and
+    holds every whole parameter meanwhile."""
     from labkit.zero.measure import accumulation_tradeoff
 
     world, k = 2, 4
@@ -322,3 +324,14 @@ def test_accumulation_no_sync_trades_bytes_sent_for_full_gradients_held():
             if every["sent"] is not None:
                 saved = every["sent"] - quiet["sent"]
                 assert (k - 1) * rs <= saved <= 1.05 * (k - 1) * rs, (stage, saved, rs)
+    r = out[0]
+    quiet, kept = r[(3, "no_sync")], r[(3, "unsharded")]
+    # parameters kept whole across the micro-batches: the same step, gathered once, not 2k times
+    gather = (world - 1) / world * moved_numel(LAB_MODEL, 3, world) * 4      # one ring all-gather
+    for name, value in quiet["params"].items():
+        assert torch.equal(kept["params"][name], value), name
+    if quiet["sent"] is not None:
+        saved = quiet["sent"] - kept["sent"]
+        assert 2 * (k - 1) * gather <= saved <= 1.05 * 2 * (k - 1) * gather, (saved, gather)
+    full = 4 * moved_numel(LAB_MODEL, 3, world)
+    assert kept["peak_full_param_bytes"] >= full > 2 * quiet["peak_full_param_bytes"]

@@ -184,16 +184,22 @@ def accumulation_tradeoff(cfg: GPTConfig = LAB_MODEL, micro_batches: int = 4,
     every micro-batch vs holding full gradients (no_sync) until the last one.
     {(stage, "every"|"no_sync"): {"sent": kernel-counted bytes of the step, "peak_grad_bytes":
     gradient storage held at most}}: no_sync sends one reduce-scatter instead of k, but holds Ψ
-    full gradients (4Ψ bytes in fp32) instead of about Ψ/N, the memory ZeRO-2/3 set out to save."""
+    full gradients (4Ψ bytes in fp32) instead of about Ψ/N, the memory ZeRO-2/3 set out to save.
+    ZeRO-3 also runs (3, "unsharded"): no_sync and reshard_after_backward=False (FSDP2's
+    set_requires_gradient_sync(False) and set_reshard_after_backward(False)): the parameters are
+    gathered once for the whole step instead of twice per micro-batch, and Ψ whole parameters
+    are held across the micro-batches ("peak_full_param_bytes")."""
     from labkit.zero.train import sharded_train
 
     out = {}
     for stage in stages:
-        for mode in ("every", "no_sync"):
+        for mode in ("every", "no_sync") + (("unsharded",) if stage == 3 else ()):
+            kw = {"reshard_after_backward": False} if mode == "unsharded" else {}
             res = sharded_train(stage, cfg, "adamw", steps=1, batch_size=batch_size,
-                                accumulate=micro_batches, no_sync=mode == "no_sync")
+                                accumulate=micro_batches, no_sync=mode != "every", stage_kw=kw)
             out[(stage, mode)] = {"sent": res["sent"], "peak_grad_bytes": res["peak_grad_bytes"],
-                                  "numel": res["numel"]}
+                                  "peak_full_param_bytes": res["peak_full_param_bytes"],
+                                  "numel": res["numel"], "params": res["params"]}
     return out
 
 

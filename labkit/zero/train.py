@@ -149,7 +149,8 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     ZeRO-3 also takes mp_policy= (labkit.zero.MixedPrecisionPolicy) and replicate= (e.g.
     labkit.zero.one_dimensional); both are off by default. Also returns
     "grads": the first step's mean gradient per name (gathered from the shards; None-free),
-    "peak_grad_bytes": the most gradient storage held after any micro-batch's backward."""
+    "peak_grad_bytes": the most gradient storage held after any micro-batch's backward,
+    "peak_full_param_bytes": ZeRO-3's whole parameters held after any micro-batch (0 elsewhere)."""
     import torch.distributed as dist
 
     from labkit import commlog, netcount
@@ -165,7 +166,7 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     stage_kw = {**({"find_unused_parameters": True} if unused else {}), **(stage_kw or {})}
     zero = make_stage(stage, model, optimizer, group, naive=naive, groups=groups, **stage_kw)
     zero.keep_shard_grads = True    # ZeRO-1: keep the reduced chunks until zero_grad
-    first_grads, peak_grads = None, 0
+    first_grads, peak_grads, peak_full = None, 0, 0
     tokens, losses = tiny_corpus(), []
     for step in range(steps):
         note(f"ZeRO-{stage} step {step}")
@@ -182,6 +183,8 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
                     part.backward()
                 loss = loss + part.detach()
                 peak_grads = max(peak_grads, gradient_bytes_held(zero))
+                if hasattr(zero, "full_buffers"):     # ZeRO-3: whole parameters kept between
+                    peak_full = max(peak_full, storage_bytes(zero.full_buffers()))
             if step_fn is not None:
                 step_fn(zero.params, zero.shards, zero.optimizer, group)
             else:
@@ -197,6 +200,7 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
         logged[e.op] = [calls + 1, nbytes + e.bytes]
     return {"params": full_params(zero, model), "losses": losses, "held": held,
             "grads": first_grads, "peak_grad_bytes": peak_grads,
+            "peak_full_param_bytes": peak_full,
             "sent": wire.sent, "received": wire.received, "wire_reason": wire.reason,
             "logged": logged, "numel": numel, "state_numel": state_numel(zero.optimizer)}
 

@@ -175,8 +175,9 @@ def post_backward(zero, call, pgrads) -> None:
     call.post = True
     zero._close_span(call.span)
     if call.held:
-        zero._release(call.params)
-        call.held = False
+        if zero.reshard_after_backward:
+            zero._release(call.params)
+        call.held = False           # else kept whole (its hold stays) until the step's _settle
     if call in zero._calls:
         zero._calls.remove(call)
     params = call.params

@@ -34,6 +34,10 @@ order of the first step, forward and backward apart) before it computes, so the 
 while this unit computes; about two units are whole at a time. reshard_after_forward=False
 (FSDP2's flag, ZeRO++'s trade): keep the gathered parameters from forward to backward: no
 gather in backward (2(N-1)/N Ψ sent instead of 3), every unit whole at the end of forward.
+reshard_after_backward=False (FSDP2's set_reshard_after_backward(False)): keep them whole after
+backward as well, across the micro-batches of a step, until the step frees them; with no_sync
+(FSDP2's set_requires_gradient_sync(False)) a step of k micro-batches then gathers once instead
+of 2k times: the production answer to "accumulation does not help ZeRO-3".
 offload=True (ZeRO-Offload, Ren et al. 2021): the fp32 master shards, their gradients and the
 optimizer state live in CPU memory and the optimizer steps there; the device keeps a copy of
 its shard in the compute dtype, refreshed after each step, to gather from.
@@ -97,9 +101,10 @@ class ZeRO3:
                  max_grad_norm: float | None = None, find_unused_parameters: bool = False,
                  mp_policy=None, replicate=None, prefetch: bool = False,
                  reshard_after_forward: bool = True, offload: bool = False, timeline=None,
-                 **optimizer_kwargs):
+                 reshard_after_backward: bool = True, **optimizer_kwargs):
         self.model, self.group = model, group
         self.prefetch, self.reshard_after_forward = bool(prefetch), bool(reshard_after_forward)
+        self.reshard_after_backward = bool(reshard_after_backward)
         self.offload, self.timeline = bool(offload), timeline
         self._order, self._pending = ExecutionOrder(), {}
         self.find_unused = find_unused_parameters
@@ -164,6 +169,17 @@ class ZeRO3:
     def no_sync(self):
         """Backward inside keeps full local gradients and sends nothing (see the class doc)."""
         return sync_paused(self)
+
+    def set_requires_gradient_sync(self, sync: bool) -> None:
+        """FSDP2's name for no_sync as a switch: False holds full gradients and sends none."""
+        self._sync = bool(sync)
+
+    def set_reshard_after_backward(self, reshard: bool) -> None:
+        """FSDP2's switch: False keeps every unit's parameters whole after its backward, so the
+        next micro-batch gathers nothing (forward or backward) until the step frees them: with
+        no gradient sync too, a step of k micro-batches gathers once, not 2k times, and holds Ψ
+        full parameters meanwhile (ZeRO-2's memory for parameters)."""
+        self.reshard_after_backward = bool(reshard)
 
     def compute_dtype_of(self, p) -> torch.dtype:
         """The dtype p is gathered and computed in: param_dtype, or the master's own."""
