@@ -146,3 +146,15 @@ def test_reference_gradients_only_frozen_clipped_and_float64():
     compare_dicts(ref.params, start.params, rtol=0, atol=0, what="no optimizer step")
     with pytest.raises(ValueError, match="no parameter named"):
         train(CFG, TrainSpec(frozen=("nope",)))
+
+
+def test_nested_logs_close_by_identity():
+    """Two open logs with the same (no) events are equal; closing the inner one must not close
+    the outer (a lab's log inside a test's log)."""
+    from labkit.observe import commlog
+
+    with commlog.record() as outer:
+        with commlog.record() as inner:
+            assert inner == outer and inner is not outer
+        assert commlog.recording()
+    assert not commlog.recording()

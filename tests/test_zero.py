@@ -335,3 +335,35 @@ def test_accumulation_no_sync_trades_bytes_sent_for_full_gradients_held():
         assert 2 * (k - 1) * gather <= saved <= 1.05 * 2 * (k - 1) * gather, (saved, gather)
     full = 4 * moved_numel(LAB_MODEL, 3, world)
     assert kept["peak_full_param_bytes"] >= full > 2 * quiet["peak_full_param_bytes"]
+
+
+def _overlapped(world):
+    from labkit.observe import commlog
+
+    out = {}
+    for stage in (1, 2):
+        for opt in ("sgd", "adamw"):
+            out[(stage, opt)] = sharded_train(stage, TINY, opt, steps=STEPS,
+                                              overlap_param_gather=True)
+    with commlog.record() as log:          # one more step: where the gathers complete
+        sharded_train(2, TINY, "sgd", steps=2, overlap_param_gather=True)
+    out["events"] = [(e.op, e.where) for e in log.events]
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_overlapped_param_gather_equals_one_process(world):
+    """ZeRO-1/2 with the parameter all-gather posted after the step and waited for in the next
+    forward (Megatron's --overlap-param-gather): the same parameters as one process, the same
+    gathers (one per module, posted asynchronously, not one blocking gather after the step)."""
+    per_rank = run(_overlapped, world, args=(world,), timeout=180, echo=False)
+    refs = {opt: reference_train(TINY, opt, steps=STEPS) for opt in ("sgd", "adamw")}
+    for stage in (1, 2):
+        for opt in ("sgd", "adamw"):
+            results = [r[(stage, opt)] for r in per_rank]
+            ch03.assert_matches_reference(results, refs[opt],
+                                          what=f"ZeRO-{stage} overlapped gather, {opt}, {world}")
+    events = per_rank[0]["events"]
+    overlapped = [w for op, w in events if w == "ZeRO params, overlapped"]
+    assert overlapped and all(op == "all_gather" for op, w in events if w == overlapped[0])
+    assert not any(w == "ZeRO-2 params" for _, w in events)     # no blocking gather left

@@ -21,6 +21,7 @@ from labkit import reference as _reference
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe.storage import storage_bytes
 from labkit.reference import OPTIMIZERS, make_optimizer, optimizer_spec  # noqa: F401 (one registry)
+from labkit.zero.param_gather import OverlappedParamGather
 from labkit.zero.params import weight_decay_groups
 
 # n_embd 25, 5 heads: most parameters (625, 25, 2400, 400 elements ...) split unevenly in 2 or 3
@@ -134,7 +135,8 @@ def gathered_grads(zero, model) -> dict:
 def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
                   batch_size: int = 12, seed: int = 0, group=None, naive: bool = False,
                   step_fn=None, accumulate: int = 1, stage_kw=None, freeze=(),
-                  unused: bool = False, groups: bool = False, no_sync: bool = False) -> dict:
+                  unused: bool = False, groups: bool = False, no_sync: bool = False,
+                  overlap_param_gather: bool = False) -> dict:
     """Run on every rank (via labkit.launch.run): train `steps` steps with a ZeRO stage.
 
     Returns {"params", "losses" (this rank's local losses), "held" (bytes kept after the last
@@ -150,7 +152,9 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     labkit.zero.one_dimensional); both are off by default. Also returns
     "grads": the first step's mean gradient per name (gathered from the shards; None-free),
     "peak_grad_bytes": the most gradient storage held after any micro-batch's backward,
-    "peak_full_param_bytes": ZeRO-3's whole parameters held after any micro-batch (0 elsewhere)."""
+    "peak_full_param_bytes": ZeRO-3's whole parameters held after any micro-batch (0 elsewhere).
+    overlap_param_gather (ZeRO-1/2): labkit.zero.param_gather, the step's all-gather waited for
+    in the next forward (the last step's is completed inside its own byte count)."""
     import torch.distributed as dist
 
     from labkit import commlog, netcount
@@ -166,6 +170,7 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     stage_kw = {**({"find_unused_parameters": True} if unused else {}), **(stage_kw or {})}
     zero = make_stage(stage, model, optimizer, group, naive=naive, groups=groups, **stage_kw)
     zero.keep_shard_grads = True    # ZeRO-1: keep the reduced chunks until zero_grad
+    overlapped = OverlappedParamGather(model, zero) if overlap_param_gather else None
     first_grads, peak_grads, peak_full = None, 0, 0
     tokens, losses = tiny_corpus(), []
     for step in range(steps):
@@ -189,6 +194,8 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
                 step_fn(zero.params, zero.shards, zero.optimizer, group)
             else:
                 zero.step()
+            if overlapped is not None and step == steps - 1:
+                overlapped.finish()       # no next forward: complete the gathers in this step
         held = zero.held_bytes()
         if first_grads is None:
             first_grads = gathered_grads(zero, model)

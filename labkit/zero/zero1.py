@@ -186,6 +186,9 @@ class ZeRO1(DataParallel):
             self.last_grad_norm = clip_([s.grad for s in self.shards], self.max_grad_norm,
                                         self.group, sharded=True)
         self.optimizer.step()
+        if getattr(self, "param_gather", None) is not None:   # labkit.zero.param_gather:
+            self.param_gather.post()                            # waited for in the next forward
+            return
         with torch.no_grad():   # mp_policy: the fp32 masters cast BEFORE the gather
             fulls = all_gather_many([s.detach().to(p.dtype) for p, s in
                                      zip(self.params, self.shards)],

@@ -109,6 +109,9 @@ class ZeRO2(DataParallel):
             self.last_grad_norm = clip_([s.grad for s in self.shards], self.max_grad_norm,
                                         self.group, sharded=True, device=self.device)
         self.optimizer.step()
+        if getattr(self, "param_gather", None) is not None:   # labkit.zero.param_gather:
+            self.param_gather.post()                            # waited for in the next forward
+            return
         with torch.no_grad():   # mp: cast first; offload: back up to the device
             fulls = all_gather_many([s.detach().to(p.device, p.dtype) for p, s in
                                      zip(self.params, self.shards)],
