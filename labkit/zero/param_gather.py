@@ -1,5 +1,6 @@
 """ZeRO-1/2's parameter all-gather overlapped with the next forward (Megatron-LM's
-`--overlap-param-gather`, which needs its distributed optimizer and `--overlap-grad-reduce`).
+`--overlap-param-gather`, which its megatron/training/arguments.py validate_args accepts only
+with `--use-distributed-optimizer` (or Megatron FSDP) and `--overlap-grad-reduce`).
 
 Without it, ZeRO-1/2's step is reduce-scatter (under backward for ZeRO-2) -> optimizer update of
 the shards -> all-gather of the updated parameters, and nothing can run until that gather is
