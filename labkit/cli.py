@@ -122,7 +122,8 @@ def main(argv=None) -> int:
 
         cpu = [n for n in _names("labkit.labs") if backend_of(n) == "gloo"]
         print("backend: NCCL where there is a GPU per rank, else Gloo; always Gloo (their lesson "
-              f"is on the CPU: RNG bit-equality, files, a killed rank): {', '.join(cpu) or 'none'}")
+              "is on the CPU: RNG bit-equality, files, a killed rank, emulated links): "
+              + (", ".join(cpu) or "none"))
         print("benchmarks (labkit bench NAME): " + ", ".join(_names("labkit.bench")))
         return 0
     return 2

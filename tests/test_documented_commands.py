@@ -53,6 +53,7 @@ EXPECT = {
     "sequence": ["SGD steps vs the one-process reference"],
     "context": ["ring", "SGD steps vs the one-process reference"],
     "moe": ["expert parallel vs one-process MoE", "all-to-all"],
+    "moe_dispatch": ["uniform model", "skewed model", "hidden"],
     "precision": ["resident bytes/param", "loss scal"],
     "hybrid": ["worst |difference|"],
 }

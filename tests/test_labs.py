@@ -38,6 +38,8 @@ LABS = {
     "sequence": (["--steps", "1", "--seq", "8", "--batch", "2"],
                  "SGD steps vs the one-process reference"),
     "moe": (["--steps", "1", "--batch", "4"], "expert parallel vs one-process MoE"),
+    "moe_dispatch": (["--tokens", "64", "--hidden", "16", "--skews", "0", "2", "--repeats", "1",
+                      "--sizes-kib", "4", "16"], "dispatch all-to-all under skewed routing"),
     "precision": (["--steps", "2"], "resident bytes/param"),
     "overlap": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
                  "--sizes-kib", "64", "1024", "4096"],
@@ -50,7 +52,8 @@ LABS = {
                        "--sizes-kib", "64", "4096"],
                       "where the micro-batch turns communication-bound"),
 }
-CPU_ONLY = ("checkpoint", "train_ft")  # RNG bit-equality, files, a killed rank: CPU lessons
+# RNG bit-equality, files, a killed rank, emulated per-rank links: CPU lessons
+CPU_ONLY = ("checkpoint", "train_ft", "moe_dispatch")
 # "backend B, device D" in their table
 GPU_READY = ("ring", "tp", "pipeline", "hybrid", "overlap", "overlap_tp", "overlap_cp",
              "overlap_zero3", "hsdp", "zeropp")
@@ -95,8 +98,8 @@ def test_every_chapter_has_a_lab_and_every_lab_exists():
     assert out.returncode == 0, out.stderr
     for ch, (_, labs) in CHAPTER_LABS.items():
         assert re.search(rf"^\s+{ch:02d} .*{', '.join(labs)}$", out.stdout, re.M), out.stdout
-    assert re.search(r"^backend: NCCL where .*always Gloo .*: checkpoint, train_ft$", out.stdout,
-                     re.M), out.stdout
+    assert re.search(rf"^backend: NCCL where .*always Gloo .*: {', '.join(sorted(CPU_ONLY))}$",
+                     out.stdout, re.M), out.stdout
 
 
 # The two-process runs are the README's own lines now: tests/test_documented_commands.py runs

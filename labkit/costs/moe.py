@@ -149,3 +149,52 @@ def calculator(h: int, n_layer: int, n_expert: int, k: int, ffn_mult: float, ep:
             "capacity": capacity(tokens_per_gpu, k, n_expert, factor),
             "flops_per_token": flops_per_token(p["active"]),
             "dense_flops_per_token": flops_per_token(p["total"])}
+
+
+# ---------------------------------------------------------------------- dispatch as it runs
+def uniform_matrix(bytes_per_rank: float, ep: int) -> list:
+    """The chapter's assumption as a traffic matrix: every rank sends bytes_per_rank, split
+    evenly over its ep-1 peers (bytes[src][dst], 0 on the diagonal)."""
+    share = bytes_per_rank / (ep - 1) if ep > 1 else 0.0
+    return [[0.0 if s == d else share for d in range(ep)] for s in range(ep)]
+
+
+def alltoall_seconds_skewed(matrix, latency: float, bandwidth: float) -> float:
+    """An all-to-all's time when the traffic is not uniform: every rank pays ep-1 message
+    latencies, and the rank that sends or receives the most bytes sets the finish (each rank's
+    link carries its own bytes out and in at `bandwidth`). With uniform_matrix it is
+    alltoall_seconds; under skewed routing the hottest experts' rank is the straggler."""
+    ep = len(matrix)
+    out = [sum(row) for row in matrix]
+    into = [sum(matrix[s][d] for s in range(ep)) for d in range(ep)]
+    return (ep - 1) * latency + max(max(out), max(into)) / bandwidth
+
+
+def deepep_dispatch(tokens: int, k: int, h: int, nodes: int, gpus_per_node: int, *,
+                    max_nodes: int | None = None, bytes_per_value: float = 1 + 4 / 128,
+                    rdma_bw: float = 50e9, nvlink_bw: float = 160e9, sms: int = 24,
+                    total_sms: int = 132) -> dict:
+    """DeepEP's hierarchical dispatch (its normal kernels, github.com/deepseek-ai/DeepEP), per
+    GPU and per MoE layer's dispatch, against a flat all-to-all over the network.
+
+    A token's copy crosses the network once per destination *node* (forwarded from NVLink to
+    RDMA), then fans out to the experts' GPUs over NVLink inside that node. With k experts drawn
+    uniformly, a token reaches nodes·(1-(1-1/nodes)^k) nodes on average; DeepSeek-V3 limits it
+    to max_nodes = 4 (node-limited routing, arXiv:2412.19437 §2.1.2), which caps the RDMA bytes.
+    A flat all-to-all sends each of the k copies over the network when its expert is elsewhere.
+    Defaults: FP8 dispatch (1 byte and a 4-byte scale per 128 values, §3.3), DeepEP's V1 test
+    machine (H800: ~160 GB/s NVLink, a 400 Gb/s CX7 NIC, ~50 GB/s) and its 24 SMs of 132 set
+    aside for communication (docs/legacy.md; V2's README: 4 to 6 SMs for a V3-like setting).
+    Returns bytes and seconds of each path and the SM share lost to communication."""
+    hit = nodes * (1 - (1 - 1 / nodes) ** k)              # distinct nodes per token (expected)
+    if max_nodes is not None:
+        hit = min(hit, max_nodes)
+    remote = hit * (nodes - 1) / nodes                     # of them, not this GPU's node
+    row = h * bytes_per_value
+    rdma = tokens * remote * row
+    nvlink = tokens * k * (gpus_per_node - 1) / gpus_per_node * row
+    flat = tokens * k * (nodes - 1) / nodes * row          # every remote copy on the NIC
+    return {"rdma_bytes": rdma, "nvlink_bytes": nvlink, "flat_rdma_bytes": flat,
+            "seconds": max(rdma / rdma_bw, nvlink / nvlink_bw),   # the two links pipelined
+            "flat_seconds": flat / rdma_bw, "dedup": flat / rdma if rdma else float("inf"),
+            "sm_share": sms / total_sms}

@@ -23,7 +23,7 @@ CHAPTER_LABS = {
     5: ("Pipeline parallelism", ["pipeline"]),
     6: ("Checkpointing and fault tolerance", ["checkpoint", "train_ft"]),
     7: ("Sequence and context parallelism", ["sequence", "context", "overlap_cp"]),
-    8: ("Mixture of experts", ["moe"]),
+    8: ("Mixture of experts", ["moe", "moe_dispatch"]),
     9: ("Mixed precision", ["precision"]),
     10: ("Putting it together: every parallelism on one model", ["hybrid"]),
 }

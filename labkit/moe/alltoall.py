@@ -37,7 +37,9 @@ def _offsets(splits):
 
 
 def all_to_all(x: torch.Tensor, out_splits, in_splits, group=None,
-               schedule: str = "pairwise") -> torch.Tensor:
+               schedule: str = "pairwise", p2p=exchange) -> torch.Tensor:
+    """p2p: how the sends and receives are posted (labkit.collectives.exchange; a
+    labkit.shaped.Shaper's exchange gives every rank a link of limited bandwidth)."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     if len(in_splits) != n or len(out_splits) != n:
         raise ValueError(f"need one split per rank ({n}), got in_splits={list(in_splits)} "
@@ -63,12 +65,12 @@ def all_to_all(x: torch.Tensor, out_splits, in_splits, group=None,
         ops = []
         for s in range(1, n):
             ops += ops_with((rank + s) % n, (rank - s) % n)
-        for w in exchange(ops, where="all-to-all naive"):
+        for w in p2p(ops, where="all-to-all naive"):
             w.wait()
     else:
         for s in range(1, n):
-            for w in exchange(ops_with((rank + s) % n, (rank - s) % n),
-                              where=f"all-to-all step {s}"):
+            for w in p2p(ops_with((rank + s) % n, (rank - s) % n),
+                         where=f"all-to-all step {s}"):
                 w.wait()
     return out
 
