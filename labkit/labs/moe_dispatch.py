@@ -159,11 +159,41 @@ def report(got: list, hidden: int, link: float) -> dict:
             "overlap": ov}
 
 
+def skew_table(res: dict) -> str:
+    """report()'s rows as the lab prints them."""
+    from labkit.table import table
+
+    return table(res["rows"], [
+        ("Zipf s", "skew", ".1f"), ("max/mean load", "imbalance", ".2f"),
+        ("measured ms", lambda r: 1e3 * r["measured"], ".2f"),
+        ("uniform model ms", lambda r: 1e3 * r["uniform"], ".2f"),
+        ("skewed model ms", lambda r: 1e3 * r["skewed"], ".2f"),
+        ("measured/uniform", lambda r: r["measured"] / r["uniform"], ".2f"),
+        ("measured/skewed", lambda r: r["measured"] / r["skewed"], ".2f")],
+        title="dispatch all-to-all under skewed routing (slowest rank, median)")
+
+
+def hidden_share(overlap: dict) -> float:
+    """Of the all-to-all's exposed time in dispatch-then-compute, the share overlapping hid."""
+    comm = max(overlap["serial"] - overlap["compute"], 1e-12)
+    return min(1.0, max(0.0, (overlap["serial"] - overlap["overlapped"]) / comm))
+
+
+def overlap_text(res: dict, skew: float) -> str:
+    ov = res["overlap"]
+    return (f"uniform model: every rank sends (N-1)/N of its k·T rows (the chapter's formula); "
+            f"skewed model: labkit.costs.moe.alltoall_seconds_skewed, the busiest rank's bytes in "
+            f"or out. Overlap at s = {skew:g}: dispatch then compute {ov['serial'] * 1e3:.2f} ms, "
+            f"second half in flight during the first half's experts {ov['overlapped'] * 1e3:.2f}"
+            f" ms, compute alone {ov['compute'] * 1e3:.2f} ms: {hidden_share(ov):.0%} of the "
+            f"all-to-all's time hidden (at most the first half's compute can hide the second "
+            f"half's transfer)")
+
+
 def main(argv=()):
     # here, not at the top: `labkit list` and bad options import no torch
     from labkit.launch import run
     from labkit.progress import Progress
-    from labkit.table import table
 
     p = lab_parser("moe_dispatch", nproc=4)
     p.add_argument("--tokens", type=count, default=1024, help="tokens per rank")
@@ -198,20 +228,6 @@ def main(argv=()):
           f"h = {a.hidden} fp32; equal-split all-to-alls: α = {res['alpha'] * 1e6:.0f} µs per "
           f"peer at the link's bandwidth (a free line through them: "
           f"{(res['line_bandwidth'] or 0) / 1e6:,.0f} MB/s, every rank busy at once)")
-    print(table(res["rows"], [("Zipf s", "skew", ".1f"), ("max/mean load", "imbalance", ".2f"),
-                              ("measured ms", lambda r: 1e3 * r["measured"], ".2f"),
-                              ("uniform model ms", lambda r: 1e3 * r["uniform"], ".2f"),
-                              ("skewed model ms", lambda r: 1e3 * r["skewed"], ".2f"),
-                              ("measured/uniform", lambda r: r["measured"] / r["uniform"], ".2f"),
-                              ("measured/skewed", lambda r: r["measured"] / r["skewed"], ".2f")],
-                title="dispatch all-to-all under skewed routing (slowest rank, median)"))
-    ov = res["overlap"]
-    comm = max(ov["serial"] - ov["compute"], 1e-12)          # the all-to-all's exposed time
-    hidden = min(1.0, max(0.0, (ov["serial"] - ov["overlapped"]) / comm))
-    print(f"uniform model: every rank sends (N-1)/N of its k·T rows (the chapter's formula); "
-          f"skewed model: labkit.costs.moe.alltoall_seconds_skewed, the busiest rank's bytes in "
-          f"or out. Overlap at s = {a.skews[-1]:g}: dispatch then compute {ov['serial'] * 1e3:.2f} "
-          f"ms, second half in flight during the first half's experts {ov['overlapped'] * 1e3:.2f}"
-          f" ms, compute alone {ov['compute'] * 1e3:.2f} ms: {hidden:.0%} of the all-to-all's "
-          f"time hidden (at most the first half's compute can hide the second half's transfer)")
+    print(skew_table(res))
+    print(overlap_text(res, a.skews[-1]))
     return 0

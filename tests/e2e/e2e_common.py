@@ -62,7 +62,7 @@ def api(server: dict, path: str, method: str = "GET"):
 
 @contextlib.contextmanager
 def serve_jupyter(cmd: list, jupyter_dirs: Path, log_path: Path, start_s: float, cwd=None,
-            what: str = "JupyterLab"):
+                  what: str = "JupyterLab", extra_env: dict | None = None):
     """Runs `cmd` (a Jupyter server; this adds a free port and a random token) in a process group
     of its own, with Jupyter's config, runtime and data folders under `jupyter_dirs` and without
     PYTHONPATH (the kernels must import the installed labkit). Yields {url, token, log} once the
@@ -71,6 +71,7 @@ def serve_jupyter(cmd: list, jupyter_dirs: Path, log_path: Path, start_s: float,
     cmd = [*cmd, f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
            f"--IdentityProvider.token={token}"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(extra_env or {})
     env.update(JUPYTER_CONFIG_DIR=str(jupyter_dirs / ".cfg"),
                JUPYTER_RUNTIME_DIR=str(jupyter_dirs / ".run"),
                JUPYTER_DATA_DIR=str(jupyter_dirs / ".data"))
@@ -101,12 +102,14 @@ def serve_jupyter(cmd: list, jupyter_dirs: Path, log_path: Path, start_s: float,
 @contextlib.contextmanager
 def serve_book(repo: Path, *args: str):
     """./book.sh itself, run in `repo`, a copy of the book (so that JupyterLab's autosave and
-    settings writes never touch the repository), with the repository's .venv: the same
-    requirements, so scripts/env.sh installs nothing. Yields the server, as serve_jupyter() does."""
+    settings writes never touch the repository), with the repository's .venv as it is
+    (LABKIT_SKIP_INSTALL: an install from the copy would repoint the editable labkit at the copy).
+    Yields the server, as serve_jupyter() does."""
     (repo / ".venv").symlink_to(ROOT / ".venv")
     cmd = ["bash", str(repo / "book.sh"), "--no-browser", *args]
     with serve_jupyter(cmd, repo, repo.parent / "book-sh.log", start_s=120,
-                 what="./book.sh (JupyterLab)") as srv:
+                       what="./book.sh (JupyterLab)",
+                       extra_env={"LABKIT_SKIP_INSTALL": "1"}) as srv:
         yield srv
 
 
