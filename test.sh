@@ -4,7 +4,9 @@
 #   ./test.sh          the commit lane, what CI runs: every code path once (10 minutes on 2 cores)
 #   ./test.sh --full   everything: every chapter in the browser, every documented lab line at full
 #                      size, every lab under torchrun, every notebook opened, the website in the
-#                      browser; rewrites tests/durations.json (the order files are run in)
+#                      browser
+# A passing run updates tests/durations.json (the order files run in: longest first) and
+# tests/e2e/browser-verified.json (the chapters whose code passed in the browser); commit both.
 #
 # Other arguments go to pytest (./test.sh tests/test_zero.py -x; ./test.sh -m "not browser").
 # Each notebook runs once: the solutions under `labkit grade` (tests/test_exercises.py), the
