@@ -82,12 +82,43 @@ def predicted(replicate: int, world: int) -> dict:
     return out
 
 
+def report(got: list, ref: dict, replicate: int, steps: int) -> str:
+    """What the lab prints: the differences from one process (`ref`: reference_train's), then
+    the kernel's bytes per mesh dimension against the formula."""
+    from labkit.labs import ran_on
+    from labkit.table import table
+
+    n = len(got)
+    dp = max((g["params"][k] - v).abs().max().item() for g in got for k, v in ref["params"].items())
+    dg = max((g["grads"][k] - v).abs().max().item() for g in got for k, v in ref["grads"].items())
+    out = [f"{n} ranks = {replicate} replicas x {n // replicate} shards "
+           f"({ran_on(*got[0]['place'])}); {steps} AdamW steps, fp32",
+           f"  max |param - one process| = {dp:.1e}; max |first-step gradient - one process| = "
+           f"{dg:.1e}"]
+    if got[0]["shard_sent"] is None:
+        return "\n".join(out + [f"bytes on the wire: not counted here ({got[0]['reason']})"])
+    want, rows = predicted(replicate, n), []
+    parts = [("shard dim (fwd+bwd)", "shard_sent", want["shard"]),
+             ("replicate dim (all-reduce)", "replicate_sent", want["replicate"])]
+    if "zero3_sent" in got[0]:
+        parts.append((f"ZeRO-3 over all {n}", "zero3_sent", want["zero3"]))
+    for what, key, pred in parts:
+        sent = max(g[key] for g in got)
+        rows.append((what, sent / 1e3, pred / 1e3, sent / pred))
+    out.append(table(rows, [("per rank, one step", 0), ("sent KB (kernel)", 1, ".1f"),
+                            ("predicted KB", 2, ".1f"), ("ratio", 3, ".3f")],
+                     title="HSDP: bytes each rank sent, per mesh dimension"))
+    out.append("KB = 1e3 bytes, largest rank. predicted: labkit.costs.zero.hsdp_comm_per_rank "
+               "(3(S-1)/S Ψ on the shard dimension, 2(R-1)/R Ψ/S on the replicate one; Ψ padded "
+               "to multiples of S) and comm_per_rank for ZeRO-3; the excess is Gloo's message "
+               "headers. On a cluster with S GPUs per node only the replicate row crosses nodes.")
+    return "\n".join(out)
+
+
 def main(argv=()):
     # here, not at the top: `labkit list` and bad options import no torch
-    from labkit.labs import ran_on
     from labkit.launch import run
     from labkit.progress import Progress
-    from labkit.table import table
     from labkit.zero.measure import LAB_MODEL
     from labkit.zero.train import reference_train
 
@@ -110,27 +141,5 @@ def main(argv=()):
     prog.done(f"HSDP {r} replicas x {n // r} shards on {n} ranks, and ZeRO-3 over all {n}")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    dp = max((g["params"][k] - v).abs().max().item() for g in got for k, v in ref["params"].items())
-    dg = max((g["grads"][k] - v).abs().max().item() for g in got for k, v in ref["grads"].items())
-    want, place = predicted(r, n), ran_on(*got[0]["place"])
-    print(f"{n} ranks = {r} replicas x {n // r} shards ({place}); "
-          f"{args.steps} AdamW steps, global batch {batch}, fp32")
-    print(f"  max |param - one process| = {dp:.1e}; max |first-step gradient - one process| = "
-          f"{dg:.1e}")
-    if got[0]["shard_sent"] is None:
-        print(f"bytes on the wire: not counted here ({got[0]['reason']})")
-        return 0
-    rows = []
-    for what, key, pred in (("shard dim (fwd+bwd)", "shard_sent", want["shard"]),
-                            ("replicate dim (all-reduce)", "replicate_sent", want["replicate"]),
-                            (f"ZeRO-3 over all {n}", "zero3_sent", want["zero3"])):
-        sent = max(g[key] for g in got)
-        rows.append((what, sent / 1e3, pred / 1e3, sent / pred))
-    print(table(rows, [("per rank, one step", 0), ("sent KB (kernel)", 1, ".1f"),
-                       ("predicted KB", 2, ".1f"), ("ratio", 3, ".3f")],
-                title="HSDP: bytes each rank sent, per mesh dimension"))
-    print("KB = 1e3 bytes, largest rank. predicted: labkit.costs.zero.hsdp_comm_per_rank "
-          "(3(S-1)/S Ψ on the shard dimension, 2(R-1)/R Ψ/S on the replicate one; Ψ padded to "
-          "multiples of S) and comm_per_rank for ZeRO-3; the excess is Gloo's message headers. "
-          "On a cluster with S GPUs per node only the replicate row crosses nodes.")
+    print(report(got, ref, r, args.steps))
     return 0

@@ -115,12 +115,48 @@ def drift(got: list) -> dict:
     return out
 
 
+def report(got: list, g: int, steps: int) -> tuple:
+    """(what the lab prints, the configurations whose drift was not held)."""
+    from labkit.labs import ran_on
+    from labkit.table import table
+
+    n = len(got)
+    want, tol, moved = predicted(g, n), tolerances(), drift(got)
+    out = [f"{n} ranks, hpZ groups of {g} ({ran_on(*got[0]['place'])}); {steps} AdamW steps, "
+           f"global batch {2 * n}, fp32 masters, int8 blocks of 256 values"]
+    rows = []
+    for name in CONFIGS:
+        fw = max(r[name]["forward_sent"] or 0 for r in got)
+        bw = max(r[name]["backward_sent"] or 0 for r in got)
+        both = want[name]["forward"] + want[name]["backward"]
+        rows.append((name, fw / 1e3, want[name]["forward"] / 1e3, bw / 1e3,
+                     want[name]["backward"] / 1e3, (fw + bw) / both, *moved[name]))
+    if got[0]["ZeRO-3"]["forward_sent"] is None:
+        out.append(f"bytes on the wire: not counted here ({got[0]['ZeRO-3']['reason']})")
+    out.append(table(rows, [("config", 0), ("fwd KB", 1, ".1f"), ("predicted", 2, ".1f"),
+                            ("bwd KB", 3, ".1f"), ("predicted", 4, ".1f"), ("ratio", 5, ".3f"),
+                            ("max |Δparam|", 6, ".1e"), ("update drift", 7, ".1e"),
+                            ("max rel |Δloss|", 8, ".1e")],
+                     title="ZeRO++: bytes each rank sent in one step (kernel) vs formula; drift "
+                           "vs ZeRO-3"))
+    bad = [name for name, (dp, _du, dl) in moved.items()
+           if (dp > 0 if name in tol["exact"] else dl > tol["loss"])]
+    out.append("KB = 1e3 bytes, largest rank; predicted: labkit.costs.zero.zeropp_comm_per_rank "
+               "over ZeRO-3's units. update drift: |params - ZeRO-3's| / |ZeRO-3's - start| (L2), "
+               "including AdamW's full steps on parameters whose gradient is rounding noise. "
+               "Held to: hpZ exactly 0 (the same values, gathered inside the node); qwZ, qgZ "
+               f"every step's loss within {tol['loss']:.0%} of ZeRO-3's: "
+               + ("all held" if not bad else f"NOT held by {bad}"))
+    sec = max(r["hpZ"]["secondary_peak"] for r in got)
+    out.append(f"hpZ's price: {sec:,} values of secondary shards held at the end of forward "
+               f"(Ψ/G of the gathered units)")
+    return "\n".join(out), bad
+
+
 def main(argv=()):
     # here, not at the top: `labkit list` and bad options import no torch
-    from labkit.labs import ran_on
     from labkit.launch import run
     from labkit.progress import Progress
-    from labkit.table import table
 
     p = lab_parser("zeropp", nproc=4)
     p.add_argument("--hpz", type=count, default=2,
@@ -139,34 +175,6 @@ def main(argv=()):
     prog.done(f"{len(CONFIGS)} configurations x {args.steps} AdamW steps on {n} ranks")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    want, tol, moved = predicted(g, n), tolerances(), drift(got)
-    print(f"{n} ranks, hpZ groups of {g} ({ran_on(*got[0]['place'])}); {args.steps} AdamW "
-          f"steps, global batch {batch}, fp32 masters, int8 blocks of 256 values")
-    rows = []
-    for name in CONFIGS:
-        fw = max(r[name]["forward_sent"] or 0 for r in got)
-        bw = max(r[name]["backward_sent"] or 0 for r in got)
-        rows.append((name, fw / 1e3, want[name]["forward"] / 1e3, bw / 1e3,
-                     want[name]["backward"] / 1e3, (fw + bw) / (want[name]["forward"]
-                                                           + want[name]["backward"]),
-                     *moved[name]))
-    if got[0]["ZeRO-3"]["forward_sent"] is None:
-        print(f"bytes on the wire: not counted here ({got[0]['ZeRO-3']['reason']})")
-    print(table(rows, [("config", 0), ("fwd KB", 1, ".1f"), ("predicted", 2, ".1f"),
-                       ("bwd KB", 3, ".1f"), ("predicted", 4, ".1f"), ("ratio", 5, ".3f"),
-                       ("max |Δparam|", 6, ".1e"), ("update drift", 7, ".1e"),
-                       ("max rel |Δloss|", 8, ".1e")],
-                title="ZeRO++: bytes each rank sent in one step (kernel) vs formula; drift vs "
-                      "ZeRO-3"))
-    bad = [name for name, (dp, du, dl) in moved.items()
-           if (dp > 0 if name in tol["exact"] else dl > tol["loss"])]
-    print(f"KB = 1e3 bytes, largest rank; predicted: labkit.costs.zero.zeropp_comm_per_rank over "
-          f"ZeRO-3's units. update drift: |params - ZeRO-3's| / |ZeRO-3's - start| (L2), "
-          f"including AdamW's full steps on parameters whose gradient is rounding noise. Held "
-          f"to: hpZ exactly 0 (the same values, gathered inside the node); qwZ, qgZ every "
-          f"step's loss within {tol['loss']:.0%} of ZeRO-3's: "
-          + ("all held" if not bad else f"NOT held by {bad}"))
-    sec = max(r["hpZ"]["secondary_peak"] for r in got)
-    print(f"hpZ's price: {sec:,} values of secondary shards held at the end of forward (Ψ/G of "
-          f"the gathered units)")
+    text, bad = report(got, g, args.steps)
+    print(text)
     return 1 if bad else 0
