@@ -47,8 +47,8 @@ def test_bad_specs_say_what_to_change():
 # ----------------------------------------------------------------------------- model states
 def test_recipes_are_the_named_byte_counts():
     totals = {k: memory.get_recipe(k).total for k in memory.RECIPES}
-    assert totals == {"fp32": 16, "mixed": 16, "no_master": 12, "fp32_grads": 18,
-                      "fp16_fp32_grad_copy": 20}
+    assert totals == {"fp32": 16, "autocast": 16, "mixed": 16, "no_master": 12,
+                      "fp32_grads": 18, "fp16_fp32_grad_copy": 20}
     with pytest.raises(KeyError, match="mixed"):
         memory.get_recipe("bf16")
 
