@@ -55,13 +55,11 @@ def test_autocast_term_by_term(cfg, batch):
     assert sum(n for _, _, n in tensors) == sum(terms.values())
 
 
-@pytest.mark.full
 def test_cpu_math_path_with_dropout_differs_and_is_not_the_formula():
     """With dropout, SDPA on the CPU takes its math path, which computes a bf16 attention in
     fp32 (q, k, v and the probabilities saved as fp32): more than the formula, which counts a
-    fused GPU kernel. The fp32 recipe is exact there."""
+    fused GPU kernel (the fp32 recipe is exact there: tests/test_memory.py)."""
     cfg = GPTConfig(n_layer=2, n_embd=32, n_head=4, block_size=16, dropout=0.1)
-    assert compare(cfg, 3, recipe="fp32")["ratio"] == 1
     got = compare(cfg, 3, recipe="bf16")
     assert got["ratio"] > 1.02
     assert any(dt == "float32" and len(shape) == 4 for shape, dt, _ in got["tensors"])
@@ -119,7 +117,8 @@ def test_plan_recipes_states_and_activations():
 
 def test_plan_defaults_to_fused_attention_eager_is_opt_in():
     kw = dict(recipe="mixed", seq_len=8192, micro_batch=1)
-    default, eager = memory.plan("llama3-8b", **kw), memory.plan("llama3-8b", attention="eager", **kw)
+    default = memory.plan("llama3-8b", **kw)
+    eager = memory.plan("llama3-8b", attention="eager", **kw)
     flash = memory.plan("llama3-8b", attention="flash", **kw)
     assert default.activations == flash.activations < eager.activations
     spec = models.preset("llama3-8b")

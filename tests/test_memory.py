@@ -229,7 +229,8 @@ def test_plan_fits_only_with_a_margin_and_shows_its_derivation():
     text = p.derivation()
     a = p.settings["activation_parts"]
     assert f"{a['per_layer'] / 1e9:.3f} GB" in text and "x 32 layers" in text
-    assert a["layers"] + a["recompute_work"] + a["logits"] == pytest.approx(p.activations)
+    assert a["layers"] + a["recompute_work"] + a["logits"] + a["head"] == pytest.approx(
+        p.activations)
 
 
 def test_pipeline_keeps_micro_batches_alive():
