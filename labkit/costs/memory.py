@@ -48,6 +48,9 @@ communication buffers, the allocator's fragmentation and kernels' workspace. A p
 GPU to the last gigabyte is a plan that runs out of memory.
 
 ZeRO's communication, offload's PCIe bytes and DeepSpeed's estimates: labkit.costs.zero.
+
+Long because: the recipes, the model states, the activations and the plan that sums them are one
+calculator, and a recipe names both what the states cost and what the activations keep.
 """
 from __future__ import annotations
 
