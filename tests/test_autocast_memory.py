@@ -120,7 +120,9 @@ def test_plan_defaults_to_fused_attention_eager_is_opt_in():
     default = memory.plan("llama3-8b", **kw)
     eager = memory.plan("llama3-8b", attention="eager", **kw)
     flash = memory.plan("llama3-8b", attention="flash", **kw)
-    assert default.activations == flash.activations < eager.activations
+    sdpa = memory.plan("llama3-8b", attention="sdpa", **kw)
+    assert default.activations == flash.activations == sdpa.activations < eager.activations
+    assert sdpa.settings["attention"] == "flash"
     spec = models.preset("llama3-8b")
     scores = 2 * spec.n_heads * 8192 ** 2 * spec.n_layers       # bf16 softmax outputs, 32 layers
     assert eager.activations - default.activations == pytest.approx(

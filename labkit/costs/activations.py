@@ -55,7 +55,7 @@ recomputation drops the s^2 terms; full recomputation keeps only the layer's inp
 """
 from __future__ import annotations
 
-ATTENTION = ("flash", "eager")
+ATTENTION = ("flash", "sdpa", "eager")   # "sdpa": PyTorch's scaled_dot_product_attention = "flash"
 RECOMPUTE = ("none", "selective", "full")
 # What a recipe keeps, in bytes per value: (residual stream and norm inputs, matmul inputs and
 # every other activation). "bf16": the model's parameters are bf16 (FSDP2 param_dtype=bf16,
@@ -76,6 +76,13 @@ def _check(seq_len, micro_batch, tp, recompute, attention, recipe=None):
         raise ValueError(f"recipe={recipe!r}: the activation recipes are {tuple(RECIPES)} "
                          f"(fp32 model, a bf16-parameter model, torch.autocast over fp32); "
                          f"e.g. recipe='autocast'")
+
+
+def canonical_attention(attention: str) -> str:
+    """ "sdpa" (PyTorch's default fused kernel) counts as "flash"; "flash", "eager" as given."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    return "flash" if attention == "sdpa" else attention
 
 
 def matmul_weights(spec) -> int:
@@ -102,6 +109,7 @@ def layer_terms(spec, *, seq_len: int, micro_batch: int = 1, tp: int = 1,
     fused GPU dropout (a bool mask), = dtype_bytes for PyTorch's CPU dropout. dropout: None takes
     spec.dropout. fused_qkv (autocast only): one q/k/v matrix, so one bf16 cast of its input."""
     _check(seq_len, micro_batch, tp, recompute, attention, recipe)
+    attention = canonical_attention(attention)
     if recipe == "autocast":
         return autocast_terms(spec, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
                               sequence_parallel=sequence_parallel, recompute=recompute,

@@ -335,13 +335,14 @@ def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: in
     "fp32", "autocast" (torch.autocast(bf16) over fp32 weights: 16 B/param, fp32 residual stream,
     bf16 casts and weight copies) or "mixed"/"fp32_grads" (bf16 parameters: 16-bit activations).
     activations: override the recipe's activation recipe ("fp32", "autocast", "bf16").
-    attention: "flash" (default: PyTorch's scaled_dot_product_attention, a fused kernel that keeps
-    no s x s scores) or "eager" (the scores kept, Korthikanti's count). Activations are counted
-    for the model's architecture, plus the final norm, the head's input and the fp32 logits.
+    attention: "flash" or "sdpa" (default: PyTorch's scaled_dot_product_attention, a fused kernel
+    that keeps no s x s scores) or "eager" (the scores kept, Korthikanti's count). Activations are
+    counted for the model's architecture, plus the final norm, the head's input, the fp32 logits.
     Checked on an H200 (GPT h 2048, 8 layers, seq 2048, batch 4): fp32 8.733 GB measured against
     8.733 GB here, autocast 6.287 GB against 6.284 GB (tests/test_autocast_memory.py)."""
     spec = _spec(model)
     r = get_recipe(recipe)
+    attention = _act.canonical_attention(attention)
     n = _models.num_params(spec)
     states = model_states(n, recipe=r, zero_stage=zero_stage, dp=dp, tp=tp, pp=pp,
                           offload_optimizer=offload_optimizer, offload_params=offload_params)

@@ -89,6 +89,8 @@ class Job:
                                         # False: it waits after the optimizer step, exposed
 
     def __post_init__(self):
+        if self.attention == "sdpa":     # PyTorch's scaled_dot_product_attention: the fused kernel
+            object.__setattr__(self, "attention", "flash")
         if self.grad_reduce not in GRAD_REDUCE_BYTES:
             raise ValueError(f"grad_reduce={self.grad_reduce!r}: the gradients are reduced in "
                              f"'fp32' (Megatron's, torchtitan's and Llama 3's default) or 'bf16' "
