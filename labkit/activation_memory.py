@@ -11,10 +11,12 @@ operation keeps for its backward. Each storage is counted once (a view and its b
 allocation) and the parameters are left out (they exist anyway). Per layer: the bytes of an
 n-layer model less those of a 1-layer twin, over n - 1, so the embeddings, the final norm, the
 head and the loss cancel. The formula it is checked against is labkit.costs.activations, which
-this module does not feed: it only passes the configuration.
+this module does not feed: it only passes the configuration. Three recipes: an fp32 model, the
+same model under torch.autocast("cpu", torch.bfloat16), and the model cast to bfloat16.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -30,9 +32,24 @@ __all__ = ["SavedBytes", "saved_bytes", "measure_layer", "predicted_layer", "com
            "LlamaBlock", "compare_llama_block"]
 
 
-def measure_layer(cfg, batch: int = 2, n_layer: int = 3, seed: int = 0) -> dict:
-    """Saved bytes per layer of labkit.model.GPT (fp32 on this process's default device):
-    {"per_layer", "one_layer_model", "n_layer_model", "tensors"} (tensors: one layer's storages)."""
+RECIPES = ("fp32", "autocast", "bf16")
+
+
+def _recipe_context(recipe: str):
+    """torch.autocast("cpu", bfloat16) for "autocast"; nothing for an fp32 or a bf16 model."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe={recipe!r}: one of {RECIPES} (e.g. recipe='autocast')")
+    if recipe == "autocast":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def measure_layer(cfg, batch: int = 2, n_layer: int = 3, seed: int = 0,
+                  recipe: str = "fp32") -> dict:
+    """Saved bytes per layer of labkit.model.GPT on this process's default device (the CPU):
+    {"per_layer", "one_layer_model", "n_layer_model", "tensors"} (tensors: one layer's storages).
+    recipe: "fp32" (an fp32 model), "autocast" (the fp32 model run under
+    torch.autocast("cpu", torch.bfloat16)) or "bf16" (the model cast to bfloat16)."""
     if n_layer < 2:
         raise ValueError(f"n_layer={n_layer}: need at least 2 layers to isolate one")
     x, y = get_batch(tiny_corpus(), batch, cfg.block_size, step=0, seed=seed)
@@ -40,38 +57,49 @@ def measure_layer(cfg, batch: int = 2, n_layer: int = 3, seed: int = 0) -> dict:
     for n in (1, n_layer):
         torch.manual_seed(seed)                      # same dropout masks' sizes either way
         model = GPT(replace(cfg, n_layer=n), seed=seed)
-        sizes[n], lists[n] = saved_bytes(model, x, y)
+        if recipe == "bf16":
+            model = model.to(torch.bfloat16)
+        with _recipe_context(recipe):
+            sizes[n], lists[n] = saved_bytes(model, x, y)
     per_layer, rem = divmod(sizes[n_layer] - sizes[1], n_layer - 1)
     if rem:
         raise RuntimeError(f"layers saved unequal bytes ({sizes[n_layer] - sizes[1]} over "
                            f"{n_layer - 1} layers)")
     return {"per_layer": per_layer, "one_layer_model": sizes[1], "n_layer_model": sizes[n_layer],
-            "tensors": _one_block_tensors(model, batch, cfg)}
+            "tensors": _one_block_tensors(model, batch, cfg, recipe)}
 
 
-def _one_block_tensors(model, batch, cfg) -> list:
+def _one_block_tensors(model, batch, cfg, recipe: str = "fp32") -> list:
     """[(shape, dtype, bytes)] that one block saves, its input a leaf (it is the norm's input)."""
-    h = torch.zeros(batch, cfg.block_size, cfg.n_embd, requires_grad=True)   # (B, T, h)
-    with SavedTensors(exclude=model.parameters()) as saved:
+    dtype = torch.bfloat16 if recipe == "bf16" else torch.float32
+    h = torch.zeros(batch, cfg.block_size, cfg.n_embd, dtype=dtype,
+                    requires_grad=True)                                   # (B, T, h)
+    with SavedTensors(exclude=model.parameters()) as saved, _recipe_context(recipe):
         model.blocks[0](h)
     return saved.tensors
 
 
-def predicted_layer(cfg, batch: int = 2) -> dict:
-    """labkit.costs.activations' terms for the same GPT on CPU in fp32: D = 4 bytes, PyTorch's
-    CPU dropout keeps a float mask (M = 4), the model repeats GQA's keys and values to all heads
+def predicted_layer(cfg, batch: int = 2, recipe: str = "fp32") -> dict:
+    """labkit.costs.activations' terms for the same GPT on the CPU under `recipe`: PyTorch's CPU
+    dropout keeps a float mask (M = D), the model repeats GQA's keys and values to all heads
     before attention (kv_expanded), and scaled_dot_product_attention runs its fused kernel
-    unless dropout is on (then its math path, which keeps the scores)."""
+    unless dropout is on (then its math path, which keeps the scores). A bf16 model's LayerNorm
+    keeps its statistics in bf16 on the CPU (measured), half the 4 bytes the formula counts: the
+    prediction halves that term, a correction below 1% of a layer."""
     spec = models.from_gpt_config(cfg)
-    return activations.layer_terms(
-        spec, seq_len=cfg.block_size, micro_batch=batch, dtype_bytes=4, mask_bytes=4,
+    D = activations.RECIPES[recipe][1]
+    terms = activations.layer_terms(
+        spec, seq_len=cfg.block_size, micro_batch=batch, recipe=recipe, mask_bytes=D,
         attention="eager" if cfg.dropout > 0 else "flash", kv_expanded=True)
+    if recipe == "bf16":
+        terms["norm statistics"] /= 2
+    return terms
 
 
-def compare(cfg, batch: int = 2) -> dict:
+def compare(cfg, batch: int = 2, recipe: str = "fp32") -> dict:
     """Measured and predicted bytes per layer, and measured / predicted."""
-    got = measure_layer(cfg, batch)
-    want = sum(predicted_layer(cfg, batch).values())
+    got = measure_layer(cfg, batch, recipe=recipe)
+    want = sum(predicted_layer(cfg, batch, recipe).values())
     return {"measured": got["per_layer"], "predicted": want, "ratio": got["per_layer"] / want,
             "tensors": got["tensors"]}
 

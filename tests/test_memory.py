@@ -47,8 +47,8 @@ def test_bad_specs_say_what_to_change():
 # ----------------------------------------------------------------------------- model states
 def test_recipes_are_the_named_byte_counts():
     totals = {k: memory.get_recipe(k).total for k in memory.RECIPES}
-    assert totals == {"fp32": 16, "mixed": 16, "no_master": 12, "fp32_grads": 18,
-                      "fp16_fp32_grad_copy": 20}
+    assert totals == {"fp32": 16, "autocast": 16, "mixed": 16, "no_master": 12,
+                      "fp32_grads": 18, "fp16_fp32_grad_copy": 20}
     with pytest.raises(KeyError, match="mixed"):
         memory.get_recipe("bf16")
 
@@ -229,7 +229,8 @@ def test_plan_fits_only_with_a_margin_and_shows_its_derivation():
     text = p.derivation()
     a = p.settings["activation_parts"]
     assert f"{a['per_layer'] / 1e9:.3f} GB" in text and "x 32 layers" in text
-    assert a["layers"] + a["recompute_work"] + a["logits"] == pytest.approx(p.activations)
+    assert a["layers"] + a["recompute_work"] + a["logits"] + a["head"] == pytest.approx(
+        p.activations)
 
 
 def test_pipeline_keeps_micro_batches_alive():

@@ -42,6 +42,12 @@ with 1-byte masks (D = 2, M = 1), without the norm statistics:
 attention) keep a different count; on CPU PyTorch's dropout keeps a mask as wide as the values
 (M = D). labkit.activation_memory checks every term against what autograd really saves.
 
+Three recipes (`recipe=`): "fp32" (D = 4), "bf16", a model whose parameters are bf16 (FSDP2
+param_dtype=bf16, Megatron --bf16: D = 2, the count above), and "autocast", torch.autocast(bf16)
+over fp32 parameters, which keeps more than either half of fp32 suggests: an fp32 residual
+stream, a bf16 cast of the input of every projection, and a bf16 copy of every weight
+(autocast_terms). head_terms counts what follows the last layer (final norm, head, logits).
+
 Tensor parallelism (Megatron) splits everything between the column- and row-parallel matrices by
 t; the norm inputs and statistics, the attention and MLP inputs and the dropout masks stay whole
 (Korthikanti's 10 + 24/t). Sequence parallelism splits those too (all of it / t). Selective
@@ -49,11 +55,16 @@ recomputation drops the s^2 terms; full recomputation keeps only the layer's inp
 """
 from __future__ import annotations
 
-ATTENTION = ("flash", "eager")
+ATTENTION = ("flash", "sdpa", "eager")   # "sdpa": PyTorch's scaled_dot_product_attention = "flash"
 RECOMPUTE = ("none", "selective", "full")
+# What a recipe keeps, in bytes per value: (residual stream and norm inputs, matmul inputs and
+# every other activation). "bf16": the model's parameters are bf16 (FSDP2 param_dtype=bf16,
+# Megatron --bf16), so everything autograd keeps is 16-bit. "autocast": torch.autocast(bf16) over
+# an fp32 model: an fp32 residual stream, bf16 matmul inputs (autocast_terms has the rest).
+RECIPES = {"fp32": (4, 4), "bf16": (2, 2), "autocast": (4, 2)}
 
 
-def _check(seq_len, micro_batch, tp, recompute, attention):
+def _check(seq_len, micro_batch, tp, recompute, attention, recipe=None):
     for name, v in (("seq_len", seq_len), ("micro_batch", micro_batch), ("tp", tp)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -61,26 +72,54 @@ def _check(seq_len, micro_batch, tp, recompute, attention):
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    if recipe is not None and recipe not in RECIPES:
+        raise ValueError(f"recipe={recipe!r}: the activation recipes are {tuple(RECIPES)} "
+                         f"(fp32 model, a bf16-parameter model, torch.autocast over fp32); "
+                         f"e.g. recipe='autocast'")
+
+
+def canonical_attention(attention: str) -> str:
+    """ "sdpa" (PyTorch's default fused kernel) counts as "flash"; "flash", "eager" as given."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    return "flash" if attention == "sdpa" else attention
+
+
+def matmul_weights(spec) -> int:
+    """Weights of one layer's matrix products (q, k, v, o and the MLP): what autocast casts."""
+    h, kv, f = spec.hidden, spec.kv_dim, spec.ffn
+    return 2 * h * h + 2 * h * kv + (3 if spec.gated_mlp else 2) * h * f
 
 
 def layer_terms(spec, *, seq_len: int, micro_batch: int = 1, tp: int = 1,
                 sequence_parallel: bool = False, recompute: str = "none",
                 attention: str = "flash", dtype_bytes: int = 2, mask_bytes: int = 1,
                 dropout: bool | None = None, kv_expanded: bool = False,
-                norm_stats: bool = True, fused_norm: bool = True) -> dict:
+                norm_stats: bool = True, fused_norm: bool = True, recipe: str | None = None,
+                fused_qkv: bool = False) -> dict:
     """Bytes autograd keeps for one layer's backward, term by term (see the module docstring).
 
     spec: a costs.models.ModelSpec (its gated_mlp, ffn, kv_heads, norm and dropout are used).
-    attention: "flash" (a fused kernel: PyTorch's scaled_dot_product_attention on a GPU) keeps a
-    log-sum-exp per query row; "eager" keeps the s x s scores (Korthikanti's count).
+    attention: "flash" (a fused kernel: PyTorch's scaled_dot_product_attention, its default)
+    keeps a log-sum-exp per query row; "eager" keeps the s x s scores (Korthikanti's count).
     fused_norm: the norms run as one kernel (LayerNorm always; RMSNorm in training frameworks);
     False adds the normalized values an unfused norm keeps.
-    dtype_bytes: 2 for bf16/fp16 activations, 4 for fp32. mask_bytes: 1 for a fused GPU dropout
-    (a bool mask), = dtype_bytes for PyTorch's CPU dropout. dropout: None takes spec.dropout."""
-    _check(seq_len, micro_batch, tp, recompute, attention)
+    recipe: "fp32", "bf16" (bf16 parameters: every value 16-bit) or "autocast" (autocast_terms);
+    None: every value is dtype_bytes wide (2 for bf16/fp16, 4 for fp32). mask_bytes: 1 for a
+    fused GPU dropout (a bool mask), = dtype_bytes for PyTorch's CPU dropout. dropout: None takes
+    spec.dropout. fused_qkv (autocast only): one q/k/v matrix, so one bf16 cast of its input."""
+    _check(seq_len, micro_batch, tp, recompute, attention, recipe)
+    attention = canonical_attention(attention)
+    if recipe == "autocast":
+        return autocast_terms(spec, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+                              sequence_parallel=sequence_parallel, recompute=recompute,
+                              attention=attention, mask_bytes=mask_bytes, dropout=dropout,
+                              kv_expanded=kv_expanded, norm_stats=norm_stats,
+                              fused_norm=fused_norm, fused_qkv=fused_qkv)
+    D = RECIPES[recipe][1] if recipe else dtype_bytes
     s, b, h, a, f = seq_len, micro_batch, spec.hidden, spec.n_heads, spec.ffn
     kv = h if kv_expanded else spec.kv_dim
-    D, M, t = dtype_bytes, mask_bytes, tp
+    M, t = mask_bytes, tp
     drop = spec.dropout if dropout is None else dropout
     sb = s * b
     split = t                                   # inside the column/row-parallel region
@@ -112,6 +151,94 @@ def layer_terms(spec, *, seq_len: int, micro_batch: int = 1, tp: int = 1,
         terms["GELU input and output"] = 2 * D * sb * f / split
     if drop:
         terms["dropout masks"] = 2 * M * sb * h / whole
+    return terms
+
+
+def autocast_terms(spec, *, seq_len: int, micro_batch: int = 1, tp: int = 1,
+                   sequence_parallel: bool = False, recompute: str = "none",
+                   attention: str = "flash", mask_bytes: int = 1, dropout: bool | None = None,
+                   kv_expanded: bool = False, norm_stats: bool = True, fused_norm: bool = True,
+                   fused_qkv: bool = False) -> dict:
+    """One layer under torch.autocast(bfloat16) over fp32 parameters, term by term.
+
+    What autocast keeps (PyTorch's "Autocast Op Reference", docs/source/amp.md): linear and matmul
+    run in bf16, so each saves a bf16 cast of its input and of its weight (the weight's cast is
+    cached inside one autocast region: one copy per weight per forward); layer_norm, softmax and
+    the loss are on CUDA's fp32 list, and a residual add of fp32 x and a bf16 branch promotes to
+    fp32, so the residual stream, the norm inputs and the statistics stay fp32:
+
+      norm inputs (fp32 residual stream)  2 * 4 sbh
+      attention input, one bf16 cast per projection that reads it: 3 * 2 sbh for separate q, k, v
+        (labkit.model, Llama in Hugging Face and torchtitan), 2 sbh for a fused qkv matrix
+      q, k, v, attention output           bf16, as in the 16-bit count
+      log-sum-exp (flash)                 fp32, 4 a s b
+      eager scores: softmax output in fp32 (4 a s^2 b) and its bf16 cast for the product with V
+        (2 a s^2 b); with dropout the mask and the dropped probabilities' bf16 cast instead
+      MLP input, one bf16 cast per matrix reading it: 2 sbh (GELU), 2 * 2 sbh (SwiGLU's gate, up)
+      MLP intermediates                   bf16
+      bf16 weight copies                  2 bytes x the layer's matmul weights / t
+
+    Checked against saved-tensor hooks under torch.autocast("cpu", torch.bfloat16) to the byte
+    (tests/test_autocast_memory.py) and against CUDA autocast on an H200 (772.4 MB per block,
+    shared/gpu). Where CPU and CUDA differ: CPU autocast does not put softmax on its fp32 list
+    (an eager softmax stays bf16 there: 2 a s^2 b, no extra cast), and it puts
+    scaled_dot_product_attention on its bf16 list (the same result here: its inputs are bf16
+    already). For fused attention and the norms the two save the same storages."""
+    s, b, h, a, f = seq_len, micro_batch, spec.hidden, spec.n_heads, spec.ffn
+    kv = h if kv_expanded else spec.kv_dim
+    M, t = mask_bytes, tp
+    drop = spec.dropout if dropout is None else dropout
+    sb = s * b
+    split = t
+    whole = t if sequence_parallel else 1
+    if recompute == "full":                      # the block's input: the fp32 residual stream
+        return {"layer input (full recomputation, fp32)": 4 * sb * h / whole}
+    stats = 2 if spec.norm == "layernorm" else 1
+    terms = {
+        "norm inputs (fp32 residual stream)": 2 * 4 * sb * h / whole,
+        "norm statistics": (2 * stats * 4 * sb / whole) if norm_stats else 0.0,
+        "normalized values": 0.0 if fused_norm else 2 * 4 * sb * h / whole,
+        "attention input (bf16 casts)": (1 if fused_qkv else 3) * 2 * sb * h / whole,
+        "q and k": 2 * sb * (h + kv) / split,
+        "v": 2 * sb * kv / split,
+    }
+    if attention == "eager":
+        if recompute == "none":
+            terms["softmax output (fp32)"] = 4 * a * s * s * b / split
+            if drop:
+                terms["attention dropout mask"] = M * a * s * s * b / split
+            terms["probabilities (bf16 cast)"] = 2 * a * s * s * b / split
+    else:
+        terms["log-sum-exp"] = 4 * a * sb / split
+    terms["attention output"] = 2 * sb * h / split
+    mlp_reads = 2 if spec.gated_mlp else 1
+    terms["MLP input (bf16 casts)"] = mlp_reads * 2 * sb * h / whole
+    if spec.gated_mlp:
+        terms["SwiGLU: gate, SiLU(gate), up, product"] = 4 * 2 * sb * f / split
+    else:
+        terms["GELU input and output"] = 2 * 2 * sb * f / split
+    if drop:
+        terms["dropout masks"] = 2 * M * sb * h / whole
+    terms["bf16 weight copies"] = 2 * matmul_weights(spec) / t
+    return terms
+
+
+def head_terms(spec, *, seq_len: int, micro_batch: int = 1, tp: int = 1,
+               sequence_parallel: bool = False, recipe: str = "bf16") -> dict:
+    """What the model keeps after its last layer: the final norm's input and statistics, the
+    output projection's input (under autocast a bf16 cast, and a bf16 copy of the V x h weight),
+    and the logits the loss keeps, fp32 for every recipe (the loss is on autocast's fp32 list;
+    a bf16 model's F.cross_entropy would keep them in bf16, half this)."""
+    _check(seq_len, micro_batch, tp, "none", "flash", recipe)
+    res, mm = RECIPES[recipe]
+    sb, h, V = seq_len * micro_batch, spec.hidden, spec.vocab_size
+    whole = tp if sequence_parallel else 1
+    stats = 2 if spec.norm == "layernorm" else 1
+    terms = {"final norm input": res * sb * h / whole, "final norm statistics": stats * 4 * sb,
+             "output projection input": mm * sb * h,
+             "logits (fp32, kept by the loss)": 4.0 * sb * V / tp}
+    if recipe == "autocast":
+        terms["output projection bf16 weight copy"] = 2.0 * V * h / tp
     return terms
 
 

@@ -2,6 +2,7 @@
 
     from labkit.costs import memory, models
     memory.model_states(7e9, recipe="mixed").total / 1e9                      # 112.0 GB
+    memory.plan("llama3-8b", recipe="autocast", attention="flash", seq_len=8192).activations
     memory.model_states(13e9, recipe="no_master", zero_stage=2, dp=8).total   # 42.25e9
     p = memory.plan("llama2-7b", recipe="mixed", zero_stage=3, dp=8, seq_len=4096, micro_batch=1,
                     recompute="selective")
@@ -22,6 +23,16 @@ N data-parallel ranks:
     stage 3            (p + g + o) Ψ / N             ... and parameters (FSDP's FULL_SHARD)
 
 For the ZeRO paper's mixed precision (2 + 2 + 12): 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N.
+
+One vocabulary of recipes (RECIPES) says both what the states cost and what the activations
+keep (Precision.activation_recipe, costs.activations.RECIPES):
+    "fp32"       4 + 4 + 8, fp32 activations
+    "autocast"   4 + 4 + 8, torch.autocast(bf16) over the fp32 model (PyTorch's usual recipe):
+                 fp32 residual stream, bf16 matmul inputs and weight copies
+    "mixed"      2 + 2 + 12, bf16 parameters (the ZeRO paper; FSDP2 param_dtype=bf16 activations)
+    "fp32_grads" 2 + 4 + 12, bf16 parameters with fp32 gradients (Megatron --bf16)
+The gradient *reduction*'s dtype (fp32 in Megatron, torchtitan and Llama 3) is a separate choice:
+the planner's Job.grad_reduce.
 Tensor (tp) and pipeline (pp) parallelism first divide Ψ by tp*pp (an approximation: it ignores
 the small replicated norms and an embedding that sits on one stage).
 
@@ -37,6 +48,9 @@ communication buffers, the allocator's fragmentation and kernels' workspace. A p
 GPU to the last gigabyte is a plan that runs out of memory.
 
 ZeRO's communication, offload's PCIe bytes and DeepSpeed's estimates: labkit.costs.zero.
+
+Long because: the recipes, the model states, the activations and the plan that sums them are one
+calculator, and a recipe names both what the states cost and what the activations keep.
 """
 from __future__ import annotations
 
@@ -61,6 +75,14 @@ class Precision:
     grads: float
     optimizer: float   # everything the optimizer keeps: master weights, momentum, variance, ...
     detail: str = ""
+    activations: str | None = None   # what autograd keeps: "fp32", "autocast" or "bf16"
+                                     # (costs.activations.RECIPES); None: from the weights' bytes
+
+    @property
+    def activation_recipe(self) -> str:
+        if self.activations is not None:
+            return self.activations
+        return "fp32" if self.weights >= 4 else "bf16"
 
     @property
     def total(self) -> float:
@@ -73,16 +95,22 @@ class Precision:
 
 RECIPES = {
     "fp32": Precision("fp32", 4, 4, 8,
-                      "fp32 weights and gradients; Adam momentum and variance in fp32"),
+                      "fp32 weights and gradients; Adam momentum and variance in fp32",
+                      activations="fp32"),
+    "autocast": Precision("autocast", 4, 4, 8,
+                          "torch.autocast(bf16) over an fp32 model: fp32 weights (they are the "
+                          "master copy), fp32 gradients, fp32 Adam momentum and variance; "
+                          "activations as autocast keeps them", activations="autocast"),
     "mixed": Precision("mixed", 2, 2, 12,
                        "bf16/fp16 weights and gradients; fp32 master weights, momentum and "
-                       "variance: the ZeRO paper's 16 bytes, K = 12"),
+                       "variance: the ZeRO paper's 16 bytes, K = 12", activations="bf16"),
     "no_master": Precision("no_master", 2, 2, 8,
                            "bf16 weights and gradients, fp32 momentum and variance, no fp32 "
                            "master copy of the weights"),
     "fp32_grads": Precision("fp32_grads", 2, 4, 12,
                             "bf16 weights, gradients accumulated in fp32, fp32 master weights, "
-                            "momentum and variance (Megatron's bf16 default)"),
+                            "momentum and variance (Megatron's --bf16 default)",
+                            activations="bf16"),
     "fp16_fp32_grad_copy": Precision("fp16_fp32_grad_copy", 2, 2, 16,
                                      "fp16 weights and gradients, plus fp32 master weights, an "
                                      "fp32 copy of the gradients, momentum and variance "
@@ -194,27 +222,37 @@ def activation_bytes(spec, *, seq_len: int, micro_batch: int, tp: int = 1, pp: i
                      sequence_parallel: bool = False, recompute: str = "none",
                      microbatches_alive: int | None = None, logits: bool = True,
                      attention: str = "eager", dtype_bytes: int = 2,
-                     mask_bytes: int = 1) -> dict:
+                     mask_bytes: int = 1, recipe: str | None = None, head: bool = False) -> dict:
     """Peak activation bytes on one GPU: {"per_layer", "layers", "recompute_work", "logits",
-    "total"}, each layer counted for the model's architecture (costs.activations.layer_terms).
+    "head", "total"}, each layer counted for the model's architecture (costs.activations).
 
     layers: ceil(L/pp) layers x micro-batches alive (default pp, the first stage under 1F1B).
     recompute_work: under full recomputation, one layer's activations rebuilt during backward.
     logits: 4 s b V / t bytes (fp32 logits kept for the cross-entropy). With pp > 1 the layers
     peak at the first stage and the logits at the last, so their sum is an upper bound.
-    attention: "eager" keeps the s x s scores (Korthikanti's count), "flash" a fused kernel."""
+    attention: "eager" keeps the s x s scores (Korthikanti's count: this function's default, the
+    chapters' derivations use it), "flash" a fused kernel (PyTorch's SDPA; plan's default).
+    recipe: an activation recipe ("fp32", "bf16", "autocast"); None: every value dtype_bytes.
+    head: add what follows the last layer besides the logits (final norm input, the output
+    projection's input and, under autocast, its bf16 weight copy): costs.activations.head_terms."""
     spec = _spec(spec)
     alive = pp if microbatches_alive is None else microbatches_alive
     _check_degrees(pp=pp, microbatches_alive=alive)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp,
               sequence_parallel=sequence_parallel, attention=attention,
-              dtype_bytes=dtype_bytes, mask_bytes=mask_bytes)
+              dtype_bytes=dtype_bytes, mask_bytes=mask_bytes, recipe=recipe)
     per_layer = _act.layer_bytes(spec, recompute=recompute, **kw)
     layers = math.ceil(spec.n_layers / pp) * alive * per_layer
     work = _act.layer_bytes(spec, recompute="none", **kw) if recompute == "full" else 0.0
     out = 4.0 * seq_len * micro_batch * spec.vocab_size / tp if logits else 0.0
+    rest = 0.0
+    if head and logits:
+        r = recipe or ("fp32" if dtype_bytes == 4 else "bf16")
+        terms = _act.head_terms(spec, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+                                sequence_parallel=sequence_parallel, recipe=r)
+        rest = sum(v for k, v in terms.items() if not k.startswith("logits"))
     return {"per_layer": per_layer, "layers": layers, "recompute_work": work, "logits": out,
-            "total": layers + work + out}
+            "head": rest, "total": layers + work + out + rest}
 
 
 # ----------------------------------------------------------------------------- one GPU's plan
@@ -263,7 +301,8 @@ class MemoryPlan:
         a, st = self.settings["activation_parts"], self.settings
         alive = st["microbatches_alive"] or st["pp"]
         lines = [f"one layer, one micro-batch ({st['recompute']} recomputation, "
-                 f"{st['attention']} attention): {a['per_layer'] / scale:.3f} {unit}",
+                 f"{st['attention']} attention, {st.get('activation_recipe', 'bf16')} "
+                 f"activations): {a['per_layer'] / scale:.3f} {unit}",
                  f"x {st['layers_per_stage']} layers x {alive} micro-batch(es) alive = "
                  f"{a['layers'] / scale:.2f} {unit}"]
         if a["recompute_work"]:
@@ -271,6 +310,9 @@ class MemoryPlan:
                          f"{a['recompute_work'] / scale:.2f} {unit}")
         if a["logits"]:
             lines.append(f"+ fp32 logits 4 s b V / t: {a['logits'] / scale:.2f} {unit}")
+        if a.get("head"):
+            lines.append(f"+ final norm and output projection inputs: {a['head'] / scale:.2f} "
+                         f"{unit}")
         lines.append(f"= activations {self.activations / scale:.2f} {unit}")
         return "\n".join(lines)
 
@@ -286,25 +328,37 @@ def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: in
          seq_len: int | None = None, micro_batch: int = 1, recompute: str = "none",
          sequence_parallel: bool = False, offload_optimizer: bool = False,
          offload_params: bool = False, microbatches_alive: int | None = None,
-         attention: str = "eager") -> MemoryPlan:
+         attention: str = "flash", activations: str | None = None) -> MemoryPlan:
     """Peak memory on one GPU for a model (a ModelSpec or a preset name) under a configuration.
-    Activations are counted for the model's architecture (activation_bytes); attention "eager"
-    keeps the s x s scores, "flash" (a fused kernel) does not."""
+
+    recipe (RECIPES or a Precision) prices the states and says what the activations keep:
+    "fp32", "autocast" (torch.autocast(bf16) over fp32 weights: 16 B/param, fp32 residual stream,
+    bf16 casts and weight copies) or "mixed"/"fp32_grads" (bf16 parameters: 16-bit activations).
+    activations: override the recipe's activation recipe ("fp32", "autocast", "bf16").
+    attention: "flash" or "sdpa" (default: PyTorch's scaled_dot_product_attention, a fused kernel
+    that keeps no s x s scores) or "eager" (the scores kept, Korthikanti's count). Activations are
+    counted for the model's architecture, plus the final norm, the head's input, the fp32 logits.
+    Checked on an H200 (GPT h 2048, 8 layers, seq 2048, batch 4): fp32 8.733 GB measured against
+    8.733 GB here, autocast 6.287 GB against 6.284 GB (tests/test_autocast_memory.py)."""
     spec = _spec(model)
     r = get_recipe(recipe)
+    attention = _act.canonical_attention(attention)
     n = _models.num_params(spec)
     states = model_states(n, recipe=r, zero_stage=zero_stage, dp=dp, tp=tp, pp=pp,
                           offload_optimizer=offload_optimizer, offload_params=offload_params)
     seq = spec.seq_len if seq_len is None else seq_len
+    act_recipe = r.activation_recipe if activations is None else activations
     parts = activation_bytes(spec, seq_len=seq, micro_batch=micro_batch, tp=tp, pp=pp,
                              sequence_parallel=sequence_parallel, recompute=recompute,
-                             microbatches_alive=microbatches_alive, attention=attention)
+                             microbatches_alive=microbatches_alive, attention=attention,
+                             recipe=act_recipe, head=True)
     act = parts["total"]
     gathered = r.weights * _models.layer_params(spec) / tp if zero_stage == 3 else 0.0
     settings = dict(model=spec.name, n_params=n, recipe=str(r), zero_stage=zero_stage, dp=dp,
                     tp=tp, pp=pp, seq_len=seq, micro_batch=micro_batch, recompute=recompute,
                     sequence_parallel=sequence_parallel, offload_optimizer=offload_optimizer,
                     offload_params=offload_params, attention=attention, activation_parts=parts,
+                    activation_recipe=act_recipe,
                     microbatches_alive=microbatches_alive, layers_per_stage=-(-spec.n_layers // pp))
     return MemoryPlan(states.params, states.grads, states.optimizer, act, gathered,
                       states.cpu_total, settings)

@@ -3,7 +3,9 @@
 Every number the planner cannot derive is a field here, with where its default comes from:
 links (NVLink 3, InfiniBand HDR), the kernels' efficiency, the overlap of communication with
 compute (an assumption: chapter 07 sweeps it), the memory margin, the failure rate (Llama 3),
-checkpoint bandwidth (Llama 3's storage), restart time, PCIe and CPU memory bandwidth (offload).
+checkpoint bandwidth (Llama 3's storage), restart time, PCIe and CPU memory bandwidth (offload),
+the gradients' reduction dtype (fp32, as Megatron, torchtitan and Llama 3 reduce) and whether
+ZeRO-1/2's parameter all-gather overlaps the next forward (Megatron's --overlap-param-gather).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ LLAMA3_GPU_MTBF_H = 16_384 * 54 * 24 / 419
 # Llama 3's storage (Tectonic) sustains 2 TB/s, peaks at 7 (section 3.3.1): 122 MB/s per GPU
 # at 16,384 GPUs, the sustained figure.
 LLAMA3_CKPT_BW = 2e12 / 16_384
+GRAD_REDUCE_BYTES = {"fp32": 4, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,31 @@ class Job:
     attention: str = "flash"           # "flash": scaled_dot_product_attention's fused kernel,
                                        # as labkit.model runs it; "eager": s x s scores kept
     offload: bool = True               # consider ZeRO-Offload plans (chapter 03)
+    grad_reduce: str = "fp32"          # dtype of the gradients' all-reduce / reduce-scatter:
+                                       # "fp32", the default of Megatron --bf16 (arguments.py:
+                                       # "bfloat16 requires gradient accumulation and all-reduce
+                                       # to be done in fp32" unless --grad-reduce-in-bf16),
+                                       # torchtitan (mixed_precision_reduce="float32") and
+                                       # Llama 3 (section 3.3.2, "reduce-scatter gradients in
+                                       # FP32"); "bf16" halves the DP/ZeRO gradient bytes
+    overlap_param_gather: bool = False  # ZeRO-1/2: the updated parameters' all-gather runs
+                                        # under the next step's forward (Megatron-Core
+                                        # DistributedDataParallelConfig.overlap_param_gather,
+                                        # "overlap param all-gather with forward compute");
+                                        # False: it waits after the optimizer step, exposed
+
+    def __post_init__(self):
+        if self.attention == "sdpa":     # PyTorch's scaled_dot_product_attention: the fused kernel
+            object.__setattr__(self, "attention", "flash")
+        if self.grad_reduce not in GRAD_REDUCE_BYTES:
+            raise ValueError(f"grad_reduce={self.grad_reduce!r}: the gradients are reduced in "
+                             f"'fp32' (Megatron's, torchtitan's and Llama 3's default) or 'bf16' "
+                             f"(half the bytes); e.g. grad_reduce='fp32'")
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient value on the wire of the DP / ZeRO reduction."""
+        return GRAD_REDUCE_BYTES[self.grad_reduce]
 
     @property
     def spec(self) -> models.ModelSpec:

@@ -19,6 +19,18 @@ UNITS = {"GB": memory.GB, "GiB": memory.GiB}
 COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B",
           "activations": "#B279A2", "gathered": "#9D755D"}
 CUSTOM = "custom"
+ACTIVATION_NOTE = {"fp32": "every saved value 4 bytes",
+                   "bf16": "bf16 parameters: every saved value 2 bytes",
+                   "autocast": "torch.autocast: fp32 residual stream, bf16 matmul inputs and "
+                               "weight copies"}
+ATTENTION_NOTE = {"flash": "a fused kernel, PyTorch's SDPA default: no s x s scores",
+                  "eager": "the s x s scores kept"}
+
+
+def recipe_options() -> list:
+    """(label, name) for each precision recipe: its bytes per parameter and its activations."""
+    return [(f"{r.name}: {r.weights:g}+{r.grads:g}+{r.optimizer:g}={r.total:g} B/param, "
+             f"{r.activation_recipe} activations", k) for k, r in memory.RECIPES.items()]
 
 
 def plan_table(plan: memory.MemoryPlan, gpu="H100 80GB", unit: str = "GB") -> str:
@@ -33,6 +45,9 @@ def plan_table(plan: memory.MemoryPlan, gpu="H100 80GB", unit: str = "GB") -> st
                  f"{unit} left)")
     s = plan.settings
     lines.append(f"model {s['model']}: {s['n_params'] / 1e9:.3f}B parameters; recipe {s['recipe']}")
+    lines.append(f"activations as the recipe keeps them: {s['activation_recipe']} "
+                 f"({ACTIVATION_NOTE[s['activation_recipe']]}), {s['attention']} attention "
+                 f"({ATTENTION_NOTE[s['attention']]})")
     lines.append("(1 GB = 1e9 bytes, 1 GiB = 2^30 bytes)")
     return "\n".join(lines)
 
@@ -142,9 +157,10 @@ def prefetch_figure(events_by_mode):
 
 
 def configuration(spec, seq_len, micro_batch, dp, tp, pp, cp, zero_stage, recipe, recompute,
-                  sequence_parallel, offload) -> memory.MemoryPlan:
-    """The calculator's plan for one setting (offload: 0 none, 1 optimizer, 2 optimizer + params).
-    Raises ValueError with the reason when the setting cannot run."""
+                  sequence_parallel, offload, attention: str = "flash") -> memory.MemoryPlan:
+    """The calculator's plan for one setting (offload: 0 none, 1 optimizer, 2 optimizer + params;
+    attention "flash", PyTorch's default, or "eager"). Raises ValueError with the reason when the
+    setting cannot run."""
     if seq_len % (2 * cp):
         raise ValueError(f"CP {cp} cuts the sequence into 2*cp = {2 * cp} zig-zag chunks: use a "
                          f"sequence length divisible by {2 * cp}")
@@ -153,12 +169,14 @@ def configuration(spec, seq_len, micro_batch, dp, tp, pp, cp, zero_stage, recipe
     return memory.plan(spec, recipe=recipe, zero_stage=zero_stage, dp=dp * cp, tp=tp, pp=pp,
                        seq_len=seq_len // cp, micro_batch=micro_batch, recompute=recompute,
                        sequence_parallel=sequence_parallel and tp > 1,
-                       offload_optimizer=offload >= 1, offload_params=offload == 2)
+                       offload_optimizer=offload >= 1, offload_params=offload == 2,
+                       attention=attention)
 
 
 def calculator():
-    """The memory calculator: model, shape, parallelism (DP, TP, PP, CP), ZeRO, precision,
-    recomputation, sequence parallelism, GPU."""
+    """The memory calculator: model, shape, parallelism (DP, TP, PP, CP), ZeRO, precision recipe
+    (fp32, autocast, bf16 parameters: what the states cost and what the activations keep),
+    attention (flash or eager), recomputation, sequence parallelism, GPU."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -191,9 +209,11 @@ def calculator():
     stage = w.Dropdown(options=[("0 (DDP)", 0), ("1: optimizer", 1), ("2: + gradients", 2),
                                 ("3: + parameters (FSDP)", 3)], value=1,
                        description="ZeRO stage", style=style, layout=lay())
-    recipe = w.Dropdown(options=[(f"{r.name}: {r.weights:g}+{r.grads:g}+{r.optimizer:g}="
-                                  f"{r.total:g} B/param", k) for k, r in memory.RECIPES.items()],
-                        value="mixed", description="precision", style=style, layout=lay())
+    recipe = w.Dropdown(options=recipe_options(), value="mixed", description="precision",
+                        style=style, layout=lay())
+    attention = w.Dropdown(options=[("flash (SDPA, PyTorch's default)", "flash"),
+                                    ("eager (s x s scores kept)", "eager")], value="flash",
+                           description="attention", style=style, layout=lay())
     recompute = w.Dropdown(options=list(memory.RECOMPUTE), value="selective",
                            description="recompute", style=style, layout=lay())
     sp = w.Checkbox(False, description="sequence parallel (with TP)", indent=False)
@@ -222,7 +242,7 @@ def calculator():
             try:
                 p = configuration(spec_now(), seq.value, mbs.value, dp.value, tp.value, pp.value,
                                   cp.value, stage.value, recipe.value, recompute.value, sp.value,
-                                  offload.value)
+                                  offload.value, attention.value)
             except (ValueError, KeyError) as err:
                 print(f"cannot compute this configuration: {err}")
                 return
@@ -238,9 +258,9 @@ def calculator():
 
     model.observe(on_model, "value")
     for wd in (hidden, layers, heads, kv, ffn, vocab, gated, tied, seq, mbs, dp, tp, pp, cp, stage,
-               recipe, recompute, sp, offload, gpu, custom_gib, unit):
+               recipe, attention, recompute, sp, offload, gpu, custom_gib, unit):
         wd.observe(update, "value")
-    left = w.VBox([model, custom_box, seq, mbs, recipe, recompute, sp])
+    left = w.VBox([model, custom_box, seq, mbs, recipe, attention, recompute, sp])
     right = w.VBox([dp, tp, pp, cp, stage, offload, gpu, custom_gib, unit])
     update()
     return w.VBox([w.HBox([left, right]), out])

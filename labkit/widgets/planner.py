@@ -104,13 +104,17 @@ COLUMNS = ["TP", "PP", "DP", "CP", "EP", "ZeRO", "offload", "micro-batch", "K", 
 
 
 def rank(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch, seq_len, recipe,
-         recompute, sequence_parallel, overlap, margin, efficiency, mtbf_h):
-    """(ranked estimates, job, cluster) for the planner's inputs (links by name)."""
+         recompute, sequence_parallel, overlap, margin, efficiency, mtbf_h,
+         grad_reduce="fp32", overlap_param_gather=False):
+    """(ranked estimates, job, cluster) for the planner's inputs (links by name). grad_reduce:
+    the gradients' reduction dtype ("fp32", the default of Megatron, torchtitan and Llama 3, or
+    "bf16"); overlap_param_gather: ZeRO-1/2's parameter all-gather under the next forward."""
     cluster = P.Cluster(n_gpus, gpus_per_node, gpu, intra_bw=LINKS[intra], inter_bw=LINKS[inter],
                         overlap=overlap, memory_margin=margin, flop_efficiency=efficiency,
                         gpu_mtbf_h=mtbf_h)
     job = P.Job(model, global_batch=global_batch, seq_len=seq_len, recipe=recipe,
-                recompute=recompute, sequence_parallel=sequence_parallel)
+                recompute=recompute, sequence_parallel=sequence_parallel,
+                grad_reduce=grad_reduce, overlap_param_gather=overlap_param_gather)
     return P.plan(job, cluster), job, cluster
 
 
@@ -131,10 +135,11 @@ def planner():
     links = LINKS
 
     def show(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch, seq_len, recipe,
-             recompute, sequence_parallel, overlap, margin, efficiency, mtbf_h, top):
+             recompute, sequence_parallel, grad_reduce, overlap_param_gather, overlap, margin,
+             efficiency, mtbf_h, top):
         ranked, job, cluster = rank(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch,
                                     seq_len, recipe, recompute, sequence_parallel, overlap, margin,
-                                    efficiency, mtbf_h)
+                                    efficiency, mtbf_h, grad_reduce, overlap_param_gather)
         print(summary(ranked, job, cluster, top))
         if not ranked:
             return
@@ -155,6 +160,11 @@ def planner():
         recompute=w.Dropdown(options=[("none", "none"), ("full (chapter 06)", "full"),
                                       ("selective (chapter 07)", "selective")], value="none"),
         sequence_parallel=w.Checkbox(value=False, description="sequence parallel (chapter 07)"),
+        grad_reduce=w.Dropdown(options=[("fp32 (Megatron, torchtitan, Llama 3)", "fp32"),
+                                        ("bf16 (half the bytes)", "bf16")], value="fp32",
+                               description="gradient reduction"),
+        overlap_param_gather=w.Checkbox(value=False,
+                                        description="ZeRO-1/2 gather under the next forward"),
         overlap=w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05, description="overlap"),
         margin=w.FloatSlider(value=0.10, min=0.0, max=0.3, step=0.01, description="memory margin"),
         efficiency=w.FloatSlider(value=0.5, min=0.2, max=0.8, step=0.05,

@@ -59,7 +59,7 @@ class Calculator:
 def _memory_text(v):
     p = memview.configuration(models.preset(v["model"]), v["seq_len"], v["micro_batch"], v["dp"],
                               v["tp"], v["pp"], v["cp"], v["zero_stage"], v["recipe"],
-                              v["recompute"], v["sp"], v["offload"])
+                              v["recompute"], v["sp"], v["offload"], v["attention"])
     return memview.plan_table(p, v["gpu"], v["unit"])
 
 
@@ -97,7 +97,9 @@ CALCULATORS = {
         sel("model", "model", list(models.PRESETS), "llama2-7b"),
         sel("seq_len", "sequence length", [1024, 2048, 4096, 8192, 32768, 131072], 4096),
         rng("micro_batch", "micro-batch", 1, 32, 1, 1),
-        sel("recipe", "precision", list(memory.RECIPES), "mixed"),
+        sel("recipe", "precision", memview.recipe_options(), "mixed"),
+        sel("attention", "attention", [("flash (SDPA, PyTorch's default)", "flash"),
+                                       ("eager (s x s scores kept)", "eager")], "flash"),
         sel("recompute", "recompute", list(memory.RECOMPUTE), "selective"),
         check("sp", "sequence parallel (with TP)", False),
         sel("dp", "DP degree", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], 8),
@@ -175,6 +177,9 @@ CALCULATORS = {
         sel("recompute", "recompute", [("none", "none"), ("full (chapter 06)", "full"),
                                        ("selective (chapter 07)", "selective")], "none"),
         check("sequence_parallel", "sequence parallel (chapter 07)", False),
+        sel("grad_reduce", "gradient reduction", [("fp32 (Megatron, torchtitan, Llama 3)", "fp32"),
+                                                  ("bf16 (half the bytes)", "bf16")], "fp32"),
+        check("overlap_param_gather", "ZeRO-1/2 gather under the next forward", False),
         rng("overlap", "overlap", 0.0, 1.0, 0.05, 0.5),
         rng("margin", "memory margin", 0.0, 0.3, 0.01, 0.10),
         rng("efficiency", "kernel efficiency", 0.2, 0.8, 0.05, 0.5),

@@ -45,12 +45,16 @@ ranking and for seeing which term dominates, not for promising seconds):
   DP        gradients of the N/(tp*pp) local parameters, reduced over the dp*cp ranks that hold
             the same weights (CP ranks hold the same weights; a mixture's experts over the
             dp*cp/ep ranks that hold the same experts), and ZeRO shards over those ranks.
-            ZeRO 0/1 accumulate gradients locally and reduce once per step. ZeRO-2 keeps only a
-            gradient shard, so it must reduce-scatter after EVERY micro-batch (K times), then
-            all-gather the updated weights; ZeRO-3 also all-gathers the weights twice per
-            micro-batch. A share `overlap` of the traffic that could hide under backward compute
-            does hide; the rest is exposed (overlap=1 is the ideal no run reaches: communication
-            kernels compete with compute for the GPU's cores and memory bandwidth)
+            Gradients travel in Job.grad_reduce's dtype (fp32 by default, as Megatron --bf16,
+            torchtitan and Llama 3 reduce; "bf16" halves them), weights in the recipe's.
+            ZeRO-0 all-reduces once per step under the last backward. ZeRO-1 reduce-scatters
+            once under the last backward; ZeRO-2 keeps only a gradient shard, so it must
+            reduce-scatter after EVERY micro-batch (K times). Both all-gather the updated weights
+            after the optimizer step: exposed, or under the next step's forward with
+            Job.overlap_param_gather (Megatron's --overlap-param-gather). ZeRO-3 all-gathers the
+            weights twice per micro-batch. A share `overlap` of the traffic that could hide under
+            compute does hide; the rest is exposed (overlap=1 is the ideal no run reaches:
+            communication kernels compete with compute for the GPU's cores and memory bandwidth)
   offload   ZeRO-Offload: gradient shard to the CPU and weight shard back over PCIe, and the
             CPU's Adam step over the shard (memory-bound: bytes touched / CPU bandwidth)
   failures  a sharded checkpoint every Young interval sqrt(2 * save * MTBF); the share of time

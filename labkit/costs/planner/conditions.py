@@ -7,8 +7,13 @@ with what the condition needs; margin = have / need (above 1: fits). The row wit
 margin binds: that is the axis that turns the plan communication-bound first when the batch,
 the width or the sequence per rank shrinks.
 
-  DP (ZeRO 0-2)  tokens in the backward the gradients' reduction overlaps: one micro-batch's
+  DP (ZeRO-0)    tokens in the backward the gradients' all-reduce overlaps: one micro-batch's
                  (b * s / cp: under accumulation only the last backward is left to hide it)
+  ZeRO-1/2       the reduce-scatter under the (last) backward, and the parameter all-gather
+                 after the optimizer step: under the next forward with overlap_param_gather
+                 (Megatron's --overlap-param-gather), else exposed (it never hides: need inf)
+  Gradients are reduced in job.grad_reduce's dtype (fp32 by default), parameters gathered in
+  the recipe's weight dtype.
   ZeRO-3         tokens per micro-batch, against gathers and a reduce-scatter every micro-batch
   TP             the hidden width, against Megatron's f/g (blocking: hides only as async TP)
   PP             hidden width * layers per stage, against one activation per boundary
@@ -16,7 +21,9 @@ the width or the sequence per rank shrinks.
 EP's all-to-alls are not hidden by this planner (it has no such condition)."""
 from __future__ import annotations
 
-from labkit.costs import flops, hiding, memory, models
+import math
+
+from labkit.costs import comm, flops, hiding, memory, models
 from labkit.costs.plan_inputs import Cluster, Config, Job
 from labkit.costs.planner.estimate import Estimate, link, spans
 from labkit.table import table
@@ -36,13 +43,21 @@ def conditions(plan: Config | Estimate, job: Job, cluster: Cluster) -> list:
     k = (models.layer_params(spec) if not spec.n_experts
          else models.active_matmul_params(spec) / spec.n_layers) / spec.hidden ** 2
     out = []
-    if ranks > 1 and c.zero <= 2:
+    g = job.grad_reduce_bytes
+    if ranks > 1 and c.zero == 0:
         a, bw = link(cluster, span["dp"])
-        x = hiding.dp(local, ranks, C, bw, a, grad_bytes=r.grads)
+        x = hiding.dp(local, ranks, C, bw, a, grad_bytes=g)
         out.append(_row(x, tokens, "tokens per rank in the backward"))
+    if ranks > 1 and c.zero in (1, 2):
+        a, bw = link(cluster, span["dp"])
+        out.append(_row(_zero12_reduce(local, ranks, C, bw, a, g, c.zero), tokens,
+                        "tokens per rank in the backward"))
+        out.append(_row(_zero12_gather(local, ranks, C, bw, a, r.weights, c.zero,
+                                       job.overlap_param_gather), tokens,
+                        "tokens per rank in the next forward"))
     if ranks > 1 and c.zero == 3:
         a, bw = link(cluster, span["dp"])
-        x = hiding.zero3(local, ranks, C, bw, a, weight_bytes=r.weights, grad_bytes=r.grads)
+        x = hiding.zero3(local, ranks, C, bw, a, weight_bytes=r.weights, grad_bytes=g)
         out.append(_row(x, tokens, "tokens per rank per micro-batch"))
     if c.tp > 1:
         a, bw = link(cluster, span["tp"])
@@ -77,6 +92,32 @@ def conditions_table(estimates, job: Job, cluster: Cluster) -> str:
                         ("has", "have", ",.0f"), ("of", "unit"), ("margin", "margin", ".2f"),
                         ("hides", lambda r: "yes" if r["hides"] else "NO"),
                         ("binds", lambda r: "<-" if r["binds"] else "")])
+
+
+def _zero12_reduce(p: float, n: int, C: float, bw: float, a: float, g: float,
+                   zero: int) -> hiding.Crossover:
+    """ZeRO-1/2's gradient reduce-scatter under a backward (4P FLOPs a token):
+    t >= (N-1)/N * (g/4) * C/bw, half of DDP's all-reduce."""
+    rs = comm.ring_time("reduce_scatter", p * g, n, a, bw)
+    per_token = hiding.BACKWARD_FLOPS * p / C
+    return hiding.Crossover(f"ZeRO-{zero} reduce-scatter", "tokens per rank in the backward",
+                            rs / per_token, "the gradients' bytes", {"comm_s": rs})
+
+
+def _zero12_gather(p: float, n: int, C: float, bw: float, a: float, w: float, zero: int,
+                   overlapped: bool) -> hiding.Crossover:
+    """ZeRO-1/2's all-gather of the updated parameters, after the optimizer step. Overlapped with
+    the next step's forward (Megatron's --overlap-param-gather, 2P FLOPs a token) it hides when
+    t >= (N-1)/N * (w/2) * C/bw; without that nothing runs beside it: it never hides (need inf)."""
+    ag = comm.ring_time("all_gather", p * w, n, a, bw)
+    name = f"ZeRO-{zero} param all-gather"
+    if not overlapped:
+        return hiding.Crossover(name, "tokens per rank in the next forward", math.inf,
+                                "after the optimizer step, not overlapped (exposed)",
+                                {"comm_s": ag})
+    per_token = hiding.FORWARD_FLOPS * p / C
+    return hiding.Crossover(name, "tokens per rank in the next forward", ag / per_token,
+                            "the parameters' bytes, under the next forward", {"comm_s": ag})
 
 
 def _row(x: hiding.Crossover, have: float, unit: str) -> dict:

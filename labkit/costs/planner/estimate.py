@@ -243,21 +243,30 @@ def evaluate(config: Config, job: Job, cluster: Cluster) -> Estimate:
     step = pipeline.step_time(c.pp, K, t_f, t_b, t_p2p=t_p2p)
     bubble = pipeline.bubble_fraction(c.pp, K)
 
-    # DP: gradients of the local parameters, over the ranks that hold the same ones
+    # DP: gradients of the local parameters, over the ranks that hold the same ones, reduced in
+    # job.grad_reduce (fp32 by default); ZeRO's parameter all-gather in the weights' dtype
     r = memory.get_recipe(job.recipe)
+    g = job.grad_reduce_bytes
     groups = [(p, ranks) for p, ranks in _weight_groups(c, spec) if ranks > 1]
     a, bw = link(cluster, dp_spans)
-    rs = sum(comm.ring_time("reduce_scatter", p * r.grads, ranks, a, bw) for p, ranks in groups)
+    rs = sum(comm.ring_time("reduce_scatter", p * g, ranks, a, bw) for p, ranks in groups)
     ag = sum(comm.ring_time("all_gather", p * r.weights, ranks, a, bw) for p, ranks in groups)
     ov = cluster.overlap
-    if c.zero <= 1:
-        # gradients accumulate locally; one all-reduce (= RS + AG) per step, under the last backward
-        dp_total = rs + ag
+    if c.zero == 0:
+        # gradients accumulate locally; one all-reduce (RS + AG of gradients) under the last
+        # backward
+        dp_total = 2 * rs
         exposed = _hidden(dp_total, t_b, ov)
-    elif c.zero == 2:
-        # a gradient shard cannot accumulate a full gradient: reduce-scatter every micro-batch
-        dp_total = K * rs + ag
-        exposed = K * _hidden(rs, t_b, ov) + ag
+    elif c.zero in (1, 2):
+        # ZeRO-1: one reduce-scatter under the last backward; ZeRO-2 (a gradient shard cannot
+        # accumulate a full gradient): one under every micro-batch's backward. The updated
+        # parameters' all-gather follows the optimizer step (ZeRO paper: reduce-scatter, update,
+        # all-gather): exposed, unless it overlaps the next step's first forward
+        # (overlap_param_gather, Megatron's --overlap-param-gather)
+        n_rs = 1 if c.zero == 1 else K
+        dp_total = n_rs * rs + ag
+        exposed = n_rs * _hidden(rs, t_b, ov) + (_hidden(ag, t_f, ov) if job.overlap_param_gather
+                                                 else ag)
     else:
         # ZeRO-3: gather the weights for the forward (under t_f), again for the backward and
         # reduce-scatter the gradients (under t_b), for every micro-batch
@@ -282,6 +291,9 @@ def evaluate(config: Config, job: Job, cluster: Cluster) -> Estimate:
     model_step = f_model * job.global_batch * job.seq_len
     hw_step = f_hw * job.global_batch * job.seq_len
     notes = []
+    if c.zero in (1, 2) and len(groups) and not job.overlap_param_gather:
+        notes.append(f"ZeRO-{c.zero}: the parameter all-gather after the step is exposed "
+                     f"({ag:.2f} s; overlap_param_gather=True hides it under the next forward)")
     if c.zero == 2 and K > 1:
         notes.append(f"ZeRO-2 reduce-scatters gradients after each of the K={K} micro-batches")
     if c.zero == 3 and K > 1:

@@ -1,6 +1,7 @@
 """Why a configuration: the rules of thumb behind it, with its own numbers."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from labkit.costs import memory, models
@@ -42,7 +43,11 @@ def reasons(est: Estimate, job: Job, cluster: Cluster) -> list:
             out.append(f"ZeRO-{c.zero - 1} also fits but is not faster here "
                        f"({lower.effective_step_s:.2f} s vs {est.effective_step_s:.2f} s).")
     bind = binding(est, job, cluster)
-    if bind:
+    if bind and math.isinf(bind["need"]):
+        out.append(f"Which hiding condition binds: {bind['axis']} ({bind['why']}): nothing runs "
+                   f"beside it, so all of it is exposed (Job(overlap_param_gather=True) runs it "
+                   f"under the next forward, as Megatron's --overlap-param-gather).")
+    elif bind:
         verdict = "fits under the compute" if bind["hides"] else "does NOT fit: exposed"
         out.append(f"Which hiding condition binds: {bind['axis']} ({bind['why']}), needs "
                    f"{bind['need']:,.0f} {bind['unit']}, has {bind['have']:,.0f} (margin "
