@@ -3,7 +3,8 @@
     labkit calibrate                         # the GPU if there is one, else the CPU
     labkit calibrate --json my-gpu.json      # also write the profile (costs.chips reads it)
     labkit calibrate --device cpu --quick    # seconds: smaller sizes, one short pass each
-    LABKIT_CHIP_PROFILE=my-gpu.json python -c "from labkit.costs import chips; print(chips.chip('measured'))"
+    LABKIT_CHIP_PROFILE=my-gpu.json python -c \
+        "from labkit.costs import chips; print(chips.chip('measured'))"   # planners read it too
 
 Four sections, each figure with the formula's and their ratio:
 1. roofs (calibrate.roofs): matmul FLOP/s per dtype at sizes that reach the roof, memory
@@ -66,7 +67,7 @@ def capacity(device: str) -> float:
     dev = torch.device(device)
     if dev.type == "cuda":
         return float(torch.cuda.get_device_properties(dev).total_memory)
-    import psutil   # here: only this function needs it
+    import psutil  # here: only this function needs it
 
     return float(psutil.virtual_memory().total)
 

@@ -48,7 +48,7 @@ def all_reduce_times(numels, repeats: int) -> dict:
 
 def sweep(ranks: int, sizes=CPU_SIZES, repeats: int = 5, timeout: float = 300.0) -> dict:
     """All-reduce times on `ranks` ranks for each size (bytes), busbw, and the alpha-beta fit."""
-    from labkit.launch import run   # here: importing labkit.calibrate starts no launcher
+    from labkit.launch import run  # here: importing labkit.calibrate starts no launcher
 
     numels = [max(1, int(b) // 4) for b in sizes]
     per_rank = run(all_reduce_times, ranks, args=(numels, repeats), echo=False, timeout=timeout)

@@ -99,7 +99,8 @@ def _saved(cfg, batch: int, dev, autocast: bool) -> dict:
     logits = sum(b for shape, _, b in saved.tensors
                  if len(shape) >= 2 and shape[-1] == cfg.vocab_size
                  and shape[0] * (shape[1] if len(shape) == 3 else 1) == rows)
-    out = {"saved": saved.bytes, "logits": logits, "allocator": held if dev.type == "cuda" else None}
+    out = {"saved": saved.bytes, "logits": logits,
+           "allocator": held if dev.type == "cuda" else None}
     del model, loss, saved
     if dev.type == "cuda":
         torch.cuda.empty_cache()

@@ -22,8 +22,8 @@ BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU
 
 
 def _lab(stage, steps, batch):
-    from labkit.zero.measure import LAB_MODEL
     from labkit.labs import rank_place
+    from labkit.zero.measure import LAB_MODEL
     from labkit.zero.train import sharded_train
 
     res = sharded_train(stage, LAB_MODEL, "adamw", steps=steps, batch_size=batch)
