@@ -15,7 +15,7 @@ from labkit.table import table
 
 
 def _num(fmt: str):
-    return lambda v: "-" if v is None else format(v, fmt)
+    return lambda v: "-" if v is None else v if isinstance(v, str) else format(v, fmt)
 
 
 def _mb(v):
@@ -70,7 +70,10 @@ def compute_text(res: dict) -> str:
              "value": rc["predicted_factor"]},
             {"what": "recomputation: torch's FLOP count, recompute / plain",
              "value": rc["flops_factor"]}]
-    return table(rows, [("what", "what"), ("value", "value", _num(",.4g"))],
+    for r in rows:
+        if r["value"] is None:
+            r["value"] = "n.a.: no datasheet for this device"
+    return table(rows, [("what", "what"), ("value", "value", _num(",.4g"), ">")],
                  title=f"3. compute: one training step of the reference GPT, {step['recipe']}, "
                        f"batch {step['batch']} x {step['seq']} tokens (median of "
                        f"{len(step['steps'])}); model FLOPs 6N + 12 L h s per token; "
@@ -80,7 +83,7 @@ def compute_text(res: dict) -> str:
 def comm_text(res: dict) -> str:
     c = res["comm"]
     if c is None or "skipped" in c:
-        return f"4. communication: {(c or {}).get('skipped', 'not measured')}"
+        return f"4. communication: not measured ({(c or {}).get('skipped', 'no ranks')})"
     head = (f"4. all-reduce on {c['ranks']} ranks, backend {c['backend']}, device {c['device']}; "
             + (f"alpha-beta fit (costs.comm.fit_alpha_beta): alpha {c['alpha'] * 1e6:.1f} µs per "
                f"message, bandwidth {c['bandwidth'] / 1e9:.3g} GB/s" if c["alpha"] is not None
