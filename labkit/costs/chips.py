@@ -130,6 +130,13 @@ def profile_dict(c: Chip, **sections) -> dict:
             "source": c.source, "provenance": dict(c.provenance), **sections}
 
 
+def measurements(name: str) -> dict:
+    """The `measurements` section of a shipped measured profile (the figures its roofs and the
+    chapters cite beside them: MFU of the book's GPT, the recomputation factor, FP8 errors)."""
+    file = lookup(MEASURED, name, "measured profile", "run `labkit calibrate` for your own")
+    return json.loads((PROFILES / file).read_text()).get("measurements", {})
+
+
 def measured(name: str) -> Chip:
     """A shipped measured profile by its name in MEASURED."""
     file = lookup(MEASURED, name, "measured profile", "run `labkit calibrate` for your own")
