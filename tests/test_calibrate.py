@@ -171,3 +171,14 @@ def test_all_reduce_sweep_on_two_ranks_fits_alpha_beta():
     assert c["ranks"] == 2 and c["backend"] == "gloo" and len(c["rows"]) == 2
     assert all(r["busbw"] > 0 for r in c["rows"])
     assert (c["alpha"] is not None and c["bandwidth"] > 0) or c["fit_error"]
+
+
+@pytest.mark.skipif(not hasattr(torch, "_scaled_mm"), reason="this torch has no _scaled_mm")
+def test_fp8_path_runs_here_through_the_cpus_scaled_mm():
+    """The GPU's FP8 code, run on the CPU's torch._scaled_mm (which accumulates in fp32 whatever
+    use_fast_accum says): the shapes, the column-major operand and the scales are right, and the
+    error against the exact product is fp32 rounding, not fp8's."""
+    acc = roofs.fp8_accumulation(512, "cpu", m=64)
+    assert acc["k"] == 512 and 0 <= acc["split"] < 1e-5 and 0 <= acc["fast"] < 1e-5
+    rate = roofs.fp8_rate(128, "cpu", 0.01)
+    assert rate["fp8_flops"] > 0 and rate["fp8_over_bf16"] == rate["fp8_flops"] / rate["bf16_flops"]

@@ -87,7 +87,8 @@ def fp8_accumulation(k: int, device: str, m: int = 256, seed: int = 0) -> dict:
     b = torch.rand(k, m, device=device, generator=g) + 0.5         # (k, m)
     a8, sa = _to_fp8(a)
     b8, sb = _to_fp8(b)
-    exact = (a8.double() * sa.double()) @ (b8.double() * sb.double())   # (m, m) float64
+    # float8 -> float32 is exact; then float64 for the exact product of the dequantized values
+    exact = (a8.float().double() * sa.double()) @ (b8.float().double() * sb.double())  # (m, m)
     b8 = b8.t().contiguous().t()
     out = {"k": k}
     for name, fast in (("split", False), ("fast", True)):
