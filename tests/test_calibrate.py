@@ -146,8 +146,11 @@ def test_the_measured_h200_sits_beside_its_datasheet_with_provenance():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU this machine lacks")
 def test_cli_refuses_cuda_without_a_gpu(capsys):
     assert calibrate.main(["--device", "cuda", "--quick"]) == 2
-    assert "--device cpu" in capsys.readouterr().out
+    assert "--device cpu" in capsys.readouterr().err
     assert calibrate.main(["--quick", "--json", "/no/such/folder/x.json"]) == 2
+    assert "no folder /no/such/folder" in capsys.readouterr().err
+    assert calibrate.main(["--ranks", "-1"]) == 2
+    assert "--ranks" in capsys.readouterr().err
 
 
 @pytest.mark.full

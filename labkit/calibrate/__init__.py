@@ -23,10 +23,12 @@ costs.memory, costs.flops, costs.roofline and the planner accept wherever they t
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -122,10 +124,12 @@ def calibrate(device: str = "cpu", quick: bool = False, ranks: int | None = None
 
 
 def main(argv=()) -> int:
-    p = ArgParser(prog="labkit calibrate", description=__doc__.split("\n\n")[0])
+    p = ArgParser(prog="labkit calibrate", description=__doc__.split("\n\n")[0],
+                  formatter_class=argparse.HelpFormatter)    # the helps say their defaults
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="what to measure (default: cuda if there is a GPU, else cpu)")
-    p.add_argument("--quick", action="store_true", help="small sizes, short timings: seconds")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes, short timings: seconds, not minutes")
     p.add_argument("--json", default=None, metavar="FILE", help="write the profile here")
     p.add_argument("--ranks", type=at_least_zero, default=None,
                    help="ranks of the all-reduce sweep (default: every GPU where there are 2+, "
@@ -133,16 +137,17 @@ def main(argv=()) -> int:
     try:
         a = p.parse_args(list(argv))
     except ValueError as err:
-        print(f"labkit calibrate: {err}")
+        print(f"labkit calibrate: {err}", file=sys.stderr)
         return 2
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         print("labkit calibrate: --device cuda, but this torch sees no GPU "
-              f"(torch {torch.__version__}, CUDA {torch.version.cuda}); use --device cpu")
+              f"(torch {torch.__version__}, CUDA {torch.version.cuda}); use --device cpu",
+              file=sys.stderr)
         return 2
     if a.json and not Path(a.json).resolve().parent.is_dir():
         print(f"labkit calibrate: --json {a.json}: no folder {Path(a.json).parent}; use an "
-              f"existing folder, e.g. --json calibrate.json")
+              f"existing folder, e.g. --json calibrate.json", file=sys.stderr)
         return 2
     res = calibrate(device, a.quick, a.ranks)
     print(report.text(res))
