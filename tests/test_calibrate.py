@@ -185,3 +185,17 @@ def test_fp8_path_runs_here_through_the_cpus_scaled_mm():
     assert acc["k"] == 512 and 0 <= acc["split"] < 1e-5 and 0 <= acc["fast"] < 1e-5
     rate = roofs.fp8_rate(128, "cpu", 0.01)
     assert rate["fp8_flops"] > 0 and rate["fp8_over_bf16"] == rate["fp8_flops"] / rate["bf16_flops"]
+
+
+def test_the_planner_plans_with_measured_roofs():
+    """The same plan on the H200's datasheet and on its measured roofs: compute takes
+    sheet / measured = 989.5 / 796.2 times as long (the planner's FLOP rate is the chip's bf16)."""
+    from labkit.costs import planner
+
+    job = planner.Job("llama3-8b", global_batch=64, seq_len=4096)
+    cfg = planner.Config(tp=1, pp=1, dp=8, zero=1)
+    sheet, measured = (planner.evaluate(cfg, job, planner.Cluster(n_gpus=8, gpus_per_node=8,
+                                                                  gpu=g)).compute_s
+                       for g in ("H200 141GB", "H200 141GB (measured)"))
+    ratio = chips.chip("H200 141GB").peak["bf16"] / chips.chip("H200 141GB (measured)").peak["bf16"]
+    assert measured / sheet == pytest.approx(ratio, rel=1e-6)
