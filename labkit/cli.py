@@ -8,6 +8,7 @@
     labkit book run [NN ...] [--solutions] [--check]   re-execute the book (or: which are stale)
     labkit site build [--out build/site]       the book as a static website (readable offline)
     labkit site serve [--dir build/site]       serve it on 127.0.0.1: its calculators run live
+    labkit calibrate [--json FILE] [--device cpu|cuda] [--quick]   this machine beside the formulas
     labkit list                                labs (by chapter) and benchmarks available
 
 `labkit run` exits 0 when the lab ran, 1 when a rank failed or hung (its report is printed), and
@@ -66,6 +67,9 @@ def main(argv=None) -> int:
     p_grade.add_argument("--cell-timeout", type=int, default=300,
                          help="seconds one cell may run before the grader stops it")
     sub.add_parser("list", help="list labs and benchmarks")
+    sub.add_parser("calibrate", help="measure this machine beside the book's formulas; --json "
+                                     "FILE: a chip profile (labkit calibrate --help)",
+                   add_help=False)
     sub.add_parser("book", help="re-execute notebooks, stamped; --check: which are stale",
                    add_help=False)
     sub.add_parser("site", help="the book's static website (site build --out DIR; site serve)",
@@ -74,6 +78,10 @@ def main(argv=None) -> int:
 
     if args.cmd == "run":
         return _run_lab(args.lab, rest)
+    if args.cmd == "calibrate":
+        from labkit import calibrate
+
+        return calibrate.main(rest)
     if args.cmd == "bench":
         return _bench(args.names, rest, args.json)
     if args.cmd == "exercises":

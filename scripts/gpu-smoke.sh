@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# On a machine with at least one GPU: run the GPU-ready labs (ring, tp, hybrid; pipeline too
-# with NPROC >= 2, as it needs two stages) on NPROC ranks (default 1: NCCL works with a single
-# rank) and print the backend and device each one used. One command to check that the labs put
+# On a machine with at least one GPU: run the GPU-ready labs (ring, tp, hybrid, ddp, zero,
+# precision; pipeline too with NPROC >= 2, as it needs two stages) on NPROC ranks (default 1:
+# NCCL works with a single rank) and print the backend and device each one used; then
+# `labkit calibrate --quick` (this GPU's roofs, memory and MFU beside the book's formulas,
+# written to CALIBRATE_JSON, default calibrate-quick.json). One command to check that the labs put
 # their tensors on the GPU and that NCCL is chosen (one GPU per rank; fewer GPUs than ranks
 # means Gloo):
 #
@@ -11,11 +13,12 @@
 # Expected: every lab says "backend nccl, device cuda:0" (rank 0's), and the last line
 # "all N labs ran on NCCL". With NPROC=1 the labs' own messages (ring steps, TP all-reduces)
 # are not exercised: one rank has no peer; NPROC >= 2 exercises them.
-# intro, ddp and zero choose NCCL the same way (BACKEND = "auto"); checkpoint and train_ft stay
-# on Gloo on purpose (CPU lessons). Exit code: 0 all on NCCL, 1 some not, 2 no GPU.
+# intro chooses NCCL the same way (BACKEND = "auto"); checkpoint and train_ft stay on Gloo on
+# purpose (CPU lessons). Exit code: 0 all on NCCL and calibrate ran, 1 some not, 2 no GPU (the
+# test suite runs this script on the CPU and expects 2: tests/test_calibrate.py).
 set -u
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$(command -v python || command -v python3)}  # the active venv's python first
 NPROC=${NPROC:-1}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" NPROC
 
@@ -39,8 +42,11 @@ declare -A OPTS=(
   [tp]="--steps 2"
   [hybrid]="--steps 2 --batch 4"
   [pipeline]="--K 4 --batch 8 --pad-ms 0 0"
+  [ddp]="--steps 2 --versions bucketed torch"
+  [zero]="--steps 2 --stages 0 3"
+  [precision]="--steps 4"
 )
-LABS="ring tp hybrid"
+LABS="ring tp hybrid ddp zero precision"
 if [ "$NPROC" -ge 2 ]; then LABS="$LABS pipeline"; fi
 
 ok=0; total=0; failed=""
@@ -58,10 +64,17 @@ for lab in $LABS; do
     failed="$failed $lab"
   fi
 done
+
 echo
-if [ "$ok" -eq "$total" ]; then
-  echo "all $total labs ran on NCCL"
+echo "== labkit calibrate --quick --device cuda --json ${CALIBRATE_JSON:-calibrate-quick.json}"
+$PY -m labkit calibrate --quick --device cuda --json "${CALIBRATE_JSON:-calibrate-quick.json}"
+cal=$?
+echo "-> calibrate: exit $cal"
+
+echo
+if [ "$ok" -eq "$total" ] && [ "$cal" -eq 0 ]; then
+  echo "all $total labs ran on NCCL; calibrate ran"
 else
-  echo "$ok of $total labs ran on NCCL; not:$failed"
+  echo "$ok of $total labs ran on NCCL; not:$failed; calibrate exit $cal"
   exit 1
 fi

@@ -70,6 +70,7 @@ COVERED_BY = {
     "labkit book": "tests/test_freshness.py",
     "labkit site": "tests/test_site.py",
     "labkit list": "tests/test_labs.py::test_every_chapter_has_a_lab_and_every_lab_exists",
+    "labkit calibrate": "tests/test_calibrate.py::test_calibrate_quick_end_to_end_writes_a_profile",
 }
 
 

@@ -38,8 +38,12 @@ CHIPS = {"H100 SXM": chips.CHIPS["H100 80GB"], "A100 SXM 80GB": chips.CHIPS["A10
 
 
 def chip(name_or_chip) -> Chip:
-    """A Chip by name in CHIPS (or a Chip, returned as is)."""
-    return chips.chip(name_or_chip, CHIPS)
+    """A Chip by name in CHIPS, any name costs.chips knows (its datasheets, its measured
+    profiles such as "H200 141GB (measured)", "measured", a profile's .json path), or a Chip."""
+    if isinstance(name_or_chip, str) and name_or_chip in CHIPS:
+        return CHIPS[name_or_chip]
+    return chips.chip(name_or_chip, or_else=f"{', '.join(CHIPS)} (the roofline chapter's names), "
+                                            f"or {chips.BUILD}")
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,10 @@ KINDS = ("naive", "overlap", "bucketed", "torch")
 
 def _train(kind, steps, batch, bucket_mb):
     from labkit.ddp.verify import train_on_rank
+    from labkit.labs import rank_place
 
-    return train_on_rank(kind, steps=steps, batch=batch, bucket_mb=bucket_mb, frozen=FROZEN)
+    res = train_on_rank(kind, steps=steps, batch=batch, bucket_mb=bucket_mb, frozen=FROZEN)
+    return dict(res, ran_on=rank_place())       # (backend, device) for the table's header
 
 
 def main(argv=()):
@@ -56,8 +58,11 @@ def main(argv=()):
         prog.done(f"{kind} DDP on {args.nproc} ranks: max |param - one process| {diff:.1e}")
     if os.environ.get("RANK", "0") != "0":
         return 0
+    from labkit.labs import ran_on
+
+    first = per_rank[0][args.versions[0]]
     print(f"{args.nproc} ranks, {args.steps} SGD steps, global batch {args.batch}, "
-          f"bucket {args.bucket_mb:g} MiB (float64)")
+          f"bucket {args.bucket_mb:g} MiB (float64); {ran_on(*first['ran_on'])} (rank 0)")
     print(f"{'version':<9} {'max |param - one process|':>26} {'all-reduces/step':>17} "
           f"{'before last grad':>17}")
     for kind in per_rank[0]:

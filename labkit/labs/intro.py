@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from labkit.cliargs import count, lab_parser, positive
+from labkit.labs import ran_on
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 SIZES_KIB = (4, 16, 64, 256, 1024, 4096, 16384)  # float32 buffers, KiB: latency- to bandwidth-bound
@@ -206,7 +207,7 @@ def main(argv=()) -> int:
 
     if os.environ.get("RANK", "0") != "0":
         return 0
-    print(f"\n1. hello: {n} ranks")
+    print(f"\n1. hello: {n} ranks; {ran_on(ranks[0]['backend'], ranks[0]['device'])} (rank 0)")
     print(f"{'rank':>4} {'world':>5} {'backend':>7} {'device':>7} {'pid':>8}")
     for r in ranks:
         print(f"{r['rank']:>4} {r['world']:>5} {r['backend']:>7} {r['device']:>7} {r['pid']:>8}")

@@ -48,9 +48,12 @@ def share(steps: int, first: int) -> list:
     """Rank side: this rank's task of the round starting at TASKS[first] (or None)."""
     import torch.distributed as dist
 
+    from labkit.labs import rank_place
+
     i = first + dist.get_rank()
     end = first + dist.get_world_size()
-    return [(i, _task(*TASKS[i], steps))] if i < min(end, len(TASKS)) else []
+    mine = [(i, _task(*TASKS[i], steps))] if i < min(end, len(TASKS)) else []
+    return mine + [("ran_on", rank_place())]    # (backend, device), for the report's header
 
 
 def main(argv=()) -> int:
@@ -66,11 +69,17 @@ def main(argv=()) -> int:
     res = {}
     for first in rounds:
         for per_rank in run(share, a.nproc, args=(a.steps, first), echo=False):
-            res.update(dict(per_rank))
+            got = dict(per_rank)
+            res.setdefault("ran_on", got.pop("ran_on"))     # the first launch's rank 0
+            res.update(got)
         prog.done(f"experiments {first + 1}-{min(first + a.nproc, len(TASKS))} of {len(TASKS)}")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    print("\n1. master weights (Adam, lr 3e-5, bf16 compute)")
+    from labkit.labs import ran_on
+
+    print(f"\n{a.nproc} ranks, {len(TASKS)} experiments; {ran_on(*res['ran_on'])} (rank 0's "
+          f"launch; the numerics themselves compute on the CPU)")
+    print("1. master weights (Adam, lr 3e-5, bf16 compute)")
     for i, name in ((0, "bf16 weights"), (1, "fp32 master")):
         r = res[i]
         lost = sum(r["frac_lost"]) / len(r["frac_lost"])

@@ -177,6 +177,14 @@ def main(argv=()):
     return 0
 
 
+def ratio(got, want) -> str:
+    """got / want as text; "-" where either is missing, "n.a." where the formula is 0 bytes (one
+    rank: nothing to send, so a ratio has no meaning)."""
+    if want is None or got is None:
+        return "-"
+    return "n.a." if want == 0 else f"{got / want:.3f}"
+
+
 def table(rows) -> str:
     r0 = rows[0]
     link = (f"each link limited to {r0['bandwidth'] / comm.MB:g} MB/s (labkit.shaped)"
@@ -193,7 +201,10 @@ def table(rows) -> str:
             f"{'-' if pred_t is None else f'{pred_t * 1e3:.2f}':>10} "
             f"{'(not countable)' if got is None else f'{got:,}':>29} "
             f"{'-' if want is None else f'{want:,.0f}':>12} "
-            f"{'-' if want is None or got is None else f'{got / want:.3f}':>6}")
+            f"{ratio(got, want):>6}")
+    if any(r["predicted"]["max_received"] == 0 for r in rows):
+        lines.append("ratio n.a. where the formula predicts 0 bytes: one rank has no peer to "
+                     "send to (run --nproc 2 or more to count the ring's bytes)")
     if r0["not_counted"]:
         lines.append(f"bytes not counted: {r0['not_counted']}")
     lines.append("bytes: counted by the kernel on each rank's TCP sockets (labkit.netcount); "

@@ -74,12 +74,17 @@ def _report(a, per_rank) -> None:
         print(f"{e['phase']:>8} {e['op']:>10} {e['where']:>12} {str(e['shape']):>14} "
               f"{e['bytes']:>8} {str(e['bytes'] == pred):>9}")
     per_layer = len(res["events"]) / a.n_layer
+    formula = tpc.allreduces_per_layer('both') if a.nproc > 1 else 0
     print(f"{len(res['events'])} all-reduces for {a.n_layer} layers = {per_layer:g} per layer "
-          f"(formula: {tpc.allreduces_per_layer('both')})")
+          f"(formula: {formula}" + (", TP=1 has no shards to sum)" if a.nproc == 1 else ")"))
     wire = a.n_layer * tpc.layer_bytes_sent_per_rank(a.batch, a.block_size, a.n_embd, a.nproc, 4)
     sent = [r["sent"] for r in per_rank]
     if None in sent:
         print(f"bytes sent: not counted ({res['wire_reason']})")
+    elif wire == 0:
+        print(f"bytes sent per rank in that step, counted by the kernel: "
+              f"{', '.join(f'{b:,}' for b in sent)}; labkit.costs (ring): 0; ratio n.a. "
+              f"(one rank sends nothing: run --nproc 2 or more to count TP's bytes)")
     else:
         steps = len(res["events"]) * 2 * (a.nproc - 1)        # ring steps of the all-reduces
         print(f"bytes sent per rank in that step, counted by the kernel: "

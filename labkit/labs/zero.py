@@ -22,10 +22,12 @@ BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU
 
 
 def _lab(stage, steps, batch):
+    from labkit.labs import rank_place
     from labkit.zero.measure import LAB_MODEL
     from labkit.zero.train import sharded_train
 
-    return sharded_train(stage, LAB_MODEL, "adamw", steps=steps, batch_size=batch)
+    res = sharded_train(stage, LAB_MODEL, "adamw", steps=steps, batch_size=batch)
+    return dict(res, ran_on=rank_place())       # (backend, device) for the table's header
 
 
 def main(argv=()):
@@ -61,8 +63,11 @@ def main(argv=()):
                   f"the largest rank")
     if os.environ.get("RANK", "0") != "0":
         return 0
+    from labkit.labs import ran_on
+
+    first = per_rank[0][args.stages[0]]
     print(f"{args.nproc} ranks, {args.steps} AdamW steps, global batch {batch}, fp32, "
-          f"Ψ = {per_rank[0][args.stages[0]]['numel']:,} parameters")
+          f"Ψ = {first['numel']:,} parameters; {ran_on(*first['ran_on'])} (rank 0)")
     for st in per_rank[0]:
         diff = max((r[st]["params"][n] - ref[n]).abs().max().item() for r in per_rank for n in ref)
         print(f"  ZeRO-{st}: max |param - one process| = {diff:.1e}")

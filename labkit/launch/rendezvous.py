@@ -26,11 +26,28 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+_FELL_BACK: set = set()   # (ranks, GPUs) already announced by this process: say it once
+
+
+def fallback_note(nprocs: int, gpus: int) -> str:
+    """The line a run prints when 'auto' chose Gloo on a machine that has GPUs."""
+    return (f"labkit: {nprocs} ranks asked for, {gpus} GPU(s) here: running on Gloo on the CPU, "
+            f"not NCCL (NCCL needs one GPU per rank; it refuses two ranks on one GPU: "
+            f"\"Duplicate GPU detected\"). Use --nproc {gpus} for NCCL.")
+
+
 def resolve_backend(backend: str, nprocs: int) -> str:
-    """'auto' -> NCCL with one GPU per rank when there are enough GPUs, otherwise Gloo."""
+    """'auto' -> NCCL with one GPU per rank when there are enough GPUs, otherwise Gloo (said once
+    per process where there are GPUs, so the reader knows the run is on the CPU)."""
     backend = backend.lower()
     if backend == "auto":
-        return "nccl" if gpu_count() >= nprocs else "gloo"
+        gpus = gpu_count()
+        if gpus >= nprocs:
+            return "nccl"
+        if gpus and (nprocs, gpus) not in _FELL_BACK and os.environ.get("RANK", "0") == "0":
+            _FELL_BACK.add((nprocs, gpus))
+            print(fallback_note(nprocs, gpus), flush=True)
+        return "gloo"
     if backend == "nccl":
         gpus = gpu_count()
         if gpus < nprocs:
