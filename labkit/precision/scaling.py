@@ -1,4 +1,4 @@
-"""FP8 scaling recipes side by side: delayed, current, rowwise and block scales, on the same tensors.
+"""FP8 scaling recipes side by side: delayed, current, rowwise and block scales, same tensors.
 
 Every recipe casts q = fp8(x * s) and multiplies q / s back; they differ in which values share one
 scale s = max / amax and when amax is taken:
@@ -27,9 +27,15 @@ from __future__ import annotations
 
 import torch
 
-from labkit.precision.fp8 import E4M3, dequantize, dequantize_blocks, quantize, quantize_blocks
-from labkit.precision.fp8 import tensor_scale
 from labkit.precision.formats import DTYPES
+from labkit.precision.fp8 import (
+    E4M3,
+    dequantize,
+    dequantize_blocks,
+    quantize,
+    quantize_blocks,
+    tensor_scale,
+)
 
 RECIPES = ("delayed", "current", "rowwise", "block")
 EPS = 1e-12        # torchao's floor under amax (torchao/float8/float8_utils.py, EPS)
