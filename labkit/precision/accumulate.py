@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import torch
 
+from labkit.precision.fp8 import E4M3, quantize, tensor_scale
+
 FAST, SPLIT = "fast", "split"
 N_C = 128          # DeepSeek-V3's promotion interval, in products
 WGMMA_K = 32       # products one FP8 WGMMA adds per output (m64nNk32)
@@ -47,6 +49,12 @@ MEASURED_H200 = {
     ("positive-mean", FAST): {1024: 1.548e-2, 4096: 7.937e-2, 16384: 1.019e-1, 65536: 3.872e-1},
     ("positive-mean", SPLIT): {1024: 2.347e-4, 4096: 2.316e-4, 16384: 2.299e-4, 65536: 2.301e-4},
 }
+
+# The same GPU's rates, TFLOP/s, on M = N = K: torch.matmul in bf16 and torch._scaled_mm in e4m3
+# with per-tensor scales, its default use_fast_accum=False ("e4m3") and True ("e4m3 fast"); raw
+# figures in shared/gpu/h200-2026-11-27-run1.json, key "fp8". The datasheet says 2x bf16.
+MEASURED_H200_TFLOPS = {4096: {"bf16": 790.6, "e4m3": 1340.0, "e4m3 fast": 1444.3},
+                        8192: {"bf16": 796.2, "e4m3": 1418.0, "e4m3 fast": 1330.6}}
 
 
 def _exponent(x: torch.Tensor) -> torch.Tensor:
@@ -129,6 +137,12 @@ def relative_error(kind: str, K: int, mode: str = FAST, M: int = 64, seed: int =
     exact = qa.double() @ qb.double()                                  # (M, M)
     got = matmul(qa, qb, mode, **model).double()
     return float((got - exact).norm() / exact.norm())
+
+
+def per_tensor(x: torch.Tensor):
+    """Current per-tensor scaling: (fp8(x * s) e4m3, s) with s = 448 / amax(x)."""
+    s = tensor_scale(x.detach().abs().max(), E4M3)
+    return quantize(x, E4M3, s), s
 
 
 def split_errors(a: torch.Tensor, b: torch.Tensor, quantize, mode: str = FAST, **model) -> dict:
