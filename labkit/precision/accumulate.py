@@ -53,8 +53,8 @@ MEASURED_H200 = {
 # The same GPU's rates, TFLOP/s, on M = N = K: torch.matmul in bf16 and torch._scaled_mm in e4m3
 # with per-tensor scales, its default use_fast_accum=False ("e4m3") and True ("e4m3 fast"); raw
 # figures in shared/gpu/h200-2026-11-27-run1.json, key "fp8". The datasheet says 2x bf16.
-MEASURED_H200_TFLOPS = {4096: {"bf16": 790.6, "e4m3": 1340.0, "e4m3 fast": 1444.3},
-                        8192: {"bf16": 796.2, "e4m3": 1418.0, "e4m3 fast": 1330.6}}
+MEASURED_H200_TFLOPS = {4096: {"bf16": 790.565, "e4m3": 1340.027, "e4m3 fast": 1444.264},
+                        8192: {"bf16": 796.233, "e4m3": 1418.034, "e4m3 fast": 1330.587}}
 
 
 def _exponent(x: torch.Tensor) -> torch.Tensor:
