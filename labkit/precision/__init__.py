@@ -4,10 +4,7 @@
     master    why fp32 master weights: bf16 weights that stop learning, measured
     scaler    DynamicLossScaler (Micikevicius et al. 2018), decision for decision like GradScaler
     fp8       FP8 matmuls emulated on any device: per-tensor delayed scaling and DeepSeek-V3's
-              1x128 / 128x128 block scaling, e4m3 forward, e5m2 gradients, exact fp32 sums
-    scaling   the scaling recipes side by side: delayed, current, rowwise, 1x128 / 128x128 blocks
-    accumulate  the tensor cores' ~14-bit sum inside an FP8 GEMM: fast vs split accumulation,
-              checked against one H200's measured errors
+              1x128 / 128x128 block scaling, e4m3 forward, e5m2 gradients, fp32 accumulation
     memory    bytes per parameter of a real optimizer step, from storage sizes
 
 On a CPU the fp8 code emulates the numerics (values are rounded exactly as an fp8 cast rounds

@@ -26,8 +26,12 @@ where the hardware normalises (a bit-level model of these: F. A. Khattak, M. Mik
 Models of NVIDIA Tensor Cores", arXiv:2512.07004, 2025); how cuBLAS tiles K (a split-K kernel sums
 slices of K in fp32 and so shortens every chain: `split_k`, which the library picks and we cannot
 see); bf16 outputs. Checked against one H200 (`MEASURED_H200`, tests/test_accumulate.py): within
-about 5% of the measured error for K = 1,024 and 4,096, fast and split, zero- and positive-mean
-data; at K >= 16,384 a single chain overestimates the fast error (2x at K = 16,384).
+4% of the measured error for K = 1,024 and 4,096 on 32x32 outputs (11% on 16x16: sampling noise),
+fast and split, zero- and positive-mean data. Split still matches at K = 16,384 and 65,536; fast
+does not: one chain gives 2.3-2.6x the measured error at K = 16,384 and 1.6-1.8x at 65,536, and
+the measurement lies between K cut into 2 and into 4 slices (`split_k`), as if cuBLAS had run a
+split-K kernel there (not recorded; a hypothesis). Rounding to nearest instead of truncating, or
+13 or 15 bits instead of 14, misses the measured errors by 2x or more.
 """
 from __future__ import annotations
 
