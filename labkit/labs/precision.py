@@ -12,6 +12,8 @@ prints a line as each round finishes and a table at the end:
 3. fp8 emulated (e4m3 forward, e5m2 backward, fp32 accumulation): error per layer against fp32,
    bf16 beside it, per-tensor and block scaling.
 4. bytes per parameter of a real AdamW step with master weights, from storage sizes.
+5. fp8 scaling recipes (delayed, current, rowwise, block) with one outlier token x 1e4.
+6. fp8 accumulation emulated (fast, split every 128 products) against one H200's measured errors.
 The numerics run on the CPU on purpose (casts are exact there); the fp8 part emulates the
 numerics and says nothing about speed.
 """
@@ -25,7 +27,7 @@ BACKEND = "auto"  # the launcher picks it; the experiments themselves compute on
 
 
 def _task(kind, arg, steps):
-    from labkit.precision import compare, lossscale, master, memory
+    from labkit.precision import accumulate, compare, lossscale, master, memory
     from labkit.precision.scaler import DynamicLossScaler
 
     if kind == "stall":
@@ -36,12 +38,19 @@ def _task(kind, arg, steps):
         return lossscale.train(DynamicLossScaler(2.0**20, growth_interval=10), 2 * steps)
     if kind == "fp8":
         return compare.layer_errors()
+    if kind == "recipes":
+        return compare.recipe_errors(outlier=arg)
+    if kind == "accumulate":
+        return [(kind_, mode, K, accumulate.relative_error(kind_, K, mode, M=16),
+                 accumulate.MEASURED_H200[(kind_, mode)][K])
+                for kind_ in ("zero-mean", "positive-mean") for mode in ("fast", "split")
+                for K in (1024, 4096)]
     return memory.measure_step()
 
 
 TASKS = [("stall", False), ("stall", True), ("underflow", 1.0), ("underflow", 2.0**8),
          ("underflow", 2.0**16), ("underflow", 2.0**20), ("scaler", None), ("fp8", None),
-         ("memory", None)]
+         ("memory", None), ("recipes", 1e4), ("accumulate", None)]
 
 
 def share(steps: int, first: int) -> list:
@@ -106,4 +115,12 @@ def main(argv=()) -> int:
         print(f"  {k:<16} {v:.4f}")
     print(f"  resident bytes/param (weights + grads + master + optimizer): "
           f"{m['resident_per_param']:.3f}")
+    r = res[9]
+    print("5. fp8 scaling recipes, one token's input x 1e4: output error of the other tokens / "
+          "of that token")
+    for k in r["others"]:
+        print(f"  {k:<8} {r['others'][k]:.4f} / {r['outlier'][k]:.4f}")
+    print("6. fp8 accumulation (emulated, 14-bit sum) vs one H200 (measured), relative error")
+    for kind, mode, K, e, h in res[10]:
+        print(f"  {kind:<14} {mode:<5} K={K:<5} emulated {e:.2e}  H200 {h:.2e}  ({e / h:.2f}x)")
     return 0

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-from labkit.precision import fp8
+from labkit.precision import fp8, scaling
 
 CONFIG = GPTConfig(n_layer=1, n_head=4, n_embd=128, block_size=32)   # 128: one fp8 block wide
 
@@ -90,3 +90,28 @@ def train(recipe: str, steps: int = 16, lr: float = 3e-3, cfg: GPTConfig = CONFI
 
 def curves(steps: int = 16, recipes=("fp32", "bf16", "fp8 per tensor", "fp8 block"), **kw):
     return {r: train(r, steps, **kw) for r in recipes}
+
+
+def recipe_errors(outlier: float = 1.0, cfg: GPTConfig = CONFIG, seed: int = 0,
+                  batch_size: int = 8) -> dict:
+    """The first block linear's output error under each scaling recipe of
+    labkit.precision.scaling, its input taken from the fp32 model (one batch), one token's input
+    row multiplied by `outlier`. Delayed scaling's amax history holds the previous batch's input
+    amax (no outlier in it). Returns {"others": {recipe: err}, "outlier": {recipe: err}}: the other
+    tokens' outputs and the outlier token's own (the same token when outlier = 1)."""
+    model = GPT(cfg, seed=seed)
+    lin = next(m for m in model.blocks.modules() if isinstance(m, torch.nn.Linear))
+    seen = []
+    hook = lin.register_forward_hook(lambda m, a, o: seen.append(a[0].detach()))
+    tokens = tiny_corpus()
+    with torch.no_grad():
+        for step in (0, 1):                                   # previous batch, this batch
+            model(get_batch(tokens, batch_size, cfg.block_size, step, seed)[0])
+    hook.remove()
+    prev, a = (t.reshape(-1, t.shape[-1]) for t in seen)                 # (B*T, in) each
+    a = a.clone()
+    a[0] *= outlier
+    w = lin.weight.detach()                                              # (out, in)
+    kw = {"a_history": prev.abs().max(), "w_history": w.abs().max()}
+    return {"others": scaling.gemm_errors(a, w, rows=slice(1, None), **kw),
+            "outlier": scaling.gemm_errors(a, w, rows=slice(0, 1), **kw)}

@@ -17,9 +17,11 @@ Two ways to choose s:
   activation row and per 128x128 block of a weight, from the block's own amax, so one outlier
   spoils 128 values, not the whole tensor.
 
-The product of dequantized inputs is computed in fp32: the emulation of tensor cores that
-accumulate in higher precision (DeepSeek-V3 promotes partial sums to fp32 every 128 products).
-On a CPU this reproduces fp8's rounding exactly and says nothing about speed.
+The product of dequantized inputs is computed in fp32, so the casts are the only error here: that
+is what any GPU's casts cost. A GPU's sum adds its own error, which depends on the accumulation
+mode (fast, or split with promotion to fp32 every 128 products as DeepSeek-V3 does and as
+`use_fast_accum=False` measures): labkit.precision.accumulate emulates both. On a CPU this
+reproduces fp8's rounding exactly and says nothing about speed.
 """
 from __future__ import annotations
 
