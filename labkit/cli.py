@@ -161,7 +161,21 @@ def _run_lab(name: str, rest) -> int:
     lab = _load("labkit.labs", name)
     if getattr(lab, "BACKEND", "auto") == "gloo":
         _hide_gpus()
+    else:
+        _say_fallback_first(rest)
     return run_lab_main(name, lab.main, rest)
+
+
+def _say_fallback_first(rest) -> None:
+    """Where there are GPUs but fewer than --nproc, the line saying the lab falls back to Gloo
+    comes first, before any phase line (labkit.launch.rendezvous says it once per process)."""
+    for i, arg in enumerate(rest):
+        if arg == "--nproc" or arg.startswith("--nproc="):
+            value = arg.split("=", 1)[1] if "=" in arg else rest[i + 1]
+            from labkit.launch import rendezvous  # here: torch, only for a lab about to run
+
+            rendezvous.resolve_backend("auto", int(value))
+            return
 
 
 def _bad_nproc(rest) -> str | None:

@@ -104,6 +104,9 @@ BAD = {
     "overlap_cp": [["--nproc", "1"], ["--chunks", "64"], ["--heads", "4", "--kv-heads", "3"]],
     "overlap_zero3": [["--nproc", "1"], ["--rows", "4"], ["--rows", "0", "2"],
                       ["--n-embd", "60"], ["--rounds", "0"], ["--sizes-kib", "64"]],
+    "hsdp": [["--nproc", "4", "--replicate", "3"], ["--steps", "0"]],
+    "zeropp": [["--nproc", "4", "--hpz", "3"], ["--nproc", "1"]],
+    "moe_dispatch": [["--nproc", "1"], ["--skews", "-1"], ["--link-mb-s", "0"]],
 }
 
 

@@ -86,9 +86,6 @@ def test_zero_rank_side_reports_where_it_ran(one_rank):
     assert res["ran_on"] == ("gloo", "cpu")
 
 
-@pytest.mark.xfail(strict=True, raises=ZeroDivisionError,
-                   reason="labkit/zero/measure.py rows(): sent / formula with a 0-byte formula at "
-                          "one rank (not this lane's file); remove this mark with that fix")
 def test_zero_at_one_rank(one_rank, capsys):
     from labkit.labs import zero
 

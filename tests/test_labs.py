@@ -56,7 +56,8 @@ LABS = {
 CPU_ONLY = ("checkpoint", "train_ft", "moe_dispatch")
 # "backend B, device D" in their table
 GPU_READY = ("ring", "tp", "pipeline", "hybrid", "overlap", "overlap_tp", "overlap_cp",
-             "overlap_zero3", "hsdp", "zeropp")
+             "overlap_zero3", "hsdp", "zeropp", "ddp", "zero", "precision", "intro", "sequence",
+             "context")
 PROGRESS = re.compile(r"^\[(\w+)\] .*\((\d+/\d+, )?\d+\.\d s\)$", re.M)
 
 

@@ -24,6 +24,7 @@ import contextlib
 import math
 
 from labkit.cliargs import count, lab_parser
+from labkit.labs import ran_on
 
 BACKEND = "auto"
 CASES = ("none", "TP", "TP + SP", "selective", "full")
@@ -155,6 +156,7 @@ def parallel_runs(plans: list, cfg_kwargs: dict, steps: int = 2, batch: int = 4)
         rows = bytes_rows(res, plan, cfg, batch)
         out.append({"plan": plan, "worst": worst, "ok": all(d["ok"] for d in diffs),
                     "bytes": rows, "kernel_sent": res[0]["kernel_sent"],
+                    "ran_on": res[0]["ran_on"],
                     "wire_predicted": sum(r["wire"] for r in rows if r["rank"] == 0)})
     return out
 
@@ -228,6 +230,8 @@ def run_lab(argv, name: str):
     ok = all(r["ok"] for r in runs)
     if os.environ.get("RANK", "0") != "0":     # under torchrun: rank 0 prints the report
         return 0 if ok else 1
+    if runs:
+        print(f"{name}: {ran_on(*runs[0]['ran_on'])} (rank 0)")
     if rows:
         print(table(rows, [("case", "case"), ("measured B", "measured", ","),
                            ("formula B", "predicted", ",.0f"), ("ratio", "ratio", ".3f")],

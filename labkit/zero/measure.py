@@ -113,7 +113,8 @@ def rows(per_rank, cfg: GPTConfig = LAB_MODEL, recipe=FP32_ADAM) -> list:
                     **{f"{k}_predicted": pred[k] for k in PARTS},
                     "total_measured": sum(held.values()), "total_predicted": ms.total,
                     "sent_measured": sent, "sent_predicted": formula,
-                    "sent_ratio": None if sent is None else sent / formula,
+                    # one rank: the formula is 0 bytes and there is no ratio to take
+                    "sent_ratio": None if sent is None or not formula else sent / formula,
                     "sent_in_psi": None if sent is None else sent / (numel * recipe.weights),
                     "wire_reason": per_rank[0][stage].get("wire_reason")})
     return out
@@ -128,8 +129,9 @@ def table(rs) -> str:
         if r["sent_measured"] is None:
             sent = f"{'n/a':>8} {r['sent_predicted'] / 1e3:>9.1f} {'':>6} {'':>6}"
         else:
+            ratio = "n.a." if r["sent_ratio"] is None else f"{r['sent_ratio']:.3f}"
             sent = (f"{r['sent_measured'] / 1e3:>8.1f} {r['sent_predicted'] / 1e3:>9.1f} "
-                    f"{r['sent_ratio']:>6.3f} {r['sent_in_psi']:>6.2f}")
+                    f"{ratio:>6} {r['sent_in_psi']:>6.2f}")
         lines.append(f"{r['ranks']:>5} {r['stage']:>5} {r['params_measured'] / 1e3:>10.1f} "
                      f"{r['grads_measured'] / 1e3:>9.1f} {r['optimizer_measured'] / 1e3:>9.1f} "
                      f"{r['total_measured'] / 1e3:>9.1f} {r['total_predicted'] / 1e3:>9.1f} "

@@ -48,6 +48,10 @@ freeing resizes the buffer's storage to 0 bytes (every view autograd saved of it
 a hook on the unit's outputs' gradients gathers into the same storage again before the unit's
 backward reads it. Backward runs no forward: the price is the activations each unit saves,
 kept from its forward to its backward as in plain PyTorch.
+
+Long because: the gather, hold, free and reduce bookkeeping, the step and FSDP2's switches all
+act on the same per-unit state (buffers, holds, calls in flight); labkit.zero.unit, .reduce and
+.prefetch already hold the parts that need none of it.
 """
 from __future__ import annotations
 
