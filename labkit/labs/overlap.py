@@ -108,13 +108,12 @@ def figure(res: dict):
                             ("step_model", "step (costs.hiding.dp_step_time)", "dot")):
         fig.add_scatter(x=x, y=[1e3 * s[key] for s in res["steps"]], name=name,
                         mode="lines+markers", line=dict(dash=dash))
+    fig.update_xaxes(type="log", title="tokens per rank per step")
     cx.mark_crossovers(fig, res, (("predicted_tokens", "predicted crossover", "black"),
                                   ("measured_tokens", "measured crossover", "firebrick")),
                        "{name}: {value:,.0f} tokens")
-    fig.update_xaxes(type="log", title="tokens per rank per step")
     fig.update_yaxes(type="log", title="ms")
-    fig.update_layout(title=f"DDP on {res['nproc']} ranks: where the all-reduce stops hiding",
-                      height=430)
+    cx.phone_layout(fig, f"DDP on {res['nproc']} ranks: where the all-reduce stops hiding", 480)
     return fig
 
 

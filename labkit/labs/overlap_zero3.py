@@ -110,7 +110,7 @@ def figure(res: dict):
         ("collectives busy / compute (measured)", "alpha-beta / (6Pt/C) (predicted)"), res,
         (("predicted_tokens", "predicted", "black"), ("measured_tokens", "measured", "firebrick")),
         "{name}: {value:,.0f}", "tokens per rank per micro-batch", "communication / compute",
-        f"ZeRO-3 on {res['nproc']} ranks: where the gathers stop hiding", dict(dash="dot"), 430)
+        f"ZeRO-3 on {res['nproc']} ranks: where the gathers stop hiding", dict(dash="dot"))
 
 
 def main(argv=()):
