@@ -129,14 +129,19 @@ def found(value, text, extrapolated: bool, over: str) -> str:
 
 def batch_rows(res: dict, route: str, compute: str, traffic: str, equal: str) -> list:
     """A batch sweep's crossover rows (batch_crossovers' keys), in tokens and rows per rank: the
-    FLOP/s route (costs.hiding.<route>), the sweep's `compute` line route, the measured one."""
+    FLOP/s route (costs.hiding.<route>; the labs' models are fp32, so their gradients are reduced
+    in fp32, the common stacks' default), the same with bf16 reduction when res holds
+    "predicted_tokens_bf16_reduce", the sweep's `compute` line route, the measured one."""
     T = res["cfg"]["block_size"]
 
     def tok(v):
         return None if v is None else f"{v:,.0f} tokens = {v / T:.1f} rows"
 
-    return [(f"predicted: alpha-beta + FLOP/s (costs.hiding.{route})",
-             tok(res["predicted_tokens"])),
+    bf16 = ([("  the same with bf16 gradient reduction (the opt-in: half the gradient bytes)",
+              tok(res["predicted_tokens_bf16_reduce"]))]
+            if res.get("predicted_tokens_bf16_reduce") else [])
+    return [(f"predicted: alpha-beta + FLOP/s (costs.hiding.{route}), fp32 gradient reduction",
+             tok(res["predicted_tokens"])), *bf16,
             (f"predicted: alpha-beta + the sweep's {compute} line",
              tok(res["predicted_timed_tokens"]) or f"none: the {compute}'s fixed "
              f"{1e3 * res[f'{compute}_fixed_s']:.0f} ms alone outlasts the {traffic}"),

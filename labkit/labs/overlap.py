@@ -64,15 +64,18 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
                           comm_model=pred["comm"], backward_model=pred["backward"],
                           step_model=pred["step"]))
     flops = hiding.dp(n_params, **link)
+    bf16 = hiding.dp(n_params, **dict(link, grad_bytes=None), reduce_dtype="bf16")
     return {"nproc": nproc, "cfg": cfg, "bucket_mb": bucket_mb, "rounds": rounds,
             "params": n_params, "grad_bytes": r0["grad_bytes"], "buckets": buckets,
             "flops_per_s": rate, **cx.fit_keys(fit), "all_reduce": ar, "steps": steps,
+            "predicted_tokens_bf16_reduce": bf16.value,
             **cx.batch_crossovers(steps, "backward", flops, flops.terms["comm_s"], r0["ran_on"])}
 
 
 def report(res: dict) -> str:
     head = (f"{res['nproc']} ranks, GPT {res['cfg']}, {res['params']:,} parameters, "
-            f"{res['grad_bytes'] / 2**20:.1f} MiB of fp32 gradients in {res['buckets']} buckets; "
+            f"{res['grad_bytes'] / 2**20:.1f} MiB of fp32 gradients (all-reduced in fp32) in "
+            f"{res['buckets']} buckets; "
             f"{ran_on(*res['ran_on'])}; load average {res['load']:.1f}")
     fit = (f"measured: {res['flops_per_s'] / 1e9:.1f} GFLOP/s on the model's matmuls, "
            + cx.link_text(res, "all-reduce"))
