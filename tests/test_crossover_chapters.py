@@ -128,3 +128,17 @@ def test_saved_crossover_figure_frames_its_sweep(stem):
         lo, hi = math.log10(min(xs)), math.log10(max(xs))
         a, b = f["layout"]["xaxis"]["range"]
         assert a <= lo and hi <= b and (hi - lo) / (b - a) >= 0.2, (stem, a, b, lo, hi)
+
+
+def test_ch02_shows_the_numerical_price_of_bf16_reduction():
+    """M2: the chapter measures what bf16 reduction costs in accuracy, and the prose's numbers
+    are the printed ones."""
+    _, out = _cell("02", "one hop of the ring at a time")
+    errs = {int(m.group(1)): (float(m.group(2)), float(m.group(3))) for m in re.finditer(
+        r"(\d+) ranks: .*fp32 reduction (\S+), bf16 reduction (\S+)", out)}
+    assert sorted(errs) == [8, 64, 512], out
+    assert all(f32 < 1e-6 and bf > 1e-3 for f32, bf in errs.values())
+    prose = _prose("02")
+    for n, pct in ((8, "0.4%"), (64, "1%"), (512, "3%")):
+        assert f"{pct} at {n}" in prose or f"{pct} at {n} ranks" in prose, (n, pct)
+        assert abs(100 * errs[n][1] - float(pct[:-1])) < 0.5 * float(pct[:-1]), (n, errs[n])
