@@ -72,3 +72,70 @@ def test_memory_calculator_shows_its_controls():
     for name in ("model", "micro-batch", "DP degree", "ZeRO stage", "precision", "GPU"):
         assert name in shown, f"{name} hidden; shown: {shown}"
     assert len({id(w.layout) for w in controls}) == len(controls), "controls share a Layout"
+
+
+# ----------------------------------------------------------------- the crossover labs' figures
+# Sweeps shaped like the chapters' saved ones (02, 03, 04, 07): the figure functions read only these
+# keys. A crossover far beyond the sweep (1e6) must not stretch the axis either.
+_T = [8, 16, 32, 64, 128, 256]
+
+
+def _ddp_res(far=False):
+    steps = [dict(tokens=t, step=0.07 + t * 5e-4, backward=0.04 + t * 4e-4, comm=0.045 + t * 2e-4,
+                  comm_model=0.036, step_model=0.038 + t * 5e-4) for t in _T]
+    return dict(steps=steps, nproc=2, predicted_tokens=1e6 if far else 86.3,
+                measured_tokens=35.0)
+
+
+def _zero3_res(far=False):
+    steps = [dict(tokens=t, comm=2.7 / (t / 16) ** 0.4, compute=1.0, comm_model=6.0 * 16 / t,
+                  compute_model=1.0) for t in (16, 64, 256)]
+    return dict(steps=steps, nproc=2, predicted_tokens=96.0, measured_tokens=1e7 if far else 210.0)
+
+
+def _rows_res(x, far=False):
+    rows = [{x: v, "ratio": 5.4 * (32 / v) ** 1.5, "ratio_model": 13.6 * (32 / v) ** 2}
+            for v in (32, 64, 128, 256, 512)]
+    return {"rows": rows, "nproc": 2, "tokens": 1024, f"predicted_{x}": 127.6,
+            f"measured_{x}": 1e-4 if far else 152.2}
+
+
+def _crossover_figures():
+    from labkit.labs import overlap, overlap_cp, overlap_tp, overlap_zero3
+    for far in (False, True):
+        yield f"overlap far={far}", overlap.figure(_ddp_res(far))
+        yield f"overlap_zero3 far={far}", overlap_zero3.figure(_zero3_res(far))
+        yield f"overlap_tp far={far}", overlap_tp.figure(_rows_res("width", far))
+        yield f"overlap_cp far={far}", overlap_cp.figure(_rows_res("chunk", far))
+
+
+def _data_extent(fig: dict, letter: str):
+    vals = [v for tr in fig["data"] for v in tr.get(letter, ()) if isinstance(v, (int, float))
+            and v > 0]
+    return math.log10(min(vals)), math.log10(max(vals))
+
+
+def test_crossover_figures_frame_their_data_on_log_axes():
+    """The figure JSON of chapters 02, 03, 04 and 07's crossover plots: no annotation placed in
+    data units on a log axis (it once sat at x = 86 on a log axis, i.e. 10^86, and the autorange
+    ran to 1e113), the x range in log10 units holding the swept points with the data at least
+    half of it, every crossover named in the legend (the lines are traces, not annotations)."""
+    for name, f in _crossover_figures():
+        fig = f.to_dict()
+        lay = fig["layout"]
+        assert lay["xaxis"]["type"] == "log" and lay["yaxis"]["type"] == "log", name
+        for ann in lay.get("annotations", ()):
+            assert ann.get("xref") == "paper" or abs(ann.get("x", 0)) < 20, (name, ann)
+        sweep = [v for v in fig["data"][0]["x"]]
+        lo, hi = math.log10(min(sweep)), math.log10(max(sweep))
+        a, b = lay["xaxis"]["range"]
+        assert a <= lo and hi <= b, f"{name}: x range {a:.2f}..{b:.2f} cuts the sweep"
+        assert (hi - lo) / (b - a) >= 0.2, f"{name}: the sweep fills {(hi - lo) / (b - a):.0%}"
+        names = [tr.get("name", "") for tr in fig["data"]]
+        for which in ("predicted", "measured"):
+            assert any(n.startswith(which) and ":" in n for n in names), (name, which, names)
+        if "far=True" in name:
+            assert any("off the plot" in n for n in names), (name, names)
+        dlo, dhi = _data_extent(fig, "y")
+        assert dhi > dlo, name
+        assert "width" not in lay, f"{name}: a fixed width does not fit a phone"

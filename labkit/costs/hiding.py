@@ -34,6 +34,19 @@ multiply); tokens = tokens one rank processes (batch rows * sequence length).
           of attention it can already compute runs (4 (s/cp)^2 h FLOPs): hides once
           s/cp >= kv/h * e/2 * C/bw. The causal mask is not discounted (as costs.flops).
 
+Gradient-reduction dtype (dp, dp_step_time, zero3: `reduce_dtype`, or the bytes `grad_bytes`):
+the bytes a gradient element occupies on the wire. The default is fp32, as the common stacks
+reduce: Megatron-LM's validate_args (megatron/training/arguments.py) sets
+accumulate_allreduce_grads_in_fp32 under --bf16 ("bfloat16 requires gradient accumulation and
+all-reduce to be done in fp32") unless --grad-reduce-in-bf16; torchtitan's
+`training.mixed_precision_reduce` defaults to "float32" (passed to FSDP2's MixedPrecisionPolicy
+as reduce_dtype; left unset, FSDP2 reduces in param_dtype); Llama 3 "reduce-scatter[s] gradients
+in FP32 across data parallel workers in FSDP" ("The Llama 3 Herd of Models", 2024, section 3.3.2);
+DDP all-reduces .grad in the parameters' dtype, fp32 under torch.autocast. bf16 reduction
+(--grad-reduce-in-bf16, reduce_dtype=torch.bfloat16, DDP's bf16_compress_hook) is the opt-in
+that halves the bytes, and so every DP/ZeRO crossover, at the price of summing N ranks'
+gradients with bf16's 8-bit significand.
+
 Overlap is not free: the compute that a collective overlaps runs slower (costs.scaling's
 `slowdown`, OVERLAP_SLOWDOWN on a GPU; Gloo's threads take CPU cores on this machine). The
 crossovers here are where the communication stops fitting; `dp_step_time` gives the step on
@@ -48,6 +61,8 @@ from labkit.costs import comm, scaling
 
 # FLOPs per parameter per token: 2 forward, 4 backward (Kaplan et al. 2020; costs.flops)
 FORWARD_FLOPS, BACKWARD_FLOPS = 2, 4
+# bytes per gradient element on the wire, by reduce dtype (fp32: the stacks' default, see above)
+REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # matmul parameters of one GPT layer in units of h^2: 4h^2 attention + 8h^2 MLP (4h GELU)
 LAYER_H2 = 12
 
@@ -81,51 +96,89 @@ def intensity(flops_per_s: float, bandwidth: float) -> float:
     return flops_per_s / bandwidth
 
 
+def grad_wire_bytes(grad_bytes: float | None = None, reduce_dtype: str = "fp32") -> float:
+    """Bytes per gradient element reduced: grad_bytes when given (it must then agree with a
+    reduce_dtype other than the default), else REDUCE_BYTES[reduce_dtype]."""
+    if reduce_dtype not in REDUCE_BYTES:
+        raise ValueError(f"reduce_dtype={reduce_dtype!r}: one of {sorted(REDUCE_BYTES)}, e.g. "
+                         f"reduce_dtype='fp32' (the default) or 'bf16'")
+    if grad_bytes is None:
+        return REDUCE_BYTES[reduce_dtype]
+    _pos(grad_bytes=grad_bytes)
+    if reduce_dtype != "fp32" and grad_bytes != REDUCE_BYTES[reduce_dtype]:
+        raise ValueError(f"grad_bytes={grad_bytes} disagrees with reduce_dtype={reduce_dtype!r} "
+                         f"({REDUCE_BYTES[reduce_dtype]} bytes); give one of them")
+    return grad_bytes
+
+
 # ----------------------------------------------------------------------------- DP
 def dp(n_params: float, n: int, flops_per_s: float, bandwidth: float, alpha: float = 0.0,
-       grad_bytes: float = 2, n_buckets: int = 1) -> Crossover:
+       grad_bytes: float | None = None, n_buckets: int = 1, *, reduce_dtype: str = "fp32",
+       tail_bytes: float = 0.0) -> Crossover:
     """Tokens per rank in the backward above which DDP's all-reduce hides under it (a step's
-    tokens; under accumulation with no_sync, the last micro-batch's).
+    tokens; under accumulation with no_sync, the last micro-batch's). Only the backward counts:
+    no gradient exists during the forward.
 
     4 P t / C = comm  =>  t* = comm * C / (4 P), comm = n_buckets * 2(N-1) alpha + 2(N-1)/N * P
-    e_g / bw (costs.scaling.comm_time). With alpha = 0: t* = (N-1)/N * e_g/2 * C/bw."""
+    e_g / bw (costs.scaling.comm_time). With alpha = 0: t* = (N-1)/N * e_g/2 * C/bw.
+    e_g: grad_bytes, or reduce_dtype's (default fp32: 4 bytes; "bf16": 2, the opt-in).
+    tail_bytes: the last bucket (the first layers and the embedding, ready when backward ends),
+    whose all-reduce runs after it at any t; its time is terms["tail_s"], exposed in every step
+    (dp_step_time), and not part of the crossover."""
+    e = grad_wire_bytes(grad_bytes, reduce_dtype)
     _pos(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth)
     if n == 1:
         return Crossover("DP", "tokens per rank in the backward", 0.0,
-                         "nothing to all-reduce (N = 1)")
+                         "nothing to all-reduce (N = 1)", {"grad_bytes": e, "tail_s": 0.0})
+    grad_bytes = e
+    tail = comm.ring_allreduce_time(tail_bytes, n, alpha, bandwidth) if tail_bytes else 0.0
     latency = scaling.comm_time(0.0, n, alpha, bandwidth, n_buckets)
     total = scaling.comm_time(n_params * grad_bytes, n, alpha, bandwidth, n_buckets)
     per_token = BACKWARD_FLOPS * n_params / flops_per_s                 # backward s per token
     binds = ("bandwidth: the gradients' bytes" if total - latency >= latency
              else f"latency: {n_buckets} bucket(s) x 2(N-1) alpha")
     return Crossover("DP", "tokens per rank in the backward", total / per_token, binds,
-                     {"comm_s": total, "latency_s": latency, "backward_s_per_token": per_token})
+                     {"comm_s": total, "latency_s": latency, "backward_s_per_token": per_token,
+                      "grad_bytes": e, "tail_s": tail})
 
 
 def dp_step_time(tokens: float, n_params: float, n: int, flops_per_s: float, bandwidth: float,
-                 alpha: float = 0.0, grad_bytes: float = 2, n_buckets: int = 1,
-                 slowdown: float = 0.0) -> dict:
+                 alpha: float = 0.0, grad_bytes: float | None = None, n_buckets: int = 1,
+                 slowdown: float = 0.0, *, reduce_dtype: str = "fp32",
+                 tail_bytes: float = 0.0) -> dict:
     """The predicted DDP step at `tokens` per rank: forward (2P/C a token), then the backward
     with the all-reduce under it; what does not fit is exposed, and the overlapped compute runs
-    `slowdown` slower (costs.scaling.step_time). {forward, backward, comm, exposed, step} s."""
+    `slowdown` slower (costs.scaling.step_time). tail_bytes: the last bucket, all-reduced after
+    the backward, exposed whatever `tokens` (dp's tail). Gradient bytes as dp.
+    {forward, backward, comm, exposed, tail, step} s."""
+    grad_bytes = grad_wire_bytes(grad_bytes, reduce_dtype)
     fwd = FORWARD_FLOPS * n_params * tokens / flops_per_s
     bwd = BACKWARD_FLOPS * n_params * tokens / flops_per_s
     c = scaling.comm_time(n_params * grad_bytes, n, alpha, bandwidth, n_buckets) if n > 1 else 0.0
-    overlap = min(1.0, bwd / c) if c > 0 else 0.0
-    step = fwd + scaling.step_time(bwd, c, n, overlap=overlap, slowdown=slowdown)
-    return {"forward": fwd, "backward": bwd, "comm": c, "exposed": max(0.0, c - bwd),
-            "step": step}
+    tail = comm.ring_allreduce_time(tail_bytes, n, alpha, bandwidth) if n > 1 and tail_bytes \
+        else 0.0
+    tail = min(tail, c)                       # the tail is part of the all-reduce's bytes
+    body = c - tail                           # what can run under the backward
+    overlap = min(1.0, bwd / body) if body > 0 else 0.0
+    step = fwd + scaling.step_time(bwd, body, n, overlap=overlap, slowdown=slowdown) + tail
+    return {"forward": fwd, "backward": bwd, "comm": c, "exposed": max(0.0, body - bwd) + tail,
+            "tail": tail, "step": step}
 
 
 # ----------------------------------------------------------------------------- ZeRO-3
 def zero3(n_params: float, n: int, flops_per_s: float, bandwidth: float, alpha: float = 0.0,
-          weight_bytes: float = 2, grad_bytes: float = 2, n_units: int = 1) -> Crossover:
+          weight_bytes: float = 2, grad_bytes: float | None = None, n_units: int = 1, *,
+          reduce_dtype: str = "fp32") -> Crossover:
     """Tokens per rank per MICRO-batch above which ZeRO-3 / FSDP's traffic hides.
 
     Forward: all-gather of the weights under 2P t/C. Backward: all-gather again + reduce-scatter
     of the gradients under 4P t/C. The larger of the two crossovers binds (with equal 16-bit
     weights and gradients they are equal: (N-1)/N * C/bw). n_units: one gather (and one
-    reduce-scatter) per unit, each paying the ring's (N-1) alpha (as dp's n_buckets)."""
+    reduce-scatter) per unit, each paying the ring's (N-1) alpha (as dp's n_buckets).
+    Gradient bytes e_g as dp (default fp32 reduce, FSDP2's reduce_dtype=torch.float32); with
+    bf16 gathers (p = 2) and alpha = 0 the backward binds at (N-1)/N * (2 + e_g)/4 * C/bw: 1.5
+    (N-1)/N C/bw for fp32 reduction, (N-1)/N C/bw for bf16."""
+    grad_bytes = grad_wire_bytes(grad_bytes, reduce_dtype)
     _pos(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth, n_units=n_units)
     if n == 1:
         return Crossover("ZeRO-3", "tokens per rank per micro-batch", 0.0, "nothing to gather")
@@ -138,7 +191,7 @@ def zero3(n_params: float, n: int, flops_per_s: float, bandwidth: float, alpha: 
              else "backward: all-gather + the gradients' reduce-scatter")
     return Crossover("ZeRO-3", "tokens per rank per micro-batch", max(fwd, bwd), binds,
                      {"all_gather_s": ag, "reduce_scatter_s": rs, "forward_tokens": fwd,
-                      "backward_tokens": bwd})
+                      "backward_tokens": bwd, "grad_bytes": grad_bytes})
 
 
 # ----------------------------------------------------------------------------- TP

@@ -9,7 +9,7 @@ keeps it off `labkit list`.
     fit_keys, slowest_medians, batch_crossovers, verdict    the sweep's numbers
     link_text, ms_columns, found, batch_rows, group_rows,
     crossover_table                                         the report's pieces
-    ratio_figure, rows_figure, mark_crossovers              the figure's
+    ratio_figure, rows_figure, mark_crossovers, log_frame   the figure's
     gpt_parser, parse_gpt, group_parser, add_fit_options,
     sweep_checks, gpt_checks, finish                        the command line
 """
@@ -129,14 +129,19 @@ def found(value, text, extrapolated: bool, over: str) -> str:
 
 def batch_rows(res: dict, route: str, compute: str, traffic: str, equal: str) -> list:
     """A batch sweep's crossover rows (batch_crossovers' keys), in tokens and rows per rank: the
-    FLOP/s route (costs.hiding.<route>), the sweep's `compute` line route, the measured one."""
+    FLOP/s route (costs.hiding.<route>; the labs' models are fp32, so their gradients are reduced
+    in fp32, the common stacks' default), the same with bf16 reduction when res holds
+    "predicted_tokens_bf16_reduce", the sweep's `compute` line route, the measured one."""
     T = res["cfg"]["block_size"]
 
     def tok(v):
         return None if v is None else f"{v:,.0f} tokens = {v / T:.1f} rows"
 
-    return [(f"predicted: alpha-beta + FLOP/s (costs.hiding.{route})",
-             tok(res["predicted_tokens"])),
+    bf16 = ([("  the same with bf16 gradient reduction (the opt-in: half the gradient bytes)",
+              tok(res["predicted_tokens_bf16_reduce"]))]
+            if res.get("predicted_tokens_bf16_reduce") else [])
+    return [(f"predicted: alpha-beta + FLOP/s (costs.hiding.{route}), fp32 gradient reduction",
+             tok(res["predicted_tokens"])), *bf16,
             (f"predicted: alpha-beta + the sweep's {compute} line",
              tok(res["predicted_timed_tokens"]) or f"none: the {compute}'s fixed "
              f"{1e3 * res[f'{compute}_fixed_s']:.0f} ms alone outlasts the {traffic}"),
@@ -162,12 +167,50 @@ def crossover_table(rows, unit: str, title: str) -> str:
     return table(rows, [("crossover", 0), (unit, 1)], title=title)
 
 
-def mark_crossovers(fig, res: dict, keys, label: str = "{name}: {value:,.0f}") -> None:
-    """A dashed vertical line at each (key, name, color) crossover res holds (plotly)."""
+def _positive(fig, letter: str) -> list:
+    """Every positive number the figure's traces hold on axis `letter` ("x" or "y")."""
+    vals = []
+    for tr in fig.data:
+        vals += [float(v) for v in (getattr(tr, letter, None) or ())
+                 if isinstance(v, (int, float)) and v > 0]
+    return vals
+
+
+def log_frame(lo: float, hi: float, pad: float = 0.06) -> list:
+    """A log axis's range, in log10 units as plotly wants it, framing lo..hi with `pad` of the
+    span (at least a tenth of a decade) either side."""
+    a, b = math.log10(lo), math.log10(hi)
+    margin = max(pad * (b - a), 0.1)
+    return [a - margin, b + margin]
+
+
+def mark_crossovers(fig, res: dict, keys, label: str = "{name}: {value:,.0f}",
+                    within: float = 2.0) -> None:
+    """A dashed vertical line at each (key, name, color) crossover res holds, drawn as a trace
+    named in the legend (plotly): an add_vline's annotation_text on a log axis lands at 10**value
+    (plotly places annotations in log10 units but shapes in data units) and its autorange then
+    ran to 1e113, the data in a sliver. The x axis is framed on the data; a crossover up to
+    `within` times the data's log span beyond it widens the frame, one further off is named in
+    the legend as off the plot, so that the data always fill most of the width."""
+    xs, ys = _positive(fig, "x"), _positive(fig, "y")
+    if not xs or not ys:
+        return
+    lo, hi = min(xs), max(xs)
+    span = max(math.log10(hi / lo), 0.5)
+    y0, y1 = min(ys), max(ys)
     for key, name, color in keys:
-        if res[key]:
-            fig.add_vline(x=res[key], line=dict(color=color, dash="dash"),
-                          annotation_text=label.format(name=name, value=res[key]))
+        v = res.get(key)
+        if not v:
+            continue
+        text = label.format(name=name, value=v)
+        near = -within * span <= math.log10(v / lo) <= (1 + within) * span
+        if near:
+            lo, hi = min(lo, v), max(hi, v)
+        else:
+            text += " (off the plot)"
+        fig.add_scatter(x=[v, v], y=[y0, y1], mode="lines", name=text, hoverinfo="name",
+                        line=dict(color=color, dash="dash", width=1.5))
+    fig.update_xaxes(range=log_frame(lo, hi))
 
 
 def rows_figure(res: dict, x: str, label: str, xtitle: str, ytitle: str, title: str):
@@ -182,7 +225,7 @@ def rows_figure(res: dict, x: str, label: str, xtitle: str, ytitle: str, title: 
 
 
 def ratio_figure(x, measured, model, names, res: dict, keys, label: str, xtitle: str,
-                 ytitle: str, title: str, hline: dict, height: int = 420):
+                 ytitle: str, title: str, hline: dict, height: int = 480):
     """comm / compute against the swept size, measured and predicted (names), ratio 1 marked by
     a horizontal line (hline: its style) and the crossovers (mark_crossovers) (plotly)."""
     import plotly.graph_objects as go  # here, not at the top: the CLI never draws
@@ -191,11 +234,20 @@ def ratio_figure(x, measured, model, names, res: dict, keys, label: str, xtitle:
     fig.add_scatter(x=x, y=measured, name=names[0], mode="lines+markers")
     fig.add_scatter(x=x, y=model, mode="lines", name=names[1], line=dict(dash="dot"))
     fig.add_hline(y=1, line=dict(color="gray", **hline))
-    mark_crossovers(fig, res, keys, label)
     fig.update_xaxes(type="log", title=xtitle)
+    mark_crossovers(fig, res, keys, label)
     fig.update_yaxes(type="log", title=ytitle)
-    fig.update_layout(title=title, height=height)
+    phone_layout(fig, title, height)
     return fig
+
+
+def phone_layout(fig, title: str, height: int) -> None:
+    """Title and legend that fit a 390 px phone as well as a notebook: the title broken after
+    its first colon, the legend in rows under the plot (on the right it would take the plot's
+    width), no fixed width (the page sizes the figure)."""
+    fig.update_layout(title=title.replace(": ", ":<br>", 1), height=height, autosize=True,
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+                      margin=dict(l=60, r=20, t=70, b=40))
 
 
 def gpt_parser(name: str, batches: str, rounds: int, rows) -> ArgParser:

@@ -64,15 +64,18 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
                           comm_model=pred["comm"], backward_model=pred["backward"],
                           step_model=pred["step"]))
     flops = hiding.dp(n_params, **link)
+    bf16 = hiding.dp(n_params, **dict(link, grad_bytes=None), reduce_dtype="bf16")
     return {"nproc": nproc, "cfg": cfg, "bucket_mb": bucket_mb, "rounds": rounds,
             "params": n_params, "grad_bytes": r0["grad_bytes"], "buckets": buckets,
             "flops_per_s": rate, **cx.fit_keys(fit), "all_reduce": ar, "steps": steps,
+            "predicted_tokens_bf16_reduce": bf16.value,
             **cx.batch_crossovers(steps, "backward", flops, flops.terms["comm_s"], r0["ran_on"])}
 
 
 def report(res: dict) -> str:
     head = (f"{res['nproc']} ranks, GPT {res['cfg']}, {res['params']:,} parameters, "
-            f"{res['grad_bytes'] / 2**20:.1f} MiB of fp32 gradients in {res['buckets']} buckets; "
+            f"{res['grad_bytes'] / 2**20:.1f} MiB of fp32 gradients (all-reduced in fp32) in "
+            f"{res['buckets']} buckets; "
             f"{ran_on(*res['ran_on'])}; load average {res['load']:.1f}")
     fit = (f"measured: {res['flops_per_s'] / 1e9:.1f} GFLOP/s on the model's matmuls, "
            + cx.link_text(res, "all-reduce"))
@@ -108,13 +111,12 @@ def figure(res: dict):
                             ("step_model", "step (costs.hiding.dp_step_time)", "dot")):
         fig.add_scatter(x=x, y=[1e3 * s[key] for s in res["steps"]], name=name,
                         mode="lines+markers", line=dict(dash=dash))
+    fig.update_xaxes(type="log", title="tokens per rank per step")
     cx.mark_crossovers(fig, res, (("predicted_tokens", "predicted crossover", "black"),
                                   ("measured_tokens", "measured crossover", "firebrick")),
                        "{name}: {value:,.0f} tokens")
-    fig.update_xaxes(type="log", title="tokens per rank per step")
     fig.update_yaxes(type="log", title="ms")
-    fig.update_layout(title=f"DDP on {res['nproc']} ranks: where the all-reduce stops hiding",
-                      height=430)
+    cx.phone_layout(fig, f"DDP on {res['nproc']} ranks: where the all-reduce stops hiding", 480)
     return fig
 
 

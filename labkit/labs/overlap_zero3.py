@@ -58,6 +58,8 @@ def measure(nproc: int = 2, rows=ROWS, cfg=None, rounds: int = 3, sizes_kib=SIZE
     rate = min(r["rate"] for r in per_rank)          # the slowest rank sets the step
     flops = hiding.zero3(n_params, nproc, rate, fit["bandwidth"], fit["alpha"], weight_bytes=e,
                          grad_bytes=e, n_units=units)
+    bf16 = hiding.zero3(n_params, nproc, rate, fit["bandwidth"], fit["alpha"], weight_bytes=e,
+                        n_units=units, reduce_dtype="bf16")
     comm_model = 2 * flops.terms["all_gather_s"] + flops.terms["reduce_scatter_s"]
     steps = []
     for b in rows:
@@ -68,6 +70,7 @@ def measure(nproc: int = 2, rows=ROWS, cfg=None, rounds: int = 3, sizes_kib=SIZE
     return {"nproc": nproc, "cfg": asdict(cfg), "rounds": rounds, "params": n_params,
             "units": units, "param_bytes": r0["param_bytes"], "flops_per_s": rate,
             **cx.fit_keys(fit), "all_gather": ag, "steps": steps, "comm_model_s": comm_model,
+            "predicted_tokens_bf16_reduce": bf16.value,
             **cx.batch_crossovers(steps, "compute", flops, comm_model, r0["ran_on"])}
 
 
@@ -75,7 +78,8 @@ def report(res: dict) -> str:
     T = res["cfg"]["block_size"]
     head = (f"{res['nproc']} ranks, ZeRO-3 with prefetch, GPT n_layer={res['cfg']['n_layer']} "
             f"n_embd={res['cfg']['n_embd']} T={T}, {res['params']:,} parameters "
-            f"({res['param_bytes'] / 2**20:.1f} MiB fp32) in {res['units']} units; "
+            f"({res['param_bytes'] / 2**20:.1f} MiB fp32; gathered and reduce-scattered in fp32) "
+            f"in {res['units']} units; "
             f"{ran_on(*res['ran_on'])}; load average {res['load']:.1f}")
     fit = (f"measured: {res['flops_per_s'] / 1e9:.1f} GFLOP/s on the model's matmuls, "
            f"{cx.link_text(res, 'all-gather')}; 2 gathers + reduce-scatter alone: "
@@ -110,7 +114,7 @@ def figure(res: dict):
         ("collectives busy / compute (measured)", "alpha-beta / (6Pt/C) (predicted)"), res,
         (("predicted_tokens", "predicted", "black"), ("measured_tokens", "measured", "firebrick")),
         "{name}: {value:,.0f}", "tokens per rank per micro-batch", "communication / compute",
-        f"ZeRO-3 on {res['nproc']} ranks: where the gathers stop hiding", dict(dash="dot"), 430)
+        f"ZeRO-3 on {res['nproc']} ranks: where the gathers stop hiding", dict(dash="dot"))
 
 
 def main(argv=()):

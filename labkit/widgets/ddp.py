@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import textwrap
+
 from labkit.costs import scaling
 
 COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "wait": "#BAB0AC",
@@ -33,7 +35,9 @@ def gantt(events, title: str = "one DDP step, per rank"):
                               f"{'comm' if e['lane'] == 'comm' else 'compute'}" for e in events))
     fig.update_layout(barmode="overlay", title=title, xaxis_title="ms since the step began",
                       height=120 + 28 * len(rows), yaxis=dict(categoryorder="array",
-                                                               categoryarray=rows[::-1]))
+                                                               categoryarray=rows[::-1],
+                                                               automargin=True))
+    _fits_a_phone(fig, 60)
     return fig
 
 
@@ -87,6 +91,7 @@ def sweep_figure(rows, predicted=None):
     fig.update_layout(xaxis_type="log", xaxis_title="bucket size (MiB)",
                       yaxis_title="step time (ms)", title="Bucket-size sweep (measured, 2 ranks)",
                       height=420)
+    _fits_a_phone(fig, 60)
     return fig
 
 
@@ -107,6 +112,7 @@ def scaling_figure(compute: float = 100.0, comm: float = 10.0, overlap: float = 
     fig.update_layout(xaxis_type="log", xaxis_title="GPUs (N)", yaxis_title="scaling efficiency",
                       yaxis_range=[0, 1.05], height=380,
                       title=f"compute {compute:g} ms, comm {comm:g} ms per step")
+    _fits_a_phone(fig, 60)
     return fig
 
 
@@ -138,3 +144,13 @@ def calculator():
                          accum=w.IntSlider(value=1, min=1, max=16),
                          slowdown=w.FloatSlider(value=scaling.OVERLAP_SLOWDOWN, min=0, max=0.5,
                                                 step=0.01, description="slowdown s"))
+
+
+def _fits_a_phone(fig, extra_height: int = 0) -> None:
+    """A 390 px phone as well as a notebook: the legend in rows at the foot of the figure (on the
+    right it takes half a phone's width from the plot), the title wrapped at 40 characters, no
+    fixed width (the page sizes the figure)."""
+    title = fig.layout.title.text or ""
+    fig.update_layout(title="<br>".join(textwrap.wrap(title, 40)),
+                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0, x=0),
+                      margin=dict(r=20, b=110), height=(fig.layout.height or 450) + extra_height)
