@@ -1,0 +1,138 @@
+"""Forbidden at run time, in the sandbox and on its ranks: while an exercise is checked, every
+function (and every method of every class) of the modules it forbids refuses to run when student
+code is on the stack, however the student reached it: an alias (`from labkit.ddp import
+assign_buckets as mine`), functools.partial, a default argument, importlib with a string.
+
+    with refusing(("labkit.ddp", "labkit.costs.planner:evaluate")):   # a prefix, or module:name
+        fn(x)          # raises Refused if fn reaches labkit.ddp's code
+
+How: the function objects themselves are changed (their __code__ swapped for one that asks who
+is calling), so every reference to them, wherever it was taken, sees the change. A frame is the
+grader's when its file is under labkit, Python's own library or site-packages (TRUSTED); any
+other frame (a notebook cell, a helper file beside it) is the student's. The checker's own rank
+jobs may still call the reference. Not stopped: code that rewrites the interpreter's state
+itself (restores __code__, compiles its code under a labkit file name) or copies the reference's
+source; the judge compares results, so such an answer must still compute right ones.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import sysconfig
+import types
+
+MARK = "[refused]"       # what labkit.check.refusal looks for in a rank's traceback
+TRUSTED = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                 *(os.path.abspath(p) + os.sep for k, p in sysconfig.get_paths().items()
+                   if k in ("stdlib", "platstdlib", "purelib", "platlib"))})
+_originals: dict = {}    # key -> the function as it was, called when the grader calls
+
+
+class Refused(RuntimeError):
+    def __init__(self, reason: str):
+        super().__init__(f"{MARK} {reason}")
+        self.reason = reason
+
+
+def student_on_stack() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(TRUSTED) or name.startswith("<frozen")
+                or name.startswith(_JUDGE)):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_JUDGE = os.environ.get("LABKIT_JUDGE_LABKIT", os.sep + "nonexistent" + os.sep)
+
+
+def _refuse_or_call(key, args, kwargs):
+    if student_on_stack():
+        raise Refused(f"{key} was called from your code: this exercise forbids it (write it "
+                      f"yourself)")
+    return _originals[key](*args, **kwargs)
+
+
+def _swapped(fn: types.FunctionType, key: str) -> types.CodeType:
+    """A code object with fn's free variables that calls _refuse_or_call(key, ...)."""
+    free = fn.__code__.co_freevars
+    touch = f"        ({', '.join(free)},)\n" if free else ""
+    source = (f"def _make({', '.join(free)}):\n"
+              f"    def {fn.__code__.co_name}(*args, **kwargs):\n{touch}"
+              f"        return __labkit_refuse_or_call__({key!r}, args, kwargs)\n"
+              f"    return {fn.__code__.co_name}\n")
+    namespace: dict = {}
+    exec(compile(source, "<labkit guard>", "exec"), namespace)   # noqa: S102 - our own template
+    code = namespace["_make"].__code__.co_consts
+    inner = next(c for c in code if isinstance(c, types.CodeType))
+    return inner.replace(co_filename=fn.__code__.co_filename)
+
+
+def _targets(spec: str):
+    """(key, function) of every function a spec names."""
+    if ":" in spec:
+        module, name = spec.split(":", 1)
+        with contextlib.suppress(ImportError):
+            obj = getattr(importlib.import_module(module), name, None)
+            yield from _of(obj, f"{module}.{name}")
+        return
+    with contextlib.suppress(ImportError):
+        importlib.import_module(spec)
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not (mod_name == spec or mod_name.startswith(spec + ".")):
+            continue
+        for name, obj in list(vars(mod).items()):
+            if getattr(obj, "__module__", None) == mod_name:
+                yield from _of(obj, f"{mod_name}.{name}")
+
+
+def _of(obj, key: str):
+    if isinstance(obj, types.FunctionType):
+        yield key, obj
+    elif isinstance(obj, type):
+        for name, v in list(vars(obj).items()):
+            if isinstance(v, (staticmethod, classmethod)):
+                v = v.__func__
+            elif isinstance(v, property):
+                v = v.fget
+            if isinstance(v, types.FunctionType):
+                yield f"{key}.{name}", v
+
+
+@contextlib.contextmanager
+def refusing(specs):
+    """While the block runs, the functions of `specs` refuse student callers."""
+    swapped = []
+    for spec in specs:
+        for key, fn in _targets(spec):
+            if key in _originals or fn.__code__.co_filename == "<labkit guard>":
+                continue
+            copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                                      fn.__closure__)
+            copy.__kwdefaults__ = fn.__kwdefaults__
+            _originals[key] = copy
+            fn.__globals__["__labkit_refuse_or_call__"] = _refuse_or_call
+            old = fn.__code__
+            try:
+                fn.__code__ = _swapped(fn, key)
+            except (ValueError, SyntaxError):
+                _originals.pop(key)
+                continue
+            swapped.append((key, fn, old))
+    try:
+        yield
+    finally:
+        for key, fn, old in swapped:
+            fn.__code__ = old
+            _originals.pop(key, None)
+
+
+def guarded(specs, job, args, kwargs):
+    """A rank's job under the same refusals as the sandbox's (sent by reference: this module is
+    in the submission's copy of labkit)."""
+    with refusing(specs):
+        return job(*args, **kwargs)
