@@ -229,13 +229,19 @@ def answer(request: dict) -> dict:
 def _do(request: dict):
     from labkit.grade import guard  # noqa: PLC0415 - the copy's, in the sandbox only
     op = request["op"]
-    with guard.refusing(request.get("guard") or ()):
+    specs = tuple(request.get("guard") or ())
+    answers = {id(v) for a in ANSWERS.values() for v in a["given"].values()}
+    if op in ("call", "launch"):
+        guard.refuse_answers([o for o in objects_in((request.get("target"), request.get("args"),
+                                                     request.get("kwargs"))) if id(o) in answers],
+                             specs)
+    with guard.refusing(specs):
         if op == "call":
             return request["target"](*request["args"], **request["kwargs"])
         if op == "launch":
             from labkit.launch import run  # noqa: PLC0415 - torch on demand
             return run(guard.guarded, request["nprocs"],
-                       args=(tuple(request.get("guard") or ()), request["job"],
+                       args=(specs, request["job"],
                              request["args"], request["kwargs"]),
                        timeout=request["timeout"], echo=False)
     if op == "source":

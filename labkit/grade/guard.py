@@ -17,6 +17,7 @@ source; the judge compares results, so such an answer must still compute right o
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -129,6 +130,29 @@ def refusing(specs):
         for key, fn, old in swapped:
             fn.__code__ = old
             _originals.pop(key, None)
+
+
+def _matches(module: str, name: str, specs) -> bool:
+    for spec in specs:
+        mod, _, one = spec.partition(":")
+        if (module == mod or module.startswith(mod + ".")) and (not one or one == name):
+            return True
+    return False
+
+
+def refuse_answers(objs, specs) -> None:
+    """Raise Refused if an answer handed in IS what the exercise forbids: the reference itself,
+    a functools.partial of it, a bound method of it, or a class that inherits from it."""
+    for obj in objs:
+        while isinstance(obj, functools.partial):
+            obj = obj.func
+        obj = getattr(obj, "__func__", obj)
+        chain = obj.__mro__ if isinstance(obj, type) else (obj,)
+        for part in chain:
+            module, name = getattr(part, "__module__", None), getattr(part, "__name__", "")
+            if isinstance(module, str) and _matches(module, str(name), specs):
+                raise Refused(f"your answer is {module}.{name} (or built on it): this exercise "
+                              f"forbids it (write it yourself)")
 
 
 def guarded(specs, job, args, kwargs):
