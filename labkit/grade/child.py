@@ -97,7 +97,7 @@ def plain(obj, depth: int = 0, same: dict | None = None):
     """`obj` as data that runs no code when read: exact types only (a float subclass whose
     arithmetic lies is not a float here), tensors detached on the CPU; an object the judge sent
     in, returned as it came, as {"__same__": its place among the arguments}."""
-    import torch   # noqa: PLC0415 - see send()
+    import torch  # noqa: PLC0415 - see send()
     t = type(obj)
     if t in SCALARS:
         return obj

@@ -30,8 +30,8 @@ from labkit.check.answers import REGISTRY
 LABKIT = Path(labkit.__file__).resolve().parent
 # helpers (not checkers, not data) an exercise notebook calls from its chapter's checker module
 SANDBOX_HELPERS = {6: ("split_range",), 1: ("collectives_called",)}
-STUB_INIT = '''"""labkit.check in the grader's sandbox: checker calls hand in answers; nothing is checked
-here (labkit.grade.copy made this stub)."""
+STUB_INIT = '''"""labkit.check in the grader's sandbox: checker calls hand in answers;
+nothing is checked here (labkit.grade.copy made this stub)."""
 from labkit.grade.child import record
 
 
@@ -41,7 +41,8 @@ def stub(exercise, names, params, title):
     checker.__name__ = title
     return checker
 '''
-STUB_CHAPTER = '''"""Chapter {n:02d}'s checkers in the grader's sandbox: each hands its answer in."""
+STUB_CHAPTER = '''"""Chapter {n:02d}'s checkers in the grader's sandbox: each hands its answer
+in."""
 import pickle as _pickle
 from pathlib import Path as _Path
 

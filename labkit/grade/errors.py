@@ -49,7 +49,8 @@ def rebuild(error) -> BaseException:
     if kind == "KeyboardInterrupt":
         return RemoteInterrupt(message, where)
     if kind == "RankError":
-        return RankError(int(error.get("rank") or 0), message, str(error.get("remote_traceback", "")))
+        return RankError(int(error.get("rank") or 0), message,
+                         str(error.get("remote_traceback", "")))
     if kind == "HangError":
         stacks = error.get("stacks") if isinstance(error.get("stacks"), dict) else {}
         notes = error.get("notes") if isinstance(error.get("notes"), dict) else {}

@@ -126,7 +126,8 @@ class Sandbox:
             try:
                 start = self._expect(lambda m: m.get("state") == "start", STARTUP)
                 if start is None:
-                    yield "stop", k + 1, "the sandbox did not start the next cell" + self.last_words()
+                    yield "stop", k + 1, ("the sandbox did not start the next cell"
+                                          + self.last_words())
                     return
                 k = start["cell"] if isinstance(start.get("cell"), int) else k + 1
                 done = self._expect(lambda m: m.get("state") == "done", cell_timeout)
