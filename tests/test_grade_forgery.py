@@ -44,7 +44,9 @@ def test_threads_and_forged_replies_on_the_socket_count_for_nothing(tmp_path):
     graded = _grade(tmp_path, "00_thread", "00_socket")
     row, line = graded["00_thread"]
     assert row["scores"] == ZERO, row
-    assert "not implemented yet" in _said(line) or "not a message" in _said(line), _said(line)
+    # what the forged frames can say is what the answer returned: a wrong answer
+    assert "return a dict of numbers" in _said(line) or "not a message" in _said(line), \
+        _said(line)
     row, line = graded["00_socket"]
     assert row["scores"] == ZERO, row
     assert "exited with status 0 before it replied" in _said(line), _said(line)
@@ -92,7 +94,7 @@ def test_numbers_that_lie_oracles_and_eq_count_for_nothing(tmp_path):
 
 @pytest.mark.full
 def test_patches_env_vars_and_exits_are_named(tmp_path):
-    graded = _grade(tmp_path, "00_patch", "00_exit")
+    graded = _grade(tmp_path, "00_patch", "00_exit", "00_daemon")
     row, line = graded["00_patch"]
     assert row["scores"] == ZERO, row          # its answer is wrong; the patches gain nothing
     assert "never called its checker" in line["failures"], _said(line)
@@ -101,3 +103,6 @@ def test_patches_env_vars_and_exits_are_named(tmp_path):
     assert "the answer called sys.exit(3)" in _said(line), _said(line)
     assert "exited with status 5 (os._exit?)" in line["error"], line["error"]
     assert not Path("/tmp/labkit-forged-grade.json").exists()
+    row, line = graded["00_daemon"]
+    assert row["scores"]["0.1"] == 3, row     # an honest answer, and a process left behind
+    assert "the notebook left 1 process behind, killed: pid" in line["error"], line["error"]

@@ -81,7 +81,7 @@ class Opaque:
         self.type_name, self.text = type_name, text
 
     def __repr__(self) -> str:
-        return self.text
+        return f"<{self.type_name}: {self.text}>"
 
     def __eq__(self, other):
         return False

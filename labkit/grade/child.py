@@ -262,6 +262,8 @@ def _error(err: BaseException) -> dict:
     out = {"type": type(err).__name__, "message": _text(err)[:4000],
            "traceback": "".join(traceback.format_exception(err))[-6000:],
            "stop": isinstance(err, (SystemExit, KeyboardInterrupt)), "where": _where(err)}
+    if isinstance(err, SystemExit):
+        out["code"] = plain(err.code)
     for key in ("rank", "remote_traceback", "stacks", "notes", "reason"):
         if hasattr(err, key):
             out[key] = plain(getattr(err, key))

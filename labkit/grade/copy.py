@@ -9,7 +9,8 @@ from the same bytes), except labkit.check: in its place a stub (`labkit/check/__
 `chNN` module per chapter) whose checker functions hand their answers to the sandbox
 (labkit.grade.child.record), with the data the exercises show the reader (the case tables, the
 scenarios) and the few helpers they call (SANDBOX_HELPERS), and the two source readers
-(source.py, forbidden.py). No checker, no oracle, no solution is in it. Files are made read-only
+(source.py, forbidden.py, and answers.py, the registry they import). No checker, no oracle, no
+solution is in it. Files are made read-only
 (a student running as the grader's user can make them writable again: the copy is this
 submission's only, and thrown away after it).
 """
@@ -60,7 +61,7 @@ def make(chapter: int) -> Path:
     check = root / "labkit" / "check"
     check.mkdir()
     (check / "__init__.py").write_text(STUB_INIT)
-    for name in ("source.py", "forbidden.py"):
+    for name in ("answers.py", "source.py", "forbidden.py"):
         shutil.copy2(LABKIT / "check" / name, check / name)
     _chapter(check / f"ch{chapter:02d}", chapter)
     for path in sorted(root.rglob("*"), reverse=True):

@@ -45,7 +45,8 @@ def rebuild(error) -> BaseException:
     kind, message = str(error.get("type", "Error")), str(error.get("message", ""))
     where = str(error.get("where", ""))
     if kind == "SystemExit":
-        return RemoteExit(None if message in ("", "None") else message, where)
+        code = error.get("code")
+        return RemoteExit(code if type(code) in (int, str, type(None)) else message, where)
     if kind == "KeyboardInterrupt":
         return RemoteInterrupt(message, where)
     if kind == "RankError":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import importlib
 import io
 import os
 import resource
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import cloudpickle
@@ -318,6 +320,11 @@ class _Pickler(cloudpickle.Pickler):
 
     def persistent_id(self, obj):
         return obj.ref if isinstance(obj, Remote) else None
+
+    def reducer_override(self, obj):
+        if isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType:
+            return importlib.import_module, (obj.__name__,)   # torch's config modules, by name
+        return super().reducer_override(obj)
 
 
 def _load(data: bytes):
