@@ -70,6 +70,8 @@ class _Unpickler(pickle.Unpickler):
     """The judge's requests: its own objects, and references to the answers handed in."""
 
     def persistent_load(self, pid):
+        if pid == ("none",):   # the judge's own link to this sandbox: nothing here
+            return None
         _, exercise, name = pid
         return ANSWERS[exercise]["given"][name]
 
