@@ -132,6 +132,15 @@ class Checker:
             return link.launch(fn, nprocs, args, kwargs, timeout=timeout)
         return run(fn, nprocs, args, kwargs, timeout=timeout, echo=False)
 
+    def here(self, job, *args, **kwargs):
+        """job(*args, **kwargs) where the answer lives: in this process, or under the grader in
+        the sandbox (labkit.grade), which sends back plain data. For a check that must call the
+        answer and read what it did in one process (a random state captured, then restored)."""
+        link = active()
+        if link is not None:
+            return link.here(job, args, kwargs)
+        return job(*args, **kwargs)
+
     def cases_on_one_launch(self, label: str, checks, launch) -> None:
         """Several named checks graded on ONE launch's results (one launch per world size keeps
         a checker quick): `launch()` runs inside the first case; if it fails, every case of this

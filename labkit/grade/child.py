@@ -21,6 +21,7 @@ An object that is none of these arrives as {"__opaque__": type name, "repr": tex
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
@@ -119,9 +120,20 @@ def plain(obj, depth: int = 0, same: dict | None = None):
         return obj
     if t is torch.Size:
         return tuple(int(x) for x in obj)
+    if dataclasses.is_dataclass(obj) and _labkits(t):    # labkit's own records (an Action)
+        return {"__labkit__": f"{t.__module__}:{t.__qualname__}",
+                "fields": {f.name: plain(getattr(obj, f.name), depth + 1, same)
+                           for f in dataclasses.fields(obj)}}
     if getattr(t, "__module__", "") == "numpy" and hasattr(obj, "item"):
         return plain(obj.item(), depth + 1)     # numpy's own scalar types (a subclass is not)
     return _opaque(obj)
+
+
+def _labkits(t) -> bool:
+    """A type of labkit's (not the student's, not a subclass of one: its exact module's)."""
+    module = sys.modules.get(getattr(t, "__module__", ""))
+    return (t.__module__.startswith("labkit.") and not t.__module__.startswith("labkit.check")
+            and getattr(module, t.__qualname__, None) is t)
 
 
 def _opaque(obj, why: str = "") -> dict:
@@ -240,6 +252,8 @@ def _do(request: dict):
     with guard.refusing(specs):
         if op == "call":
             return request["target"](*request["args"], **request["kwargs"])
+        if op == "here":
+            return request["job"](*request["args"], **request["kwargs"])
         if op == "launch":
             from labkit.launch import run  # noqa: PLC0415 - torch on demand
             return run(guard.guarded, request["nprocs"],
