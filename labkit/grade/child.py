@@ -54,7 +54,11 @@ def receive(sock):
     magic, size = HEADER.unpack(head)
     if magic != MAGIC:
         raise EOFError("the judge's channel is out of step")
-    return _Unpickler(io.BytesIO(_exactly(sock, size))).load()
+    outer = pickle.loads(_exactly(sock, size))   # {"id", "body"}: the judge's plain envelope
+    try:
+        return _Unpickler(io.BytesIO(outer["body"])).load()
+    except Exception as err:  # noqa: BLE001 - a request this copy cannot read: said, not fatal
+        return {"op": "unreadable", "id": outer.get("id"), "why": f"{type(err).__name__}: {err}"}
 
 
 def _exactly(sock, n: int) -> bytes:
@@ -221,6 +225,10 @@ def serve(sock) -> None:
                 share_zygote()
                 while (request := receive(sock)).get("op") != "end":
                     send(sock, answer(request))
+            except BaseException:  # noqa: BLE001 - said in the log, the judge's last words
+                traceback.print_exc(file=sys.__stderr__)
+                sys.__stderr__.flush()
+                os._exit(3)
             finally:
                 os._exit(0)
         send(sock, {"forked": pid})
@@ -271,6 +279,9 @@ def _do(request: dict):
                                         set(request["names"]))
     if op == "attr":
         return getattr(request["target"], request["name"])
+    if op == "unreadable":
+        raise RuntimeError(f"the sandbox could not read the checker's request ({request['why']}):"
+                           f" please report")
     raise ValueError(f"unknown request {op!r}")
 
 

@@ -1,18 +1,20 @@
 """Forbidden at run time, in the sandbox and on its ranks: while an exercise is checked, every
 function (and every method of every class) of the modules it forbids refuses to run when student
-code is on the stack, however the student reached it: an alias (`from labkit.ddp import
+code calls it, however the student reached it: an alias (`from labkit.ddp import
 assign_buckets as mine`), functools.partial, a default argument, importlib with a string.
 
     with refusing(("labkit.ddp", "labkit.costs.planner:evaluate")):   # a prefix, or module:name
         fn(x)          # raises Refused if fn reaches labkit.ddp's code
 
 How: the function objects themselves are changed (their __code__ swapped for one that asks who
-is calling), so every reference to them, wherever it was taken, sees the change. A frame is the
-grader's when its file is under labkit, Python's own library or site-packages (TRUSTED); any
-other frame (a notebook cell, a helper file beside it) is the student's. The checker's own rank
-jobs may still call the reference. Not stopped: code that rewrites the interpreter's state
-itself (restores __code__, compiles its code under a labkit file name) or copies the reference's
-source; the judge compares results, so such an answer must still compute right ones.
+is calling), so every reference to them, wherever it was taken, sees the change. Who calls
+decides: the first frame up the stack outside Python's own library (threading, functools); a
+notebook cell or a file beside it is the student's, labkit and site-packages are the grader's,
+so the checker's own rank jobs (and its callbacks that the student's code calls) still use the
+reference. Not stopped: a guarded function handed to torch as a hook (torch calls it), code
+that rewrites the interpreter's state itself (restores __code__, compiles its code under a
+labkit file name) or copies the reference's source; the judge compares results, so such an
+answer must still compute right ones.
 """
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ import sysconfig
 import types
 
 MARK = "[refused]"       # what labkit.check.refusal looks for in a rank's traceback
-TRUSTED = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-                 *(os.path.abspath(p) + os.sep for k, p in sysconfig.get_paths().items()
-                   if k in ("stdlib", "platstdlib", "purelib", "platlib"))})
+_PATHS = sysconfig.get_paths()
+SITE = tuple({os.path.abspath(_PATHS[k]) + os.sep for k in ("purelib", "platlib")})
+STDLIB = tuple({os.path.abspath(_PATHS[k]) + os.sep for k in ("stdlib", "platstdlib")})
+LABKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _originals: dict = {}    # key -> the function as it was, called when the grader calls
 
 
@@ -37,22 +40,24 @@ class Refused(RuntimeError):
         self.reason = reason
 
 
-def student_on_stack() -> bool:
-    frame = sys._getframe(2)
+def student_calls() -> bool:
+    """Whether the code calling a guarded function is the student's: the first frame up the
+    stack that is not Python's own library (threading, functools) decides; labkit's (the
+    sandbox's copy, or a checker's job sent by the judge) and site-packages' are the grader's."""
+    judge = os.environ.get("LABKIT_JUDGE_LABKIT") or LABKIT
+    frame = sys._getframe(3)   # 0: here, 1: _refuse_or_call, 2: the guarded function itself
     while frame is not None:
         name = frame.f_code.co_filename
-        if not (name.startswith(TRUSTED) or name.startswith("<frozen")
-                or name.startswith(_JUDGE)):
+        if name.startswith(SITE + (LABKIT, judge)):
+            return False
+        if not (name.startswith(STDLIB) or name.startswith("<frozen")):
             return True
         frame = frame.f_back
-    return False
-
-
-_JUDGE = os.environ.get("LABKIT_JUDGE_LABKIT", os.sep + "nonexistent" + os.sep)
+    return True
 
 
 def _refuse_or_call(key, args, kwargs):
-    if student_on_stack():
+    if student_calls():
         raise Refused(f"{key} was called from your code: this exercise forbids it (write it "
                       f"yourself)")
     return _originals[key](*args, **kwargs)

@@ -26,6 +26,7 @@ import functools
 import importlib
 import io
 import os
+import pickle
 import resource
 import select
 import signal
@@ -93,7 +94,7 @@ class Sandbox:
         buf = io.BytesIO()
         with grader_copy.by_value():
             _Pickler(buf).dump(message)
-        data = buf.getvalue()
+        data = pickle.dumps({"id": message.get("id"), "body": buf.getvalue()})
         self.sock.sendall(HEADER.pack(MAGIC, len(data)) + data)
 
     def read(self, timeout: float):
@@ -202,6 +203,9 @@ class Sandbox:
             if p.pid in mine:
                 continue
             with contextlib.suppress(psutil.Error):
+                if p.status() == psutil.STATUS_ZOMBIE:   # exited already: only reaped
+                    procs.append(p)
+                    continue
                 cmd = " ".join(p.cmdline())[:120]
                 if not any(marker in cmd for marker in LAUNCHER):
                     left.append(f"pid {p.pid} ({cmd})")
@@ -292,7 +296,7 @@ class Link:
         if isinstance(code, int) and code < 0:
             return f"the answer's process was killed by {_signal(-code)}" + self.box.last_words()
         return (f"the answer's process exited with status {code} before it replied "
-                f"(os._exit({code}) in the answer? a crash?)")
+                f"(os._exit({code}) in the answer? a crash?){self.box.last_words()}")
 
     def call(self, remote: Remote, args, kwargs):
         args, kwargs = tuple(args), dict(kwargs)
