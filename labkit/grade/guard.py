@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.abc
 import os
 import sys
 import sysconfig
@@ -31,6 +32,7 @@ _PATHS = sysconfig.get_paths()
 SITE = tuple({os.path.abspath(_PATHS[k]) + os.sep for k in ("purelib", "platlib")})
 STDLIB = tuple({os.path.abspath(_PATHS[k]) + os.sep for k in ("stdlib", "platstdlib")})
 LABKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_active: list = []      # (key, function, its own code) swapped now, nested blocks included
 _originals: dict = {}    # key -> the function as it was, called when the grader calls
 
 
@@ -86,14 +88,44 @@ def _targets(spec: str):
             obj = getattr(importlib.import_module(module), name, None)
             yield from _of(obj, f"{module}.{name}")
         return
-    with contextlib.suppress(ImportError):
-        importlib.import_module(spec)
+    if spec.startswith("labkit."):   # cheap to import; torch's are refused once imported
+        with contextlib.suppress(ImportError):
+            importlib.import_module(spec)
     for mod_name, mod in list(sys.modules.items()):
-        if mod is None or not (mod_name == spec or mod_name.startswith(spec + ".")):
-            continue
-        for name, obj in list(vars(mod).items()):
-            if getattr(obj, "__module__", None) == mod_name:
-                yield from _of(obj, f"{mod_name}.{name}")
+        if mod is not None and (mod_name == spec or mod_name.startswith(spec + ".")):
+            yield from _in_module(mod)
+
+
+def _in_module(mod):
+    for name, obj in list(vars(mod).items()):
+        if getattr(obj, "__module__", None) == mod.__name__:
+            yield from _of(obj, f"{mod.__name__}.{name}")
+
+
+class _Later(importlib.abc.MetaPathFinder):
+    """A forbidden module imported while the block runs is guarded as soon as it has run."""
+
+    def __init__(self, specs, guard_module):
+        self.prefixes = tuple(sp.partition(":")[0] for sp in specs if ":" not in sp)
+        self.guard_module = guard_module
+
+    def find_spec(self, name, path, target=None):
+        if not any(name == p or name.startswith(p + ".") for p in self.prefixes):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            found = finder.find_spec(name, path, target)
+            if found is not None and found.loader is not None and \
+                    hasattr(found.loader, "exec_module"):
+                run = found.loader.exec_module
+
+                def exec_module(module, run=run):
+                    run(module)
+                    self.guard_module(module)
+                found.loader.exec_module = exec_module
+                return found
+        return None
 
 
 def _of(obj, key: str):
@@ -105,18 +137,21 @@ def _of(obj, key: str):
                 v = v.__func__
             elif isinstance(v, property):
                 v = v.fget
-            if isinstance(v, types.FunctionType):
+            # the class's own methods only: an Enum's __new__ is enum.Enum's, not the module's
+            if isinstance(v, types.FunctionType) and v.__module__ == obj.__module__:
                 yield f"{key}.{name}", v
 
 
 @contextlib.contextmanager
 def refusing(specs):
     """While the block runs, the functions of `specs` refuse student callers."""
-    swapped = []
-    for spec in specs:
-        for key, fn in _targets(spec):
-            if key in _originals or fn.__code__.co_filename == "<labkit guard>":
+    swapped, done = [], {id(fn) for _, fn, _ in _active}
+
+    def swap(targets):
+        for key, fn in targets:
+            if key in _originals or id(fn) in done:
                 continue
+            done.add(id(fn))
             copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
                                       fn.__closure__)
             copy.__kwdefaults__ = fn.__kwdefaults__
@@ -125,16 +160,26 @@ def refusing(specs):
             old = fn.__code__
             try:
                 fn.__code__ = _swapped(fn, key)
-            except (ValueError, SyntaxError):
+            except Exception:  # noqa: BLE001 - a function this cannot swap stays as it is
                 _originals.pop(key)
                 continue
             swapped.append((key, fn, old))
+            _active.append((key, fn, old))
+
+    for spec in specs:
+        swap(_targets(spec))
+    later = _Later(specs, lambda module: swap(_in_module(module)))
+    sys.meta_path.insert(0, later)
     try:
         yield
     finally:
-        for key, fn, old in swapped:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(later)
+        for key, fn, old in reversed(swapped):
             fn.__code__ = old
             _originals.pop(key, None)
+        keep = {id(fn) for _, fn, _ in swapped}
+        _active[:] = [entry for entry in _active if id(entry[1]) not in keep]
 
 
 def _matches(module: str, name: str, specs) -> bool:
