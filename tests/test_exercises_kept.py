@@ -101,3 +101,9 @@ def test_from_the_wrong_folder_it_says_where_to_run_it(tmp_path):
     out = _labkit(cwd=tmp_path)
     assert out.returncode != 0
     assert "no notebooks in" in out.stderr and "--solutions PATH" in out.stderr, out.stderr
+
+
+def test_traces_go_beside_the_notebook_by_default(tmp_path):
+    from labkit.profiling.folder import beside   # the library default chapter 02 uses
+    assert beside("ch02", tmp_path) == tmp_path / "traces" / "ch02"
+    assert (tmp_path / "traces" / "ch02").is_dir()
