@@ -99,8 +99,12 @@ class Checker:
                 last = err.remote_traceback.strip().splitlines()[-1]
                 record["message"] = "not implemented yet: " + last
                 self._stop_reason = "skipped: the exercise is not implemented yet"
+            else:
+                self._same_error(record)
         except Exception as err:  # noqa: BLE001 - any other failure of the reader's code
-            record["message"] = f"{type(err).__name__}: {err}"
+            where = "" if getattr(err, "where", None) is not None else _where(err, cells_only=True)
+            record["message"] = f"{type(err).__name__}: {err}{where}"
+            self._same_error(record)
         except SystemExit as err:  # the answer's own exit ends this case, not the checker
             code = "" if err.code is None else repr(err.code)
             record["message"] = f"the answer called sys.exit({code}){_where(err)}"
@@ -110,6 +114,12 @@ class Checker:
             record["stopped"] = True
             self._stop_reason = "skipped after an interrupt"
         record["seconds"] = round(time.perf_counter() - start, 2)
+
+    def _same_error(self, record: dict) -> None:
+        """One bug, one message: the same error twice in a row skips the cases left."""
+        errors = [c for c in self.cases[:-1] if not c["passed"]]
+        if errors and errors[-1]["message"] == record["message"] and self.cases[-2] is errors[-1]:
+            self._stop_reason = "skipped: the same error as the case above (fix it first)"
 
     def refuse(self, reason: str) -> None:
         """Fail every case from here on with `reason` (labkit.check.refusal), launching nothing:
@@ -199,11 +209,14 @@ class Result:
         return f"<Result {self.exercise}: {self.score:g}/{self.points:g}>"
 
 
-def _where(err: BaseException) -> str:
-    """' (Cell In[5], line 6, in predict)': the line that raised, as the reader names it."""
+def _where(err: BaseException, cells_only: bool = False) -> str:
+    """' (Cell In[5], line 6, in predict)': the line that raised, as the reader names it (with
+    cells_only, the last line of a notebook cell the traceback went through, or '')."""
     if getattr(err, "where", ""):   # raised in the grader's sandbox: it says where
         return f" ({err.where})"
     frames = traceback.extract_tb(err.__traceback__)
+    if cells_only:
+        frames = [f for f in frames if cell_name(f.filename)]
     if not frames:
         return ""
     f = frames[-1]
