@@ -38,7 +38,6 @@ import time
 import types
 from pathlib import Path
 
-import cloudpickle
 import psutil
 import torch
 
@@ -46,6 +45,7 @@ from labkit.check.answers import Opaque, Remote
 from labkit.grade import copy as grader_copy
 from labkit.grade.child import DEPTH, HEADER, MAGIC, objects_in
 from labkit.grade.errors import Stopped, rebuild
+from labkit.launch import source as launch_source
 
 MEMORY_LIMIT = 16 << 30     # bytes of address space per sandbox process
 CPU_LIMIT = 3600            # CPU seconds per sandbox process
@@ -325,8 +325,9 @@ class Link:
         return sorted(str(x) for x in found) if isinstance(found, list) else []
 
 
-class _Pickler(cloudpickle.Pickler):
-    """The judge's requests: its own objects by value, the student's by reference."""
+class _Pickler(launch_source._Pickler):
+    """The judge's requests: its own objects by value, keeping their code's file names (so that
+    the guard knows a checker's job from the student's code), the student's by reference."""
 
     def persistent_id(self, obj):
         if isinstance(obj, Remote):
