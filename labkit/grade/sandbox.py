@@ -207,7 +207,7 @@ class Sandbox:
                     procs.append(p)
                     continue
                 cmd = " ".join(p.cmdline())[:120]
-                if not any(marker in cmd for marker in LAUNCHER):
+                if cmd and not any(marker in cmd for marker in LAUNCHER):   # '': exiting
                     left.append(f"pid {p.pid} ({cmd})")
                 p.kill()
                 procs.append(p)
