@@ -12,6 +12,7 @@ page of its own, written for the web (labkit/site_assets/index.md).
 from __future__ import annotations
 
 import json
+import platform
 import re
 import sys
 from pathlib import Path
@@ -135,6 +136,12 @@ def landing_notebook(root: Path, link_ext: str = ".ipynb"):
     nb.metadata["title"] = "Start here"
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
+    # what ipykernel reports when JupyterLab opens the notebook: written now, so that opening it
+    # changes nothing and closing it asks nothing (as the chapters, stamped by a run)
+    nb.metadata["language_info"] = {
+        "codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+        "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+        "pygments_lexer": "ipython3", "version": platform.python_version()}
     return nb
 
 
