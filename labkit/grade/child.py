@@ -21,6 +21,7 @@ An object that is none of these arrives as {"__opaque__": type name, "repr": tex
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import dataclasses
 import importlib
 import inspect
@@ -32,6 +33,7 @@ import socket
 import struct
 import sys
 import traceback
+import types
 
 MAGIC = b"LKSB"
 HEADER = struct.Struct("<4sQ")
@@ -69,6 +71,15 @@ def _exactly(sock, n: int) -> bytes:
             raise EOFError("the judge closed the channel")
         out += chunk
     return bytes(out)
+
+
+def tensor_from(data: bytes, parameter: bool, requires_grad: bool):
+    """A tensor the judge sent (torch.save's bytes: every dtype, fp8 included)."""
+    import torch  # noqa: PLC0415 - see send()
+    t = torch.load(io.BytesIO(data), weights_only=True)
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad) if requires_grad and t.is_floating_point() else t
 
 
 class _Unpickler(pickle.Unpickler):
@@ -264,6 +275,7 @@ def _do(request: dict):
             return request["job"](*request["args"], **request["kwargs"])
         if op == "launch":
             from labkit.launch import run  # noqa: PLC0415 - torch on demand
+            _modules_by_name()
             return run(guard.guarded, request["nprocs"],
                        args=(specs, request["job"],
                              request["args"], request["kwargs"]),
@@ -283,6 +295,18 @@ def _do(request: dict):
         raise RuntimeError(f"the sandbox could not read the checker's request ({request['why']}):"
                            f" please report")
     raise ValueError(f"unknown request {op!r}")
+
+
+def _by_name(module):
+    return importlib.import_module, (module.__name__,)
+
+
+def _modules_by_name() -> None:
+    """torch's config modules (a ModuleType subclass) travel to the ranks by name: cloudpickle
+    sends the submodules a function sent by value names (the judge's rank jobs are such)."""
+    for module in list(sys.modules.values()):
+        if isinstance(module, types.ModuleType) and type(module) is not types.ModuleType:
+            copyreg.pickle(type(module), _by_name)
 
 
 def _error(err: BaseException) -> dict:

@@ -43,7 +43,7 @@ import torch
 
 from labkit.check.answers import Opaque, Remote
 from labkit.grade import copy as grader_copy
-from labkit.grade.child import DEPTH, HEADER, MAGIC, objects_in
+from labkit.grade.child import DEPTH, HEADER, MAGIC, objects_in, tensor_from
 from labkit.grade.errors import Stopped, rebuild
 from labkit.launch import source as launch_source
 
@@ -337,6 +337,11 @@ class _Pickler(launch_source._Pickler):
         return None
 
     def reducer_override(self, obj):
+        if type(obj) in (torch.Tensor, torch.nn.Parameter):   # torch.save's own format: fp8 too
+            buf = io.BytesIO()
+            torch.save(obj.detach(), buf)
+            return tensor_from, (buf.getvalue(), type(obj) is torch.nn.Parameter,
+                                 obj.requires_grad)
         if isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType:
             return importlib.import_module, (obj.__name__,)   # torch's config modules, by name
         return super().reducer_override(obj)
