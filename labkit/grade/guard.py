@@ -88,9 +88,8 @@ def _targets(spec: str):
             obj = getattr(importlib.import_module(module), name, None)
             yield from _of(obj, f"{module}.{name}")
         return
-    if spec.startswith("labkit."):   # cheap to import; torch's are refused once imported
-        with contextlib.suppress(ImportError):
-            importlib.import_module(spec)
+    # nothing is imported here (a checker may look at what the ranks imported): what is not
+    # imported yet is guarded when it is (_Later)
     for mod_name, mod in list(sys.modules.items()):
         if mod is not None and (mod_name == spec or mod_name.startswith(spec + ".")):
             yield from _in_module(mod)
