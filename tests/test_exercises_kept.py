@@ -8,6 +8,7 @@ from pathlib import Path
 import nbformat
 
 from labkit import exercises
+from labkit.profiling.folder import beside   # the trace folder chapter 02 uses
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ["00_why_distribute.ipynb", "08_mixture_of_experts.ipynb"]
@@ -104,6 +105,5 @@ def test_from_the_wrong_folder_it_says_where_to_run_it(tmp_path):
 
 
 def test_traces_go_beside_the_notebook_by_default(tmp_path):
-    from labkit.profiling.folder import beside   # the library default chapter 02 uses
     assert beside("ch02", tmp_path) == tmp_path / "traces" / "ch02"
     assert (tmp_path / "traces" / "ch02").is_dir()

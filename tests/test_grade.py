@@ -37,6 +37,8 @@ def graded(tmp_path_factory):
     nbformat.write(_with_cell_after_first_checker("import time\ntime.sleep(600)  # hangs"),
                    str(sub / f"carol_{NAME}"))
     (sub / f"dave_{NAME}").write_text("{ this is not json")
+    nbformat.write(nbformat.read(str(FIXTURES / "00_partial.ipynb"), as_version=4),
+                   str(sub / f"frank_{NAME}"))
     untouched = nbformat.read(str(FIXTURES / "00_untouched.ipynb"), as_version=4)
     nbformat.write(untouched, str(sub / "erin-homework.ipynb"))  # no chapter in the name
     lines = []
@@ -49,7 +51,9 @@ def test_every_file_gets_a_row_with_the_right_scores(graded):
     rows, _, _ = graded
     assert sorted(rows) == ["alice/00_why_distribute.ipynb", "bob/00_why_distribute.ipynb",
                             "carol_00_why_distribute.ipynb", "dave_00_why_distribute.ipynb",
-                            "erin-homework.ipynb"]
+                            "erin-homework.ipynb", "frank_00_why_distribute.ipynb"]
+    frank = rows["frank_00_why_distribute.ipynb"]      # partial credit: 2 of 5 cases right
+    assert frank["scores"]["0.1"] == 1.2 and "optimizer" in frank["failures"]["0.1"][0], frank
     assert rows["alice/00_why_distribute.ipynb"]["scores"] == ONLY_01
     assert "never called its checker" in rows["alice/00_why_distribute.ipynb"]["failures"]["0.2"][0]
     for crashed in ("bob/00_why_distribute.ipynb", "carol_00_why_distribute.ipynb"):
@@ -75,7 +79,7 @@ def test_csv_and_summary(graded):
     assert all(set(r) >= {"0.1", "0.2", "0.3", "0.4", "total", "possible", "seconds", "failures",
                           "error"} for r in table)
     assert float(table[0]["seconds"]) > 0          # each notebook's grading time, in seconds
-    assert "[5/5] grading" in printed and "stopped early" in printed
+    assert "[6/6] grading" in printed and "stopped early" in printed
     assert "3/12" in printed
 
 
