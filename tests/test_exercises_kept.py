@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 
 from labkit import exercises
-from labkit.profiling.folder import beside   # the trace folder chapter 02 uses
+from labkit.profiling.folder import beside  # the trace folder chapter 02 uses
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ["00_why_distribute.ipynb", "08_mixture_of_experts.ipynb"]
