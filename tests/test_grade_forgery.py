@@ -49,7 +49,8 @@ def test_threads_and_forged_replies_on_the_socket_count_for_nothing(tmp_path):
         _said(line)
     row, line = graded["00_socket"]
     assert row["scores"] == ZERO, row
-    assert "exited with status 0 before it replied" in _said(line), _said(line)
+    assert ("exited with status 0 before it replied" in _said(line)
+            or "the sandbox's channel broke" in _said(line)), _said(line)
 
 
 @pytest.mark.full

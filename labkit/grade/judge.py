@@ -164,12 +164,24 @@ def _not_graded(chapter: int, ex: str, nb, checker, stopped: bool, stops: list) 
     for cell in reversed(found):
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if errors:
-            return (f"not graded: its checker cell, {nbcells.describe(nb, cell)}, raised "
+            said = (f"not graded: its checker cell, {nbcells.describe(nb, cell)}, raised "
                     f"{errors[-1].get('ename')}: {errors[-1].get('evalue', '')[:200]}")
+            return said + _earlier_error(nb, cell)
     if stopped:
         return f"not graded: the notebook stopped before its checker ran ({stops[-1]})"
     return (f"not graded: the notebook never called its checker, "
             f"labkit.check.ch{chapter:02d}.{checker.__name__}")
+
+
+def _earlier_error(nb, cell) -> str:
+    """Where a NameError in a checker cell comes from: the last cell before it that raised."""
+    code = nbcells.code_cells(nb)
+    for before in reversed(code[:code.index(cell)]):
+        errors = [o for o in before.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            return (f" (after {nbcells.describe(nb, before)} raised {errors[-1].get('ename')}: "
+                    f"{errors[-1].get('evalue', '')[:200]})")
+    return ""
 
 
 def _renumber(text: str, nb) -> str:
