@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from labkit.check.answers import Opaque
-from labkit.grade import child, guard, sandbox
+from labkit.grade import guard, link, plain
 from labkit.pipeline.base import F
 
 SPECS = ("labkit.ddp",)
@@ -75,8 +75,8 @@ def test_only_exact_types_cross_and_labkits_records_are_rebuilt():
     sent = {"x": LyingFloat(1.0), "n": 3, "t": torch.ones(2), "act": F(1), "np": 2.5,
             "fp8": torch.ones(2).to(torch.float8_e4m3fn)}
     buf = io.BytesIO()
-    torch.save(child.plain(sent), buf)
-    got = sandbox._unwrap(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    torch.save(plain.plain(sent), buf)
+    got = link._unwrap(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
     assert isinstance(got["x"], Opaque) and type(got["x"]).__name__ == "LyingFloat"
     assert got["x"] != 1.0 and not isinstance(got["x"], float)
     assert type(got["n"]) is int and torch.equal(got["t"], torch.ones(2))
@@ -86,7 +86,7 @@ def test_only_exact_types_cross_and_labkits_records_are_rebuilt():
 def test_a_reply_that_is_not_plain_data_is_no_message():
     buf = io.BytesIO()
     torch.save({"ok": functools.partial(print)}, buf)     # a pickle that names a function
-    assert sandbox._load(buf.getvalue()) == {}
+    assert link._load(buf.getvalue()) == {}
 
 
 def test_the_sandbox_copy_has_no_checker_and_no_oracle():

@@ -91,6 +91,7 @@ class Checker:
             self._stop_reason = "skipped after a hang (fix the hang first)"
         except Refused as err:
             record["message"] = err.reason
+            self._same_error(record)
         except RankError as err:
             record["message"] = _rank_failure(err)
             if reason_in(err.remote_traceback):

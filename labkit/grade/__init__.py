@@ -6,7 +6,9 @@
     folder    the rows, the table, the CSV; a folder searched recursively
     judge     one notebook: its cells run in a sandbox, its answers checked here
     sandbox   the sandbox, seen from the judge: a fresh interpreter, limits, one socket
-    child     the sandbox's side: the cells, then the judge's requests; plain data back
+    link      one exercise's requests from the judge to a fork of the sandbox
+    child     the sandbox's side: the cells, then the judge's requests
+    plain     what crosses back: plain data of exact types, in frames torch.load reads safely
     copy      the read-only copy of labkit each submission gets (labkit.check a stub), and the
               grader's own files, watched and restored
     guard     forbidden at run time: the reference refuses a caller from student code
