@@ -35,8 +35,10 @@ inside the answer (an interrupt also skips the cases left). A stub that still ra
 NotImplementedError fails every case at once. `finish()` prints the table.
 
 Each checker is registered under its exercise id (`@graded("1.3")`, labkit.check.answers): under
-`labkit grade` a checker cell hands in its answer instead, and the grader runs the checker in a
-process of its own; the score is never computed in the student's kernel.
+`labkit grade` the notebook runs in a sandbox where a checker cell only hands its answer in, and
+the grader runs the checker in its own process with handles on the answer (labkit.grade): a call
+of the answer, `launch()` and `here()` run in the sandbox and return plain data; the cases are
+judged here.
 """
 from __future__ import annotations
 
