@@ -85,8 +85,9 @@ def test_forbidden_means_forbidden_at_run_time(tmp_path):
 
 @pytest.mark.full
 def test_numbers_that_lie_oracles_and_eq_count_for_nothing(tmp_path):
-    graded = _grade(tmp_path, "00_lies", "00_oracle", "00_eq", "00_swallow")
+    graded = _grade(tmp_path, "00_lies", "00_oracle", "00_costs", "00_eq", "00_swallow")
     for name, why in [("00_lies", "LyingFloat"), ("00_oracle", "ModuleNotFoundError"),
+                      ("00_costs", "was called from your code"),
                       ("00_eq", "return a dict of numbers"), ("00_swallow", "predicted 0 B")]:
         row, line = graded[name]
         assert row["scores"] == ZERO, (name, row)
