@@ -44,9 +44,10 @@ def test_threads_and_forged_replies_on_the_socket_count_for_nothing(tmp_path):
     graded = _grade(tmp_path, "00_thread", "00_socket")
     row, line = graded["00_thread"]
     assert row["scores"] == ZERO, row
-    # what the forged frames can say is what the answer returned: a wrong answer
-    assert "return a dict of numbers" in _said(line) or "not a message" in _said(line), \
-        _said(line)
+    # the real reply (a stub) or a forged frame, whichever arrives first: a forged frame can only
+    # say what the answer returned, a wrong answer; a garbled stream breaks the channel
+    assert any(why in _said(line) for why in ("not implemented yet", "return a dict of numbers",
+                                                "channel broke")), _said(line)
     row, line = graded["00_socket"]
     assert row["scores"] == ZERO, row
     assert ("exited with status 0 before it replied" in _said(line)
