@@ -49,10 +49,11 @@ TAIL = 4096                 # bytes of the log kept for a death's reason
 LAUNCHER = ("labkit/launch/zygote.py", "labkit.launch")   # the sandbox's own ranks: not reported
 
 
-def adopt_orphans() -> None:
-    """Make this process the reaper of its descendants' orphans (Linux; elsewhere nothing)."""
+def adopt_orphans(on: bool = True) -> None:
+    """Make this process the reaper of its descendants' orphans while a sandbox lives (Linux;
+    elsewhere nothing); off again once it is closed, so the judge adopts nothing else."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+        ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 
 
 def _limits(memory: int | None) -> None:
@@ -211,6 +212,7 @@ class Sandbox:
         for p in procs:   # adopted orphans are this process's children now: reap them
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(p.pid, os.WNOHANG)
+        adopt_orphans(False)
         grader_copy.remove(self.root)
         self.log.close()
         return left
