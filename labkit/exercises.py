@@ -20,11 +20,14 @@ exercises/ is also where the reader writes their answers, so the reader's work i
 overwritten: each generated notebook carries the hash of its generated cells
 (metadata.labkit.generated), and `labkit exercises` replaces a notebook only while its cells still
 hash to that (nobody edited it). A notebook with the reader's edits is kept; the freshly generated
-one goes to exercises/fresh/ (ignored by git) and the command says so.
+one goes to exercises/fresh/ (ignored by git), or, where a fresh copy there has been edited too,
+to a dated folder beside it (exercises/fresh/2026-11-27/), and the command says so. Run from a
+folder without solutions/ it says where to run it.
 """
 from __future__ import annotations
 
 import copy
+import datetime
 import hashlib
 import json
 import re
@@ -135,14 +138,36 @@ def write_notebook(nb, path: Path) -> None:
     nbfile.write(nb, path)  # as JupyterLab saves it, so that opening it is not editing it
 
 
+def fresh_path(exercises: Path, name: str, nb) -> Path:
+    """Where a fresh copy of an edited notebook goes: exercises/fresh/NAME while that is free or
+    an untouched copy of the same; else a dated folder, exercises/fresh/YYYY-MM-DD[-N]/NAME, so
+    that a fresh copy the reader has started to edit is never overwritten either."""
+    first = exercises / FRESH / name
+    if not first.exists() or not edited_by_reader(first) and \
+            cells_hash(nbformat.read(str(first), as_version=4)) == cells_hash(nb):
+        return first
+    day = datetime.date.today().isoformat()
+    for n in range(1, 1000):
+        folder = exercises / FRESH / (day if n == 1 else f"{day}-{n}")
+        if not (folder / name).exists():
+            return folder / name
+    raise SystemExit(f"labkit exercises: {exercises / FRESH} is full of fresh copies of {name}")
+
+
 def generate(solutions: Path = Path("solutions"), exercises: Path = Path("exercises"),
              echo=print) -> list:
     """Write every exercise notebook that is missing or untouched; never one the reader edited
     (its fresh copy goes to exercises/fresh/). Returns the paths written."""
     exercises = Path(exercises)
+    sources = sorted(Path(solutions).glob("*.ipynb"))
+    if not sources:
+        raise SystemExit(f"labkit exercises: no notebooks in {Path(solutions).resolve()}: run it "
+                         f"from the book's folder (the one holding solutions/ and exercises/; "
+                         f"from exercises/, that is `cd ..`), or name the folders: labkit "
+                         f"exercises --solutions PATH --exercises PATH")
     exercises.mkdir(parents=True, exist_ok=True)
     written = []
-    for src in sorted(Path(solutions).glob("*.ipynb")):
+    for src in sources:
         dst = exercises / src.name
         nb = exercise_notebook(src)
         have = nbformat.read(str(dst), as_version=4) if dst.exists() else None
@@ -150,8 +175,8 @@ def generate(solutions: Path = Path("solutions"), exercises: Path = Path("exerci
             if have.metadata.get("labkit", {}).get("generated") == cells_hash(nb):
                 continue   # already what we would write (keep the reader's outputs, if any)
         elif have is not None and edited_by_reader(dst):
-            fresh = exercises / FRESH / src.name
-            fresh.parent.mkdir(exist_ok=True)
+            fresh = fresh_path(exercises, src.name, nb)
+            fresh.parent.mkdir(parents=True, exist_ok=True)
             write_notebook(nb, fresh)
             echo(f"kept {dst}: it has your edits, and labkit never overwrites them. A freshly "
                  f"generated copy is at {fresh}")

@@ -12,6 +12,7 @@ page of its own, written for the web (labkit/site_assets/index.md).
 from __future__ import annotations
 
 import json
+import platform
 import re
 import sys
 from pathlib import Path
@@ -62,11 +63,12 @@ labkit grade exercises/01_collectives.ipynb           # one notebook: a score ta
 labkit grade submissions/ --csv scores.csv            # a folder of students' notebooks
 ```
 
-Under `labkit grade` a notebook only hands in its answers: every score is computed in the
-grader's own processes, so nothing a notebook writes, patches or prints can raise it. Every
-stop (an exception, `sys.exit`, a dead kernel, a hang) is named with its cell, and the other
-exercises are graded all the same. Grading runs the submitted code with your privileges:
-grade untrusted submissions inside a container or VM.
+Under `labkit grade` the notebook runs again in a sandbox and only hands in its answers: the
+checkers run in the grader's own process, which calls your functions in the sandbox and gets
+plain data back, so nothing a notebook writes, patches or prints can raise a score. Every stop
+(an exception, `sys.exit`, a dead sandbox, a hang) is named with its cell, and the other
+exercises are graded all the same. The sandbox runs as your user: an instructor withholds
+`solutions/` and grades each submission in its own copy (docs/grading.md).
 """
 
 
@@ -135,6 +137,12 @@ def landing_notebook(root: Path, link_ext: str = ".ipynb"):
     nb.metadata["title"] = "Start here"
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
+    # what ipykernel reports when JupyterLab opens the notebook: written now, so that opening it
+    # changes nothing and closing it asks nothing (as the chapters, stamped by a run)
+    nb.metadata["language_info"] = {
+        "codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+        "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+        "pygments_lexer": "ipython3", "version": platform.python_version()}
     return nb
 
 

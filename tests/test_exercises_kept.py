@@ -8,6 +8,7 @@ from pathlib import Path
 import nbformat
 
 from labkit import exercises
+from labkit.profiling.folder import beside  # the trace folder chapter 02 uses
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ["00_why_distribute.ipynb", "08_mixture_of_experts.ipynb"]
@@ -75,3 +76,34 @@ def test_a_notebook_run_and_saved_but_not_edited_is_not_the_readers_work(tmp_pat
     code.execution_count, code.outputs = 1, [nbformat.v4.new_output("stream", text="hi\n")]
     nbformat.write(nb, str(path))
     assert not exercises.edited_by_reader(path)
+
+
+def test_an_edited_fresh_copy_is_kept_too_and_the_next_goes_to_a_dated_folder(tmp_path):
+    root = _tree(tmp_path)
+    for path in (root / "exercises" / NAMES[1],):
+        nb = nbformat.read(str(path), as_version=4)
+        nb.cells.append(nbformat.v4.new_code_cell("mine = 1"))
+        nbformat.write(nb, str(path))
+    exercises.generate(root / "solutions", root / "exercises", echo=lambda *a: None)
+    fresh = root / "exercises" / "fresh" / NAMES[1]
+    nb = nbformat.read(str(fresh), as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("also mine = 2"))   # the reader works there too
+    nbformat.write(nb, str(fresh))
+    before = fresh.read_bytes()
+    said = []
+    written = exercises.generate(root / "solutions", root / "exercises", echo=said.append)
+    assert fresh.read_bytes() == before                        # never overwritten
+    dated = [p for p in written if p.parent.parent.name == "fresh"]
+    assert len(dated) == 1 and dated[0].name == NAMES[1], written
+    assert not exercises.edited_by_reader(dated[0]) and str(dated[0]) in said[0]
+
+
+def test_from_the_wrong_folder_it_says_where_to_run_it(tmp_path):
+    out = _labkit(cwd=tmp_path)
+    assert out.returncode != 0
+    assert "no notebooks in" in out.stderr and "--solutions PATH" in out.stderr, out.stderr
+
+
+def test_traces_go_beside_the_notebook_by_default(tmp_path):
+    assert beside("ch02", tmp_path) == tmp_path / "traces" / "ch02"
+    assert (tmp_path / "traces" / "ch02").is_dir()

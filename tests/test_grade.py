@@ -1,5 +1,6 @@
 """An instructor grades a folder: one row per student file, one column per exercise; a notebook
-that crashes or hangs scores zero for what it had not reached, and the rest are still graded."""
+that crashes or hangs scores zero for what it had not reached, and the rest are still graded.
+The notebooks are small fixtures (tests/fixtures/grading), not the chapter's."""
 import csv
 import subprocess
 import sys
@@ -11,12 +12,15 @@ import pytest
 from labkit.grade import chapter_of_submission, grade
 
 ROOT = Path(__file__).resolve().parent.parent
-SOLUTION = ROOT / "solutions" / "00_why_distribute.ipynb"
+FIXTURES = ROOT / "tests" / "fixtures" / "grading"
+HONEST = FIXTURES / "00_honest.ipynb"      # exercise 0.1 answered, the others never called
+NAME = "00_why_distribute.ipynb"
+ONLY_01 = {"0.1": 3, "0.2": 0, "0.3": 0, "0.4": 0}
 
 
 def _with_cell_after_first_checker(code: str) -> nbformat.NotebookNode:
-    """The chapter 00 solution with `code` inserted right after the checker of exercise 0.1."""
-    nb = nbformat.read(str(SOLUTION), as_version=4)
+    """The honest fixture with `code` inserted right after the checker of exercise 0.1."""
+    nb = nbformat.read(str(HONEST), as_version=4)
     at = next(i for i, c in enumerate(nb.cells) if "ch00.state_bytes(" in c.source)
     nb.cells.insert(at + 1, nbformat.v4.new_code_cell(code))
     return nb
@@ -27,13 +31,15 @@ def graded(tmp_path_factory):
     sub = tmp_path_factory.mktemp("submissions")
     (sub / "alice").mkdir()
     (sub / "bob").mkdir()
-    nbformat.write(nbformat.read(str(SOLUTION), as_version=4), str(sub / "alice" / SOLUTION.name))
-    nbformat.write(_with_cell_after_first_checker("import os\nos._exit(1)  # the kernel dies"),
-                   str(sub / "bob" / SOLUTION.name))
+    nbformat.write(nbformat.read(str(HONEST), as_version=4), str(sub / "alice" / NAME))
+    nbformat.write(_with_cell_after_first_checker("import os\nos._exit(1)  # the sandbox dies"),
+                   str(sub / "bob" / NAME))
     nbformat.write(_with_cell_after_first_checker("import time\ntime.sleep(600)  # hangs"),
-                   str(sub / "carol_00_why_distribute.ipynb"))
-    (sub / "dave_00_why_distribute.ipynb").write_text("{ this is not json")
-    untouched = nbformat.read(str(ROOT / "exercises" / SOLUTION.name), as_version=4)
+                   str(sub / f"carol_{NAME}"))
+    (sub / f"dave_{NAME}").write_text("{ this is not json")
+    nbformat.write(nbformat.read(str(FIXTURES / "00_partial.ipynb"), as_version=4),
+                   str(sub / f"frank_{NAME}"))
+    untouched = nbformat.read(str(FIXTURES / "00_untouched.ipynb"), as_version=4)
     nbformat.write(untouched, str(sub / "erin-homework.ipynb"))  # no chapter in the name
     lines = []
     rows = grade([sub], csv_path=sub / "scores.csv", cell_timeout=20,
@@ -45,15 +51,15 @@ def test_every_file_gets_a_row_with_the_right_scores(graded):
     rows, _, _ = graded
     assert sorted(rows) == ["alice/00_why_distribute.ipynb", "bob/00_why_distribute.ipynb",
                             "carol_00_why_distribute.ipynb", "dave_00_why_distribute.ipynb",
-                            "erin-homework.ipynb"]
-    assert rows["alice/00_why_distribute.ipynb"]["scores"] == {"0.1": 3, "0.2": 2, "0.3": 5,
-                                                              "0.4": 2}
-    assert rows["alice/00_why_distribute.ipynb"]["error"] == ""
+                            "erin-homework.ipynb", "frank_00_why_distribute.ipynb"]
+    frank = rows["frank_00_why_distribute.ipynb"]      # partial credit: 2 of 5 cases right
+    assert frank["scores"]["0.1"] == 1.2 and "optimizer" in frank["failures"]["0.1"][0], frank
+    assert rows["alice/00_why_distribute.ipynb"]["scores"] == ONLY_01
+    assert "never called its checker" in rows["alice/00_why_distribute.ipynb"]["failures"]["0.2"][0]
     for crashed in ("bob/00_why_distribute.ipynb", "carol_00_why_distribute.ipynb"):
-        assert rows[crashed]["scores"] == {"0.1": 3, "0.2": 0, "0.3": 0, "0.4": 0}, rows[crashed]
+        assert rows[crashed]["scores"] == ONLY_01, rows[crashed]   # 0.1 was reached
     bob = rows["bob/00_why_distribute.ipynb"]["error"]
-    assert "kernel died" in bob and "code cell 4 ('import os')" in bob, bob
-    assert "exit status 1" in bob, bob   # os._exit(1), said
+    assert "exited with status 1 (os._exit?)" in bob and "code cell 4 ('import os')" in bob, bob
     carol = rows["carol_00_why_distribute.ipynb"]["error"]
     assert "longer than 20 s" in carol and "code cell 4 ('import time')" in carol, carol
     assert rows["dave_00_why_distribute.ipynb"]["scores"] == {"0.1": 0, "0.2": 0, "0.3": 0,
@@ -69,19 +75,19 @@ def test_csv_and_summary(graded):
     with open(path) as f:
         table = list(csv.DictReader(f))
     assert [r["notebook"] for r in table][0] == "alice/00_why_distribute.ipynb"
-    assert {r["notebook"]: float(r["total"]) for r in table}["alice/00_why_distribute.ipynb"] == 12
+    assert {r["notebook"]: float(r["total"]) for r in table}["alice/00_why_distribute.ipynb"] == 3
     assert all(set(r) >= {"0.1", "0.2", "0.3", "0.4", "total", "possible", "seconds", "failures",
                           "error"} for r in table)
     assert float(table[0]["seconds"]) > 0          # each notebook's grading time, in seconds
-    assert "[5/5] grading" in printed and "stopped early" in printed
-    assert "12/12" in printed
+    assert "[6/6] grading" in printed and "stopped early" in printed
+    assert "3/12" in printed
 
 
 def test_no_process_left_behind(graded):
     import psutil
 
     mine = [p for p in psutil.Process().children(recursive=True)
-            if "ipykernel" in " ".join(p.cmdline())]
+            if "labkit-sandbox" in " ".join(p.cmdline())]
     assert not mine, [p.cmdline() for p in mine]
 
 

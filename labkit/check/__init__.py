@@ -35,8 +35,10 @@ inside the answer (an interrupt also skips the cases left). A stub that still ra
 NotImplementedError fails every case at once. `finish()` prints the table.
 
 Each checker is registered under its exercise id (`@graded("1.3")`, labkit.check.answers): under
-`labkit grade` a checker cell hands in its answer instead, and the grader runs the checker in a
-process of its own; the score is never computed in the student's kernel.
+`labkit grade` the notebook runs in a sandbox where a checker cell only hands its answer in, and
+the grader runs the checker in its own process with handles on the answer (labkit.grade): a call
+of the answer, `launch()` and `here()` run in the sandbox and return plain data; the cases are
+judged here.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ import contextlib
 import time
 import traceback
 
-from labkit.check.answers import graded  # noqa: F401 - every checker's decorator, re-exported
+from labkit.check.answers import active, graded  # noqa: F401 - graded: every checker's decorator
 from labkit.check.refusal import MARK, Forbidden, Refused, collectives_refusal, reason_in  # noqa: F401 - re-exported
 from labkit.launch import HangError, RankError, run
 from labkit.launch.source import cell_name, frame_line
@@ -91,6 +93,7 @@ class Checker:
             self._stop_reason = "skipped after a hang (fix the hang first)"
         except Refused as err:
             record["message"] = err.reason
+            self._same_error(record)
         except RankError as err:
             record["message"] = _rank_failure(err)
             if reason_in(err.remote_traceback):
@@ -99,8 +102,12 @@ class Checker:
                 last = err.remote_traceback.strip().splitlines()[-1]
                 record["message"] = "not implemented yet: " + last
                 self._stop_reason = "skipped: the exercise is not implemented yet"
+            else:
+                self._same_error(record)
         except Exception as err:  # noqa: BLE001 - any other failure of the reader's code
-            record["message"] = f"{type(err).__name__}: {err}"
+            where = "" if getattr(err, "where", None) is not None else _where(err, cells_only=True)
+            record["message"] = f"{type(err).__name__}: {err}{where}"
+            self._same_error(record)
         except SystemExit as err:  # the answer's own exit ends this case, not the checker
             code = "" if err.code is None else repr(err.code)
             record["message"] = f"the answer called sys.exit({code}){_where(err)}"
@@ -110,6 +117,12 @@ class Checker:
             record["stopped"] = True
             self._stop_reason = "skipped after an interrupt"
         record["seconds"] = round(time.perf_counter() - start, 2)
+
+    def _same_error(self, record: dict) -> None:
+        """One bug, one message: the same error twice in a row skips the cases left."""
+        errors = [c for c in self.cases[:-1] if not c["passed"]]
+        if errors and errors[-1]["message"] == record["message"] and self.cases[-2] is errors[-1]:
+            self._stop_reason = "skipped: the same error as the case above (fix it first)"
 
     def refuse(self, reason: str) -> None:
         """Fail every case from here on with `reason` (labkit.check.refusal), launching nothing:
@@ -127,7 +140,19 @@ class Checker:
         """labkit.launch.run with a checker's timeout and without echoing the ranks' prints."""
         if self._stop_reason:
             raise _Skip(self._stop_reason)
+        link = active()
+        if link is not None:   # under the grader: on the sandbox's ranks, plain data back
+            return link.launch(fn, nprocs, args, kwargs, timeout=timeout)
         return run(fn, nprocs, args, kwargs, timeout=timeout, echo=False)
+
+    def here(self, job, *args, **kwargs):
+        """job(*args, **kwargs) where the answer lives: in this process, or under the grader in
+        the sandbox (labkit.grade), which sends back plain data. For a check that must call the
+        answer and read what it did in one process (a random state captured, then restored)."""
+        link = active()
+        if link is not None:
+            return link.here(job, args, kwargs)
+        return job(*args, **kwargs)
 
     def cases_on_one_launch(self, label: str, checks, launch) -> None:
         """Several named checks graded on ONE launch's results (one launch per world size keeps
@@ -187,9 +212,14 @@ class Result:
         return f"<Result {self.exercise}: {self.score:g}/{self.points:g}>"
 
 
-def _where(err: BaseException) -> str:
-    """' (Cell In[5], line 6, in predict)': the line that raised, as the reader names it."""
+def _where(err: BaseException, cells_only: bool = False) -> str:
+    """' (Cell In[5], line 6, in predict)': the line that raised, as the reader names it (with
+    cells_only, the last line of a notebook cell the traceback went through, or '')."""
+    if getattr(err, "where", ""):   # raised in the grader's sandbox: it says where
+        return f" ({err.where})"
     frames = traceback.extract_tb(err.__traceback__)
+    if cells_only:
+        frames = [f for f in frames if cell_name(f.filename)]
     if not frames:
         return ""
     f = frames[-1]

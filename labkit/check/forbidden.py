@@ -11,12 +11,15 @@ import ast
 import inspect
 import types
 
+from labkit.check.answers import active, is_remote
 from labkit.check.source import tree_of
 
 
 def forbidden_used(fns, modules: tuple, names=()) -> list:
     """What of `modules` the functions or classes (and the helpers they call from the same
     namespace) import, name, or reach through their globals: sorted descriptions, [] if none."""
+    if any(is_remote(f) for f in fns):   # under the grader: read in the sandbox, where the same
+        return active().forbidden(list(fns), modules, set(names))   # modules refuse to run
     found, seen, todo = set(), set(), list(fns)
     while todo:
         obj = todo.pop()

@@ -1,5 +1,6 @@
-"""Where traces go: --trace DIR checked before any process starts, one file name per rank, and
-how to open the files. Imports no torch, so a lab's options stay quick to check."""
+"""Where traces go: beside the notebook by default (traces/<name>/), --trace DIR checked before
+any process starts, one file name per rank, and how to open the files. Imports no torch, so a
+lab's options stay quick to check."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,18 @@ from pathlib import Path
 
 HOW_TO_OPEN = ("open a file in https://ui.perfetto.dev (\"Open trace file\") or chrome://tracing; "
                "or `tensorboard --logdir DIR` with the torch-tb-profiler plugin")
+
+
+DEFAULT = "traces"    # a notebook's traces go to traces/<name>/ beside it, never a hidden /tmp
+
+
+def beside(name: str, where=None) -> Path:
+    """traces/<name>/ in `where` (default: the working folder, which in a notebook is the
+    notebook's own): where a chapter's traces are written unless it names a folder, so that the
+    page can say where they are and they outlive the kernel. Made if missing."""
+    path = Path(where if where is not None else os.getcwd()) / DEFAULT / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def trace_file(folder, rank: int) -> Path:

@@ -40,7 +40,7 @@ def _labelled_step(tl, model, opt, x, y, finish=None):
         opt.zero_grad(set_to_none=True)
 
 
-def ddp_job(folder, kind: str = "bucketed", steps: int = 2, batch: int = 8,
+def ddp_job(folder=None, kind: str = "bucketed", steps: int = 2, batch: int = 8,
             bucket_mb: float = 0.05, cfg: dict = DDP_CFG) -> dict:
     """DDP (labkit.ddp's `kind`, or "torch") on this rank; the last step traced. Timeline:
     forward, backward, wait, optimizer on "compute"; each bucket's all-reduce on "comm", from
@@ -68,7 +68,7 @@ def ddp_job(folder, kind: str = "bucketed", steps: int = 2, batch: int = 8,
             "buckets": len(getattr(ddp, "buckets", []))}
 
 
-def zero3_job(folder, steps: int = 2, batch: int = 4, cfg: GPTConfig = ZERO_CFG,
+def zero3_job(folder=None, steps: int = 2, batch: int = 4, cfg: GPTConfig = ZERO_CFG,
               prefetch: bool = False) -> dict:
     """ZeRO-3 (labkit.zero.ZeRO3, AdamW; prefetch= its option) on this rank; the last step
     traced. Timeline: forward, backward, optimizer on "compute"; every collective labkit.commlog
@@ -96,7 +96,7 @@ def zero3_job(folder, steps: int = 2, batch: int = 4, cfg: GPTConfig = ZERO_CFG,
     return {"rank": rank, "trace": str(where.path), "timeline": spans}
 
 
-def pipeline_job(folder, schedule: str = "1f1b", K: int = 4, v: int = 1, batch: int = 8,
+def pipeline_job(folder=None, schedule: str = "1f1b", K: int = 4, v: int = 1, batch: int = 8,
                  pad=(0.004, 0.008), cfg=None) -> dict:
     """One pipeline step (labkit.pipeline.executor) on this stage, traced after one untraced
     step. Timeline: the executor's own action spans (F, B, W) on labkit's clock."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from labkit.profiling.folder import trace_file
+from labkit.profiling.folder import beside, trace_file
 
 label = record_function      # the one way labkit names a span in a trace
 
@@ -37,13 +37,15 @@ def activities() -> list:
 
 
 @contextlib.contextmanager
-def traced(folder, rank: int | None = None):
-    """Profile the block on this rank and write its trace to `folder`/rank<r>.pt.trace.json."""
+def traced(folder=None, rank: int | None = None):
+    """Profile the block on this rank and write its trace to `folder`/rank<r>.pt.trace.json;
+    without a folder, to traces/run/ in the working folder (a notebook's own: folder.beside)."""
     import torch.distributed as dist
 
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
     where = Where()
+    folder = beside("run") if folder is None else folder
     Path(folder).mkdir(parents=True, exist_ok=True)
     with profile(activities=activities()) as prof:
         yield where

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 
 from labkit import roofline as here
-from labkit.check import Checker, fail, graded
+from labkit.check import Checker, Forbidden, fail, graded
 from labkit.costs import roofline as costs
 
 EXERCISE, TITLE, POINTS = ("0.4", "compute- or memory-bound? predict from the measured roofline, "
@@ -28,6 +28,10 @@ SHAPES = [(1, 8192, 4096), (1024, 1024, 1024), (8, 4096, 1024), (2048, 64, 2048)
 HIDDEN = [((1, 8192, 8192), 2, "H100 SXM"), ((4096, 4096, 4096), 2, "H100 SXM")]
 KEYS = ("flops", "bytes", "intensity", "bound", "seconds")
 RTOL = 1e-6
+# the checker's own answer: a prediction that calls it predicts nothing (refused when read, and
+# at run time under the grader: labkit.grade.guard)
+ORACLE = Forbidden(("labkit.costs",), why="predict it yourself: labkit.costs is the checker's "
+                   "own answer")
 
 # (ratio got / want of one key, hint) for the mistakes readers make
 MISTAKES = {
@@ -84,6 +88,7 @@ def roofline_matmul(fn, cases=None):
     """Exercise 0.4: fn(m, k, n, itemsize, peak, bandwidth) -> {"flops", "bytes", "intensity",
     "bound", "seconds"} for (m, k) @ (k, n)."""
     c = Checker(EXERCISE, TITLE, POINTS)
+    c.refuse(ORACLE.refusal(fn))
     peak, bandwidth = measure_here()
     for m, k, n in (SHAPES if cases is None else cases):
         with c.case(f"({m}, {k}) @ ({k}, {n}) fp32 here (peak {peak / 1e9:.1f} GFLOP/s, "

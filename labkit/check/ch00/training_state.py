@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.check import Checker, fail, graded
+from labkit.check import Checker, Forbidden, fail, graded
 from labkit.costs import memory
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 
@@ -23,6 +23,10 @@ STATE_CASES = [(torch.bfloat16, torch.bfloat16, True, "adam"),
                (torch.float32, torch.float32, False, "sgd")]
 STATE_TOLERANCE = 0.01   # Adam's per-tensor `step` counters add 4 bytes per tensor
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}    # fp32 tensors per parameter
+# the checker's own answer: a prediction that calls it predicts nothing (refused when read, and
+# at run time under the grader: labkit.grade.guard)
+ORACLE = Forbidden(("labkit.costs",), why="predict it yourself: labkit.costs is the checker's "
+                   "own answer")
 
 
 def costs_prediction(n_params: int, weights, grads, master: bool, optimizer: str) -> dict:
@@ -100,6 +104,7 @@ def state_bytes(fn, cases=None):
     """Exercise 0.1: fn(n_params, weights, grads, master, optimizer) -> {"weights", "grads",
     "optimizer", "total"} in bytes."""
     c = Checker(EXERCISE, TITLE, POINTS)
+    c.refuse(ORACLE.refusal(fn))
     cases = STATE_CASES if cases is None else cases
     for i, (w, g, master, optimizer) in enumerate(cases):
         hidden = i >= 3

@@ -14,7 +14,7 @@ import contextlib
 import torch.distributed as dist
 
 from labkit import netcount
-from labkit.check import Checker, fail, graded
+from labkit.check import Checker, Forbidden, fail, graded
 from labkit.check.guards import CollectiveLog
 from labkit.costs.comm import ring_bytes_sent_per_rank
 from labkit.ddp import BucketedDDP
@@ -64,6 +64,12 @@ def _predict_job(runs):
     return out
 
 
+# the checker's own answer (labkit.costs' ring bytes over labkit.ddp's bucket rule): a prediction
+# that calls it predicts nothing (refused when read, and at run time under the grader)
+ORACLE = Forbidden(("labkit.costs", "labkit.ddp"), why="predict it yourself: labkit.costs and "
+                   "labkit.ddp are the checker's own answer")
+
+
 def costs_prediction(param_bytes, bucket_mb, world, accum, no_sync) -> dict:
     """labkit.costs' answer over labkit's bucket rule: ring bytes of every bucket, per sync."""
 
@@ -101,6 +107,7 @@ def predict_ddp_step(fn, cases=PREDICT_CASES):
     """Exercise 2.3: fn(param_bytes, bucket_mb, world, accum, no_sync) -> {"all_reduces",
     "bytes_sent"} for one optimizer step, per rank."""
     c = Checker(EXERCISE, TITLE, POINTS)
+    c.refuse(ORACLE.refusal(fn))
     param_bytes = [p.numel() * p.element_size() for p in predict_model_params()]
     for world, runs in cases:
         res, tried = None, False

@@ -58,7 +58,7 @@ def loss_scaler(cls):
     c = Checker(EXERCISE, TITLE, POINTS)
     for name, pattern in PATTERNS.items():
         with c.case(name):
-            got, want = scaler_decisions(cls, pattern), gradscaler_decisions(pattern)
+            got, want = c.here(scaler_decisions, cls, pattern), gradscaler_decisions(pattern)
             for i, ((gs, gt), (ws, wt)) in enumerate(zip(got, want)):
                 assert gt == wt, (f"step {i}: you {'took' if gt else 'skipped'} the step, "
                                   f"GradScaler {'took' if wt else 'skipped'} it. Which steps "
