@@ -37,7 +37,8 @@ def route_counts(tokens: int, n_expert: int, skew: float, seed: int) -> list:
     import torch  # here, not at the top: `labkit list` imports no torch
 
     g = torch.Generator().manual_seed(seed)
-    probs = torch.tensor(expert_probs(n_expert, skew)).expand(tokens, n_expert)   # (T, E)
+    probs = torch.tensor(expert_probs(n_expert, skew))  # cpu: Gloo lab; (E,)
+    probs = probs.expand(tokens, n_expert)                                       # (T, E)
     picks = torch.multinomial(probs, K, replacement=False, generator=g)          # (T, k)
     return torch.bincount(picks.reshape(-1), minlength=n_expert).tolist()        # (E,)
 
@@ -75,17 +76,17 @@ def dispatch_job(tokens: int, hidden: int, skews, sizes_kib, repeats: int,
     fit = []
     for kib in sizes_kib:                        # equal splits: the α-β line
         per_peer = max(1, int(kib * 1024 // 4))
-        x, even = torch.ones(n * per_peer), [per_peer] * n
+        x, even = torch.ones(n * per_peer), [per_peer] * n  # cpu: Gloo lab
         fit.append({"sent": (n - 1) * per_peer * 4,
                     "seconds": timed(lambda x=x, even=even: dispatch(x, even, even))})
     runs = []
     for skew in skews:
         per_expert = route_counts(tokens, 2 * n, skew, seed=1000 * rank + int(10 * skew))
         send = [per_expert[2 * r] + per_expert[2 * r + 1] for r in range(n)]   # rows per rank
-        counts_in = torch.empty(n, dtype=torch.long)
-        dist.all_to_all_single(counts_in, torch.tensor(send))       # the counts go first
+        counts_in = torch.empty(n, dtype=torch.long)  # cpu: Gloo lab
+        dist.all_to_all_single(counts_in, torch.tensor(send))  # cpu: Gloo lab; the counts go first
         recv = counts_in.tolist()
-        x = torch.randn(sum(send), hidden)                                   # (rows, h)
+        x = torch.randn(sum(send), hidden)  # cpu: Gloo lab; (rows, h)
         seconds = timed(lambda x=x, recv=recv, send=send: dispatch(x, recv, send))
         runs.append({"skew": skew, "send": send, "recv": recv, "seconds": seconds})
     overlap = _overlap(runs[-1]["send"], runs[-1]["recv"], hidden, timed, dispatch)
@@ -100,15 +101,15 @@ def _overlap(send, recv, hidden: int, timed, dispatch) -> dict:
 
     import torch
 
-    w1 = torch.randn(hidden, 4 * hidden) / hidden ** 0.5                      # (h, 4h)
-    w2 = torch.randn(4 * hidden, hidden) / (4 * hidden) ** 0.5                # (4h, h)
+    w1 = torch.randn(hidden, 4 * hidden) / hidden ** 0.5  # cpu: Gloo lab; (h, 4h)
+    w2 = torch.randn(4 * hidden, hidden) / (4 * hidden) ** 0.5  # cpu: Gloo lab; (4h, h)
 
     def experts(rows):
         return torch.relu(rows @ w1) @ w2                                     # (rows, h)
 
     halves = [[s // 2 for s in send], [s - s // 2 for s in send]]
     halves_in = [[r // 2 for r in recv], [r - r // 2 for r in recv]]
-    xs = [torch.randn(sum(h), hidden) for h in halves]
+    xs = [torch.randn(sum(h), hidden) for h in halves]  # cpu: Gloo lab
 
     def serial():
         outs = [dispatch(x, r, s) for x, r, s in zip(xs, halves_in, halves)]
@@ -125,7 +126,7 @@ def _overlap(send, recv, hidden: int, timed, dispatch) -> dict:
         second.join()
         experts(box["out"])
 
-    rows = [torch.randn(sum(h), hidden) for h in halves_in]
+    rows = [torch.randn(sum(h), hidden) for h in halves_in]  # cpu: Gloo lab
     return {"serial": timed(serial), "overlapped": timed(overlapped),
             "compute": timed(lambda: [experts(r) for r in rows])}
 
