@@ -27,6 +27,9 @@ if str(ROOT) not in sys.path:  # tests run against this checkout even before `pi
 os.environ.setdefault("PYTHONPATH", str(ROOT))
 
 DURATIONS = ROOT / "tests" / "durations.json"
+# the grader's fixture notebooks are inputs to tests/test_grade*.py (some hang or kill their
+# kernel on purpose), never notebooks for nbval to run
+collect_ignore = ["fixtures"]
 TIERS = {
     "static": ["test_style.py", "test_readme.py", "test_lock.py", "test_architecture.py",
                "test_nbfile.py", "test_notebooks.py", "test_prose_guards.py",
