@@ -12,12 +12,33 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   document.querySelectorAll("div.book-plotly").forEach((div) => {
     const fig = JSON.parse(document.getElementById(div.id + "-json").textContent);
-    Plotly.newPlot(div, fig.data || [], fig.layout || {}, {responsive: true, displaylogo: false});
+    Plotly.newPlot(div, fig.data || [], fitLayout(fig.layout || {}, div),
+                   {responsive: true, displaylogo: false});
   });
   document.querySelectorAll("div.book-frames").forEach(startFrames);
   const calcs = [...document.querySelectorAll("div.book-calc")];
   if (calcs.length && location.protocol !== "file:") startCalculators(calcs);
 });
+
+// A figure on a narrow screen (a phone): a width fixed wider than the page is dropped (plotly then
+// fills the page), and a legend beside the plot moves under it, so the plot keeps the width.
+function fitLayout(layout, div) {
+  const width = div.clientWidth || window.innerWidth;
+  const out = Object.assign({}, layout);
+  if (out.width && out.width > width) {
+    delete out.width;
+    out.autosize = true;
+  }
+  if (width < 600) {
+    const legend = out.legend || {};
+    if (legend.orientation !== "h") {
+      out.legend = Object.assign({}, legend, {orientation: "h", x: 0, xanchor: "left", y: -0.25,
+                                              yanchor: "top"});
+      out.margin = Object.assign({}, out.margin || {}, {r: 10, b: 110});
+    }
+  }
+  return out;
+}
 
 // What a control shows beside it, and what it sends to Python (a log range sends its exponent).
 function controlValue(el) {
@@ -47,7 +68,7 @@ function startFrames(box) {
     [n, step].forEach(showValue);
     const fig = list[Number(step.value)];
     div.style.height = ((fig.layout || {}).height || 450) + "px";
-    Plotly.react(div, fig.data || [], fig.layout || {});
+    Plotly.react(div, fig.data || [], fitLayout(fig.layout || {}, div));
   };
   [n, step].forEach((el) => el.addEventListener("input", update));
   [n, step].forEach(showValue);
