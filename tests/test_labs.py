@@ -134,6 +134,8 @@ def test_lab_runs_under_torchrun(name):
     opts, marker = LABS[name]
     if name == "train_ft":
         opts = ["--steps", "4", "--save-every", "2", "--kill-step", "-1"]  # restarts: test_faults
+    if name == "hsdp":      # torchrun's 2 ranks: one replica of a 2-rank shard group
+        opts = [*opts, "--replicate", "1"]
     out = _torchrun("run", name, *opts)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.count(marker) == 1, out.stdout[-3000:]        # rank 0 only

@@ -129,9 +129,9 @@ def test_opening_every_notebook_and_autosaving_changes_no_tracked_file(book):
     log = book["log"].read_text()
     kept = set(re.findall(r"labsave: (\S+) unchanged by the reader", log))
     saved = set(re.findall(r"labsave: (\S+?):? ", log))
-    # START_HERE gains its kernel's language_info when opened, a chapter the plotly PNGs
-    assert "START_HERE.ipynb" in kept and any(k.startswith("chapters/") for k in kept), \
-        "no autosave seen:\n" + log[-2000:]
+    # a chapter gains the plotly PNGs when drawn, so autosave runs on it (START_HERE carries its
+    # kernel's language_info already, labkit.landing, and may not be saved at all)
+    assert any(k.startswith("chapters/") for k in kept), "no autosave seen:\n" + log[-2000:]
     assert saved == kept, f"saved as edited, though nobody edited them: {sorted(saved - kept)}"
     changed = sorted(rel for rel, data in book["before"].items()
                      if not (repo / rel).is_file() or (repo / rel).read_bytes() != data)
