@@ -165,7 +165,7 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(config, "workerinput"):   # an xdist worker: hand its sums to the controller
         config.workeroutput["labkit_durations"] = json.dumps(config._labkit_durations)
         return
-    if exitstatus == 0 and config._labkit_durations:
+    if exitstatus in (0, 1) and config._labkit_durations:   # passed or failed, not interrupted
         merged = {**_order(), **{k: round(v, 1) for k, v in config._labkit_durations.items()}}
         DURATIONS.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: -kv[1])),
                                         indent=1) + "\n")
