@@ -12,8 +12,13 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   document.querySelectorAll("div.book-plotly").forEach((div) => {
     const fig = JSON.parse(document.getElementById(div.id + "-json").textContent);
-    Plotly.newPlot(div, fig.data || [], fitLayout(fig.layout || {}, div),
-                   {responsive: true, displaylogo: false});
+    const config = {responsive: true, displaylogo: false};
+    try {
+      Plotly.newPlot(div, fig.data || [], fitLayout(fig.layout || {}, div), config);
+    } catch (err) {   // a layout the narrow screen cannot hold: the figure as it was saved
+      console.warn("book figure: drawn as saved (" + err + ")");
+      Plotly.newPlot(div, fig.data || [], fig.layout || {}, config);
+    }
   });
   document.querySelectorAll("div.book-frames").forEach(startFrames);
   const calcs = [...document.querySelectorAll("div.book-calc")];
@@ -34,7 +39,7 @@ function fitLayout(layout, div) {
     if (legend.orientation !== "h") {
       out.legend = Object.assign({}, legend, {orientation: "h", x: 0, xanchor: "left", y: -0.25,
                                               yanchor: "top"});
-      out.margin = Object.assign({}, out.margin || {}, {r: 10, b: 110});
+      out.margin = Object.assign({}, out.margin || {}, {r: 10});
     }
   }
   return out;
