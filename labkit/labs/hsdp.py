@@ -104,9 +104,11 @@ def report(got: list, ref: dict, replicate: int, steps: int) -> str:
         parts.append((f"ZeRO-3 over all {n}", "zero3_sent", want["zero3"]))
     for what, key, pred in parts:
         sent = max(g[key] for g in got)
-        rows.append((what, sent / 1e3, pred / 1e3, sent / pred))
+        # one replica (or one shard): the formula is 0 bytes, there is no ratio to take
+        rows.append((what, sent / 1e3, pred / 1e3, sent / pred if pred else None))
     out.append(table(rows, [("per rank, one step", 0), ("sent KB (kernel)", 1, ".1f"),
-                            ("predicted KB", 2, ".1f"), ("ratio", 3, ".3f")],
+                            ("predicted KB", 2, ".1f"),
+                            ("ratio", 3, lambda v: "n.a." if v is None else f"{v:.3f}")],
                      title="HSDP: bytes each rank sent, per mesh dimension"))
     out.append("KB = 1e3 bytes, largest rank. predicted: labkit.costs.zero.hsdp_comm_per_rank "
                "(3(S-1)/S Ψ on the shard dimension, 2(R-1)/R Ψ/S on the replicate one; Ψ padded "
