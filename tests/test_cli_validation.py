@@ -170,7 +170,13 @@ def test_messages_name_a_value_that_works(capsys, no_process_starts):
              ("moe", "--nproc", "3"): "--nproc 2 or 4 or 8",
              ("pipeline", "--K", "9", "--schedules", "interleaved"): "K that work",
              ("pipeline", "--nproc", "5", "--K", "5", "--batch", "5", "--schedules", "zb-v"):
-                 "--nproc 4"}
+                 "--nproc 4",
+             ("hsdp", "--nproc", "4", "--replicate", "3"): "use --replicate 2",
+             ("zeropp", "--nproc", "4", "--hpz", "3"): "use --hpz 2",
+             ("zeropp", "--nproc", "1"): "use --nproc 4",
+             ("moe_dispatch", "--skews", "-1"): "use --skews 0 1 2",
+             ("moe_dispatch", "--link-mb-s", "0"): "use --link-mb-s 100",
+             ("moe_dispatch", "--sizes-kib", "16"): "use --sizes-kib 16 256"}
     for argv, want in cases.items():
         err = _one_line_error(capsys, cli.main(["run", *argv]))
         assert want in err, (argv, err)
