@@ -2,7 +2,7 @@
 parameters and first-step gradients (SGD and AdamW), on 4 ranks (2 x 2) and, in the full lane,
 on 6 ranks as 2 x 3 and 3 x 2; equal to PyTorch's own HSDP (FSDP2's fully_shard on a 2-D mesh);
 bytes on the wire per mesh dimension counted by the kernel against labkit.costs.zero; the
-planner-side choice between FSDP and HSDP from link speeds (bad options: tests/test_cli_validation.py).
+planner-side choice between FSDP and HSDP from link speeds (bad options: test_cli_validation).
 The tiny model's widths (25, 5 heads) split unevenly in 2 and 3."""
 import pytest
 
