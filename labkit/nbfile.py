@@ -15,6 +15,11 @@ autosave run rewrote it. The differences, each found by saving a notebook from a
    (one without the other gets its twin).
 4. Multi-line strings (sources, stream text, text/* outputs) are joined in the browser and
    split at line ends by the server, whatever splitting the file had.
+5. Consecutive stream outputs of one name (two prints around a subprocess's output): JupyterLab's
+   output area shows them as one, so its views and its model no longer count outputs alike, and
+   the plotly extension writing its PNG back by view index overwrote the output after them with
+   a second copy of the figure (chapter 02's trace cell, found by tests/e2e/test_open_is_not_edit).
+   They are written as one stream, as nbconvert's coalesce_streams does.
 
 Everything else (key order, one-space indent, ensure_ascii off, trailing newline) is nbformat's,
 which the server uses too. What JupyterLab does that no writer can (a PNG that the plotly
@@ -98,6 +103,20 @@ def kernelspec(name: str):
     return _SPECS[name]
 
 
+def coalesce_streams(cell) -> None:
+    """Join consecutive stream outputs of one name in `cell` (texts already joined)."""
+    outputs = []
+    for out in cell.get("outputs", []):
+        last = outputs[-1] if outputs else None
+        if (out.get("output_type") == "stream" and last is not None
+                and last.get("output_type") == "stream" and last.get("name") == out.get("name")):
+            last["text"] += out["text"]
+        else:
+            outputs.append(out)
+    if "outputs" in cell:
+        cell["outputs"] = outputs
+
+
 def as_jupyterlab(nb) -> nbformat.NotebookNode:
     """A copy of `nb` (a NotebookNode or a plain dict) holding what JupyterLab would save."""
     nb = nbformat.from_dict(copy.deepcopy(dict(nb)))
@@ -105,6 +124,7 @@ def as_jupyterlab(nb) -> nbformat.NotebookNode:
     nb = nbformat.from_dict(_js(json.loads(json.dumps(nb))))
     for cell in nb.cells:
         _sync_collapsed(cell.setdefault("metadata", nbformat.NotebookNode()))
+        coalesce_streams(cell)
     spec = nb.metadata.get("kernelspec")
     if isinstance(spec, dict) and spec.get("name"):
         nb.metadata["kernelspec"] = nbformat.from_dict(kernelspec(spec["name"]) or spec)

@@ -78,6 +78,21 @@ def test_the_kernelspec_is_the_installed_kernels_and_lines_are_split_at_line_end
     assert text.endswith("}\n") and "\r" not in text
 
 
+def test_consecutive_streams_of_one_name_are_written_as_one():
+    """JupyterLab's output area shows them as one; a figure after them, redrawn by view index,
+    overwrote the second (chapter 02's trace cell, tests/e2e/test_open_is_not_edit.py)."""
+    err = {"output_type": "stream", "name": "stderr", "text": "warn\n"}
+    nb = _nb([_code("a", outputs=[
+        {"output_type": "stream", "name": "stdout", "text": ["one\n"]},
+        {"output_type": "stream", "name": "stdout", "text": "tw"},
+        {"output_type": "stream", "name": "stdout", "text": "o\n"}, err, PLOT,
+        {"output_type": "stream", "name": "stdout", "text": "three\n"}])])
+    outs = json.loads(nbfile.dumps(nb))["cells"][0]["outputs"]
+    assert [(o["output_type"], o.get("name")) for o in outs] == [
+        ("stream", "stdout"), ("stream", "stderr"), ("display_data", None), ("stream", "stdout")]
+    assert outs[0]["text"] == ["one\n", "two\n"] and outs[3]["text"] == ["three\n"]
+
+
 def test_write_is_atomic_and_round_trips(tmp_path):
     nb = _nb([_code("a")], widgets={"state": {"max": 3.0}})
     path = tmp_path / "n.ipynb"
