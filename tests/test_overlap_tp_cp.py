@@ -20,7 +20,7 @@ def test_tp_layer_flops_are_what_the_matmuls_do(h, tp):
     with FlopCounterMode(display=False) as counter:
         times = roofline.time_matmuls(xs, ws, repeats=1, warmup=0)
     assert len(times) == 1 and times[0] > 0
-    assert counter.get_total_flops() == flops == tpx.layer_flops(h, tp, 8)
+    assert counter.get_total_flops() == flops == tpx.matmul_flops(h, tp, 8)
     assert flops == 2 * 12 * h * h * 8 // tp                # costs.hiding.tp's 2 * 12 h^2 t / tp
     with pytest.raises(ValueError, match="multiple of 4"):
         tpx.layer_shapes(66, 4)

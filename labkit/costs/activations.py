@@ -55,6 +55,8 @@ recomputation drops the s^2 terms; full recomputation keeps only the layer's inp
 """
 from __future__ import annotations
 
+from labkit.costs._check import positive_ints
+
 ATTENTION = ("flash", "sdpa", "eager")   # "sdpa": PyTorch's scaled_dot_product_attention = "flash"
 RECOMPUTE = ("none", "selective", "full")
 # What a recipe keeps, in bytes per value: (residual stream and norm inputs, matmul inputs and
@@ -65,9 +67,7 @@ RECIPES = {"fp32": (4, 4), "bf16": (2, 2), "autocast": (4, 2)}
 
 
 def _check(seq_len, micro_batch, tp, recompute, attention, recipe=None):
-    for name, v in (("seq_len", seq_len), ("micro_batch", micro_batch), ("tp", tp)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    positive_ints(seq_len=seq_len, micro_batch=micro_batch, tp=tp)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     if attention not in ATTENTION:
@@ -248,20 +248,25 @@ def layer_bytes(spec, **kw) -> float:
 
 
 def korthikanti(seq_len: int, micro_batch: int, hidden: int, n_heads: int, *, tp: int = 1,
-                sequence_parallel: bool = False, recompute: str = "none") -> float:
+                sequence_parallel: bool = False, recompute: str = "none",
+                attention: str = "eager") -> float:
     """The paper's closed forms for a GPT layer (4h GELU MLP, dropout, 16-bit, eager attention):
 
         no parallelism          s b h (34 + 5 a s / h)
         tensor parallel         s b h (10 + 24/t + 5 a s / (h t))
         tensor + sequence par.  s b h (34 + 5 a s / h) / t
         selective recompute     drops the 5 a s / h term
-        full recompute          2 s b h (/ t with sequence parallelism)"""
-    _check(seq_len, micro_batch, tp, recompute, "eager")
+        full recompute          2 s b h (/ t with sequence parallelism)
+
+    attention="flash" (or "sdpa"): a fused kernel keeps no s x s scores, as selective recompute."""
+    _check(seq_len, micro_batch, tp, recompute, attention)
+    positive_ints(hidden=hidden, n_heads=n_heads)
     s, b, h, a, t = seq_len, micro_batch, hidden, n_heads, tp
     sbh = s * b * h
     if recompute == "full":
         return 2 * sbh / (t if sequence_parallel else 1)
-    scores = 0.0 if recompute == "selective" else 5 * a * s / h
+    fused = canonical_attention(attention) == "flash"
+    scores = 0.0 if recompute == "selective" or fused else 5 * a * s / h
     if sequence_parallel:
         return sbh * (34 + scores) / t
     return sbh * (10 + 24 / t + scores / t)

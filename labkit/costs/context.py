@@ -40,15 +40,10 @@ The book's model differs (no dropout by default, GQA, bias): measure with saved-
 """
 from __future__ import annotations
 
-from labkit.costs import comm
+from labkit.costs import activations, comm, tensor_parallel
+from labkit.costs._check import positive_ints
 
-RECOMPUTE = ("none", "selective", "full")
-
-
-def _pos(**kw):
-    for name, v in kw.items():
-        if v is None or v < 1:
-            raise ValueError(f"{name}={v} must be a positive number")
+RECOMPUTE = activations.RECOMPUTE
 
 
 def _passes(fwd: float, bwd: float) -> dict:
@@ -57,16 +52,17 @@ def _passes(fwd: float, bwd: float) -> dict:
 
 def tp_layer_bytes(b: int, s: int, h: int, tp: int, bytes_per_element: int = 2) -> dict:
     """Bytes one rank sends per layer under Megatron TP: 2 all-reduces each way."""
-    _pos(b=b, s=s, h=h, tp=tp)
-    one = comm.ring_bytes_sent_per_rank("all_reduce", b * s * h * bytes_per_element, tp)
-    return _passes(2 * one, 2 * one)
+    positive_ints(b=b, s=s, h=h, tp=tp)
+    per = {p: tensor_parallel.layer_bytes_sent_per_rank(b, s, h, tp, bytes_per_element, p)
+           for p in ("forward", "backward")}
+    return _passes(per["forward"], per["backward"])
 
 
 def sp_layer_bytes(b: int, s: int, h: int, tp: int, bytes_per_element: int = 2,
                    regather: bool = False) -> dict:
     """TP + SP: 2 all-gathers and 2 reduce-scatters of b*s*h each way (= tp_layer_bytes);
     regather=True adds the 2 backward all-gathers of the column-parallel inputs."""
-    _pos(b=b, s=s, h=h, tp=tp)
+    positive_ints(b=b, s=s, h=h, tp=tp)
     D = b * s * h * bytes_per_element
     gather = comm.ring_bytes_sent_per_rank("all_gather", D, tp)
     one = gather + comm.ring_bytes_sent_per_rank("reduce_scatter", D, tp)
@@ -80,7 +76,7 @@ def kv_chunk_bytes(b: int, s: int, kv: int, cp: int, bytes_per_element: int = 2)
 
 def cp_ring_layer_bytes(b: int, s: int, kv: int, cp: int, bytes_per_element: int = 2) -> dict:
     """Ring attention: forward cp-1 K/V hops; backward cp-1 K/V hops + cp dK/dV hops."""
-    _pos(b=b, s=s, kv=kv, cp=cp)
+    positive_ints(b=b, s=s, kv=kv, cp=cp)
     if cp == 1:
         return _passes(0.0, 0.0)
     chunk = kv_chunk_bytes(b, s, kv, cp, bytes_per_element)
@@ -91,7 +87,7 @@ def cp_all_gather_layer_bytes(b: int, s: int, kv: int, cp: int, bytes_per_elemen
                               keep_kv: bool = True) -> dict:
     """All-gather K/V: forward all-gather, backward reduce-scatter of dK/dV (and a second
     all-gather if the gathered K, V are dropped after forward: keep_kv=False)."""
-    _pos(b=b, s=s, kv=kv, cp=cp)
+    positive_ints(b=b, s=s, kv=kv, cp=cp)
     D = 2 * b * s * kv * bytes_per_element                  # the whole K and V
     gather = comm.ring_bytes_sent_per_rank("all_gather", D, cp)
     scatter = comm.ring_bytes_sent_per_rank("reduce_scatter", D, cp)
@@ -109,23 +105,15 @@ def comm_table(b: int, s: int, h: int, kv: int, degree: int, bytes_per_element: 
 
 def activation_bytes(s: int, b: int, h: int, a: int, tp: int = 1, sp: bool = False, cp: int = 1,
                      recompute: str = "none", attention: str = "eager") -> float:
-    """Bytes of activations one layer saves for backward on one rank (16-bit, Korthikanti)."""
-    _pos(s=s, b=b, h=h, a=a, tp=tp, cp=cp)
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    """Bytes of activations one layer saves for backward on one rank (16-bit): Korthikanti's closed
+    form (costs.activations.korthikanti) divided by cp, each rank holding s/cp of the tokens."""
+    positive_ints(cp=cp)
     if attention not in ("eager", "flash"):
         raise ValueError(f"attention must be 'eager' or 'flash', got {attention!r}")
     if sp and tp == 1:
         raise ValueError("sequence parallelism splits over the TP group: sp=True needs tp > 1")
-    sbh = s * b * h
-    if recompute == "full":
-        return 2 * sbh / (tp if sp else 1) / cp
-    scores = 0.0 if recompute == "selective" or attention == "flash" else 5 * a * s / h
-    if sp:
-        per = (34 + scores) / tp
-    else:
-        per = 10 + 24 / tp + scores / tp
-    return sbh * per / cp
+    return activations.korthikanti(s, b, h, a, tp=tp, sequence_parallel=sp, recompute=recompute,
+                                   attention=attention) / cp
 
 
 def activation_terms(s: int, b: int, h: int, a: int, tp: int = 1, sp: bool = False,
@@ -133,7 +121,7 @@ def activation_terms(s: int, b: int, h: int, a: int, tp: int = 1, sp: bool = Fal
     """The stacked bar's parts, bytes: 'replicated' (norms, dropouts, residuals: 10 sbh, split
     only by SP), 'tensor-parallel' (24 sbh, split by TP), 'scores' (5 a s^2 b, split by TP);
     all divided by cp."""
-    _pos(s=s, b=b, h=h, a=a, tp=tp, cp=cp)
+    positive_ints(s=s, b=b, h=h, a=a, tp=tp, cp=cp)
     sbh = s * b * h
     return {"replicated": 10 * sbh / (tp if sp else 1) / cp,
             "tensor-parallel": 24 * sbh / tp / cp,

@@ -58,6 +58,7 @@ import math
 from dataclasses import dataclass, field
 
 from labkit.costs import comm, scaling
+from labkit.costs._check import positive
 
 # FLOPs per parameter per token: 2 forward, 4 backward (Kaplan et al. 2020; costs.flops)
 FORWARD_FLOPS, BACKWARD_FLOPS = 2, 4
@@ -92,7 +93,7 @@ def intensity(flops_per_s: float, bandwidth: float) -> float:
     """The link's arithmetic intensity C / bw, FLOPs per byte: how many FLOPs must run per byte
     moved for the transfer to hide (H100 at 50% of 989.5 TFLOP/s over NVLink 4's 450 GB/s:
     1,099)."""
-    _pos(flops_per_s=flops_per_s, bandwidth=bandwidth)
+    positive(flops_per_s=flops_per_s, bandwidth=bandwidth)
     return flops_per_s / bandwidth
 
 
@@ -104,7 +105,7 @@ def grad_wire_bytes(grad_bytes: float | None = None, reduce_dtype: str = "fp32")
                          f"reduce_dtype='fp32' (the default) or 'bf16'")
     if grad_bytes is None:
         return REDUCE_BYTES[reduce_dtype]
-    _pos(grad_bytes=grad_bytes)
+    positive(grad_bytes=grad_bytes)
     if reduce_dtype != "fp32" and grad_bytes != REDUCE_BYTES[reduce_dtype]:
         raise ValueError(f"grad_bytes={grad_bytes} disagrees with reduce_dtype={reduce_dtype!r} "
                          f"({REDUCE_BYTES[reduce_dtype]} bytes); give one of them")
@@ -126,7 +127,7 @@ def dp(n_params: float, n: int, flops_per_s: float, bandwidth: float, alpha: flo
     whose all-reduce runs after it at any t; its time is terms["tail_s"], exposed in every step
     (dp_step_time), and not part of the crossover."""
     e = grad_wire_bytes(grad_bytes, reduce_dtype)
-    _pos(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth)
+    positive(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth)
     if n == 1:
         return Crossover("DP", "tokens per rank in the backward", 0.0,
                          "nothing to all-reduce (N = 1)", {"grad_bytes": e, "tail_s": 0.0})
@@ -179,7 +180,7 @@ def zero3(n_params: float, n: int, flops_per_s: float, bandwidth: float, alpha: 
     bf16 gathers (p = 2) and alpha = 0 the backward binds at (N-1)/N * (2 + e_g)/4 * C/bw: 1.5
     (N-1)/N C/bw for fp32 reduction, (N-1)/N C/bw for bf16."""
     grad_bytes = grad_wire_bytes(grad_bytes, reduce_dtype)
-    _pos(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth, n_units=n_units)
+    positive(n_params=n_params, n=n, flops_per_s=flops_per_s, bandwidth=bandwidth, n_units=n_units)
     if n == 1:
         return Crossover("ZeRO-3", "tokens per rank per micro-batch", 0.0, "nothing to gather")
     latency = (n_units - 1) * comm.ring_steps("all_gather", n) * alpha   # the other units' alpha
@@ -204,7 +205,7 @@ def tp(tp: int, flops_per_s: float, bandwidth: float, alpha: float = 0.0, tokens
     alpha = 0, h* = 2 (tp-1) e C / (k bw) = (tp-1) e/6 * C/bw for a GPT layer (k = 12). The
     forward binds: the backward has twice the FLOPs for the same two all-reduces. Megatron's
     f and g block, so this says when the traffic COULD hide (collective matmul, async TP)."""
-    _pos(tp=tp, flops_per_s=flops_per_s, bandwidth=bandwidth, tokens=tokens)
+    positive(tp=tp, flops_per_s=flops_per_s, bandwidth=bandwidth, tokens=tokens)
     if tp == 1:
         return Crossover("TP", "hidden width", 0.0, "no TP traffic (tp = 1)")
     a = 2 * layer_h2 * tokens / (tp * flops_per_s)
@@ -222,7 +223,7 @@ def tp_max_degree(hidden: int, flops_per_s: float, bandwidth: float, act_bytes: 
                   layer_h2: float = LAYER_H2) -> int:
     """The largest TP degree whose traffic still fits under the compute at this width (alpha = 0):
     tp - 1 <= k h bw / (2 e C)."""
-    _pos(hidden=hidden, flops_per_s=flops_per_s, bandwidth=bandwidth)
+    positive(hidden=hidden, flops_per_s=flops_per_s, bandwidth=bandwidth)
     return 1 + int(layer_h2 * hidden * bandwidth / (2 * act_bytes * flops_per_s))
 
 
@@ -231,7 +232,7 @@ def pp(layers_per_stage: int, flops_per_s: float, bandwidth: float, act_bytes: f
        layer_h2: float = LAYER_H2) -> Crossover:
     """Hidden width above which a stage's forward (2 k h^2 * layers FLOPs a token) outlasts the
     one activation it sends on (h * e bytes a token): h* = e C / (2 k L_s bw) (alpha = 0)."""
-    _pos(layers_per_stage=layers_per_stage, flops_per_s=flops_per_s, bandwidth=bandwidth)
+    positive(layers_per_stage=layers_per_stage, flops_per_s=flops_per_s, bandwidth=bandwidth)
     h = act_bytes * flops_per_s / (2 * layer_h2 * layers_per_stage * bandwidth)
     return Crossover("PP", "hidden width", h, "the activation send per boundary (cheap: the "
                      "bubble, not the link, is PP's price)")
@@ -243,7 +244,7 @@ def pp_vs_zero3(hidden: int, n_params: float, n: int, weight_bytes: float = 2,
     ZeRO-3 over n ranks: PP sends each micro-batch's activation forward and its gradient back
     (2 t h e), ZeRO-3 gathers the weights twice and reduce-scatters the gradients
     (3 (n-1)/n P e)."""
-    _pos(hidden=hidden, n_params=n_params, n=n)
+    positive(hidden=hidden, n_params=n_params, n=n)
     weights = 3 * comm.ring_bytes_sent_per_rank("all_gather", n_params * weight_bytes, n)
     t = weights / (2 * hidden * act_bytes)
     return Crossover("PP vs ZeRO-3", "tokens per micro-batch", t,
@@ -261,7 +262,7 @@ def cp(cp: int, hidden: int, kv: int, flops_per_s: float, bandwidth: float, alph
     With alpha = 0: c* = kv/h * e/2 * C/bw (C/bw for multi-head 16-bit attention, a GQA model
     with kv = h/8 needs 8x fewer). The backward doubles both the FLOPs and the bytes (K/V again,
     then dK/dV): the same ratio, so forward and backward bind alike."""
-    _pos(cp=cp, hidden=hidden, kv=kv, flops_per_s=flops_per_s, bandwidth=bandwidth, batch=batch)
+    positive(cp=cp, hidden=hidden, kv=kv, flops_per_s=flops_per_s, bandwidth=bandwidth, batch=batch)
     if cp == 1:
         return Crossover("CP", "tokens per rank (s/cp)", 0.0, "no ring (cp = 1)")
     a = 4 * batch * hidden / flops_per_s
@@ -270,9 +271,3 @@ def cp(cp: int, hidden: int, kv: int, flops_per_s: float, bandwidth: float, alph
     binds = ("each hop's K/V chunk against its block of attention" if b * c >= alpha
              else "latency: alpha per hop")
     return Crossover("CP", "tokens per rank (s/cp)", c, binds)
-
-
-def _pos(**kw) -> None:
-    for name, v in kw.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"{name}={v!r} must be a positive number")

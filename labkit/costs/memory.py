@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from labkit.costs import activations as _act
 from labkit.costs import chips
 from labkit.costs import models as _models
+from labkit.costs._check import positive_ints
 from labkit.costs.lookup import lookup
 
 GB = 1e9
@@ -144,16 +145,10 @@ class ModelStates:
         return self.cpu_params + self.cpu_grads + self.cpu_optimizer
 
 
-def _check_degrees(**degrees):
-    for name, v in degrees.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-
-
 def zero_bytes_per_param(recipe, zero_stage: int, dp: int) -> float:
     """Bytes per parameter per GPU: (p+g+o), (p+g)+o/N, p+(g+o)/N, (p+g+o)/N for stages 0..3."""
     r = get_recipe(recipe)
-    _check_degrees(dp=dp)
+    positive_ints(dp=dp)
     p, g, o = r.weights, r.grads, r.optimizer
     forms = {0: p + g + o, 1: p + g + o / dp, 2: p + (g + o) / dp, 3: (p + g + o) / dp}
     if zero_stage not in forms:
@@ -176,7 +171,7 @@ def model_states(n_params: float, *, recipe, zero_stage: int = 0, dp: int = 1, t
     state: they cost (p + g + o) bytes each on every rank instead of (p + g + o)/N.
     """
     r = get_recipe(recipe)
-    _check_degrees(dp=dp, tp=tp, pp=pp)
+    positive_ints(dp=dp, tp=tp, pp=pp)
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     if offload_optimizer and zero_stage == 0:
@@ -237,7 +232,7 @@ def activation_bytes(spec, *, seq_len: int, micro_batch: int, tp: int = 1, pp: i
     projection's input and, under autocast, its bf16 weight copy): costs.activations.head_terms."""
     spec = _spec(spec)
     alive = pp if microbatches_alive is None else microbatches_alive
-    _check_degrees(pp=pp, microbatches_alive=alive)
+    positive_ints(pp=pp, microbatches_alive=alive)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp,
               sequence_parallel=sequence_parallel, attention=attention,
               dtype_bytes=dtype_bytes, mask_bytes=mask_bytes, recipe=recipe)

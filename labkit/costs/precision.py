@@ -11,8 +11,7 @@ objects, which memory.model_states accepts as they are.
 from __future__ import annotations
 
 from labkit.costs import memory
-
-BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+from labkit.costs.dtypes import BYTES
 
 # fp8_weights is labkit's illustration of what fp8 storage changes, not a published recipe:
 # DeepSeek-V3 (report section 3.3) keeps fp32 master weights and gradients and bf16 AdamW moments.

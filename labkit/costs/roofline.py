@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 from labkit.costs import chips
 from labkit.costs.chips import Chip
-
-ITEMSIZE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+from labkit.costs.dtypes import itemsize
 
 # FLOPs per element, counted by hand (a multiply or an add is one FLOP; sqrt and divide count one).
 LAYERNORM_FLOPS = 8      # mean 1, variance 3 (subtract, square, add), normalise 2, scale+shift 2
@@ -58,19 +57,11 @@ class Op:
         return self.flops / self.bytes
 
 
-def _itemsize(dtype) -> int:
-    if isinstance(dtype, int):
-        return dtype
-    if dtype not in ITEMSIZE:
-        raise KeyError(f"unknown dtype {dtype!r}; choose one of {', '.join(ITEMSIZE)} or bytes")
-    return ITEMSIZE[dtype]
-
-
 # ----------------------------------------------------------------------------- operations
 def matmul_mkn(m: int, k: int, n: int, dtype="bf16", name: str = "matmul") -> Op:
     """(m, k) @ (k, n): 2mkn FLOPs (a multiply and an add per term); reads both inputs and
     writes the output once: itemsize * (mk + kn + mn) bytes."""
-    size = _itemsize(dtype)
+    size = itemsize(dtype)
     return Op(name, 2.0 * m * k * n, float(size * (m * k + k * n + m * n)))
 
 
@@ -88,7 +79,7 @@ def attention(b: int, s: int, heads: int, head_dim: int, dtype="bf16", fused: bo
     memory and back: written, read by softmax, probabilities written, read by P V (4 passes).
     Fused (FlashAttention, Dao et al. 2022) they stay on chip: only Q, K, V in and O out, the
     ideal (the paper's IO bound Theta(s^2 d^2 / M) adds re-reads of K and V when d^2 > M)."""
-    size, h = _itemsize(dtype), heads * head_dim
+    size, h = itemsize(dtype), heads * head_dim
     f = 4.0 * b * heads * s * s * head_dim
     qkvo = 4.0 * b * s * h
     scores = 0.0 if fused else 4.0 * b * heads * s * s
@@ -100,7 +91,7 @@ def elementwise(numel: int, dtype="bf16", flops_per_element: float = 1.0, reads:
                 writes: int = 1, name: str = "elementwise") -> Op:
     """An op that touches each element once (add, GELU, dropout): reads + writes tensors of numel
     elements. Its intensity is a few FLOPs per element over several bytes: always memory-bound."""
-    size = _itemsize(dtype)
+    size = itemsize(dtype)
     return Op(name, flops_per_element * numel, float(size * numel * (reads + writes)))
 
 

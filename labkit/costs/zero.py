@@ -11,13 +11,8 @@ D-byte buffer sends (N-1)/N * D bytes per rank; an all-reduce is both.
 """
 from __future__ import annotations
 
+from labkit.costs._check import positive_ints
 from labkit.costs.memory import get_recipe
-
-
-def _check_degrees(**degrees):
-    for name, v in degrees.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
 def comm_per_rank(n_params: float, zero_stage: int, dp: int, bytes_per_value: float = 2) -> dict:
@@ -27,7 +22,7 @@ def comm_per_rank(n_params: float, zero_stage: int, dp: int, bytes_per_value: fl
     through an all-gather: 2(N-1)/N Ψ values, the same as DDP's all-reduce (which is those two
     phases). Stage 3 all-gathers the parameters twice (forward, and again in backward because
     they were freed) and reduce-scatters the gradients: 3(N-1)/N Ψ, 1.5x DDP."""
-    _check_degrees(dp=dp)
+    positive_ints(dp=dp)
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     one = (dp - 1) / dp * n_params * bytes_per_value   # one reduce-scatter or all-gather
@@ -43,7 +38,7 @@ def hsdp_comm_per_rank(n_params: float, replicate: int, shard: int, param_bytes:
     collectives: ZeRO-3 over the shard group, 3(S-1)/S Ψ (two all-gathers of param_bytes, one
     reduce-scatter of grad_bytes), and the all-reduce of the Ψ/S gradient shard over the
     replicate group, 2(R-1)/R Ψ/S grad_bytes. replicate=1 is ZeRO-3 (FSDP), shard=1 is DDP."""
-    _check_degrees(replicate=replicate, shard=shard)
+    positive_ints(replicate=replicate, shard=shard)
     one = (shard - 1) / shard * n_params
     out = {"shard": 2 * one * param_bytes + one * grad_bytes,
            "replicate": 2 * (replicate - 1) / replicate * n_params / shard * grad_bytes}
@@ -64,7 +59,7 @@ def zeropp_comm_per_rank(n_params: float, world: int, *, qwz: bool = False, hpz:
                      compute dtype); else as forward
     reduce_scatter   (N-1) chunks, int8 all-to-all with qgZ, else grad_bytes a value
     With hpZ, nodes of G ranks, only the forward gather and the gradients cross nodes."""
-    _check_degrees(world=world)
+    positive_ints(world=world)
     c = n_params / world
     blocks = -(-c // block)
 
@@ -73,7 +68,7 @@ def zeropp_comm_per_rank(n_params: float, world: int, *, qwz: bool = False, hpz:
 
     fwd = (world - 1) * shard_bytes(qwz, param_bytes)
     if hpz and hpz < world:
-        _check_degrees(hpz=hpz)
+        positive_ints(hpz=hpz)
         bwd = (hpz - 1) * -(-n_params // hpz) * param_bytes
     else:
         bwd = fwd
@@ -95,7 +90,7 @@ def hsdp_or_fsdp(n_params: float, nodes: int, gpus_per_node: int, intra_bw: floa
     ring); HSDP's gathers and reduce-scatter stay at intra_bw and only the gradient shard's
     all-reduce crosses nodes. state_bytes: model-state bytes per parameter (16 for mixed
     precision with fp32 Adam). Default dtypes: bf16 gathers, fp32 gradient reduction."""
-    _check_degrees(nodes=nodes, gpus_per_node=gpus_per_node)
+    positive_ints(nodes=nodes, gpus_per_node=gpus_per_node)
     world = nodes * gpus_per_node
     fsdp = hsdp_comm_per_rank(n_params, 1, world, param_bytes, grad_bytes)
     hsdp = hsdp_comm_per_rank(n_params, nodes, gpus_per_node, param_bytes, grad_bytes)
@@ -113,7 +108,7 @@ def hsdp_or_fsdp(n_params: float, nodes: int, gpus_per_node: int, intra_bw: floa
 def offload_transfer_bytes(n_params: float, *, recipe, dp: int = 1) -> dict:
     """PCIe bytes per step per GPU under ZeRO-Offload: gradient shard out, weight shard back."""
     r = get_recipe(recipe)
-    _check_degrees(dp=dp)
+    positive_ints(dp=dp)
     out = {"gpu_to_cpu_grads": r.grads * n_params / dp,
            "cpu_to_gpu_weights": r.weights * n_params / dp}
     out["total"] = out["gpu_to_cpu_grads"] + out["cpu_to_gpu_weights"]
@@ -138,7 +133,7 @@ def offload_seconds(n_params: float, *, recipe, dp: int = 1, pcie_bw: float = 25
 def replication_cost(n_replicated: float, *, recipe, dp: int) -> float:
     """Extra bytes per rank when n_replicated parameters stay whole under ZeRO-3 instead of
     being sharded: (p + g + o) * n_replicated * (1 - 1/N)."""
-    _check_degrees(dp=dp)
+    positive_ints(dp=dp)
     return get_recipe(recipe).total * n_replicated * (1 - 1 / dp)
 
 

@@ -57,10 +57,10 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
     sweeps = [r["compute"] for r in per_rank]
     compute = {h: statistics.median(crossover.slowest(sweeps, h)) for h in widths}
     mid = widths[len(widths) // 2]
-    rate = crossover.layer_flops(mid, nproc, tokens) / compute[mid]
+    rate = crossover.matmul_flops(mid, nproc, tokens) / compute[mid]
     rows = []
     for h in widths:
-        flops = crossover.layer_flops(h, nproc, tokens)
+        flops = crossover.matmul_flops(h, nproc, tokens)
         c = 2 * by_bytes[4 * acts[h]]                  # g after attention and after the MLP
         model = 2 * comm.ring_allreduce_time(ACT_BYTES * acts[h], nproc, fit["alpha"],
                                              fit["bandwidth"])

@@ -21,13 +21,17 @@ Balancing:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from labkit.costs import moe as moe_costs
+
 GATES = ("softmax", "sigmoid")
+# Assignments one expert may take, ceil(factor * n * k / E): the cost model's one definition,
+# here too because chapter 08 and the MoE layer route with it.
+capacity = moe_costs.capacity
 
 
 @dataclass
@@ -37,13 +41,6 @@ class Routing:
     kept: torch.Tensor         # (n, k) bool: assignment within its expert's capacity
     probs: torch.Tensor        # (n, E) gate probabilities (for the Switch loss)
     load: torch.Tensor         # (E,) assignments each expert received, before dropping
-
-
-def capacity(n_tokens: int, k: int, n_expert: int, factor: float | None) -> int | None:
-    """Assignments one expert may take: ceil(factor * n * k / E); None: no limit."""
-    if factor is None:
-        return None
-    return math.ceil(factor * n_tokens * k / n_expert)
 
 
 def route(logits: torch.Tensor, k: int, gate: str = "softmax", capacity: int | None = None,

@@ -27,8 +27,9 @@ def layer_shapes(h: int, tp: int, ffn_mult: int = 4) -> list:
     return [(h, h // tp)] * 3 + [(h // tp, h), (h, f // tp), (f // tp, h)]
 
 
-def layer_flops(h: int, tp: int, tokens: int, ffn_mult: int = 4) -> int:
-    """Forward FLOPs of one rank's matmuls: 2 * (4 + 2 ffn_mult) h^2 * tokens / tp (24 h^2 for
+def matmul_flops(h: int, tp: int, tokens: int, ffn_mult: int = 4) -> int:
+    """Forward FLOPs of one rank's matmuls (no attention scores: costs.tensor_parallel.layer_flops
+    adds them): 2 * (4 + 2 ffn_mult) h^2 * tokens / tp (24 h^2 for
     the GPT's 4h MLP, the 2 * 12 h^2 of costs.hiding.tp)."""
     return sum(2 * tokens * k * n for k, n in layer_shapes(h, tp, ffn_mult))
 
