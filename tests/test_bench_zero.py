@@ -27,3 +27,17 @@ def test_every_variant_holds_what_its_layout_predicts():
         assert r["step_s"] > 0 and math.isfinite(r["ratio_to_torch_ddp"]), r
     offloaded = {r["variant"] for r in rows if r["cpu_bytes_per_rank"] > 0}
     assert offloaded == {"ZeRO-2 offload", "ZeRO-3 offload"}
+
+
+def test_over_runs_reports_the_median_and_every_run():
+    """The spread over runs (#39): median ratio, each run's ratio, bytes from the first run."""
+    def run(step, fsdp):
+        return [{"variant": "ZeRO-3 prefetch", "step_s": step, "ratio_to_torch_ddp": step,
+                 "ratio_to_fsdp2": step / fsdp, "prefetch_speedup": 1.1, "bytes_per_rank": 7}]
+    rows = bench.over_runs([run(1.0, 1.0), run(3.0, 2.0), run(2.0, 2.5)])
+    (row,) = rows
+    assert row["runs"] == 3 and row["step_s"] == 2.0 and row["bytes_per_rank"] == 7
+    assert row["ratio_to_fsdp2_runs"] == [1.0, 1.5, 0.8] and row["ratio_to_fsdp2"] == 1.0
+    assert "0.80-1.50x" in bench.table([dict(row, ranks=4, bytes_predicted=7,
+                                             cpu_bytes_per_rank=0, cpu_bytes_predicted=0,
+                                             bytes_ratio=1.0)])

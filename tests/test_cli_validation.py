@@ -140,7 +140,7 @@ def test_bad_options_refused_before_any_process(lab, args, capsys, no_process_st
     ["pipeline", "--stages", "1"], ["pipeline", "--pad-ms", "-1", "5"], ["tp", "--tps", "3"],
     ["tp", "--hidden", "100"], ["parallel", "--batch", "3"], ["checkpoint", "--mbytes", "0"],
     ["collectives", "--sizes-mib", "0"], ["moe", "--ranks", "0"], ["launch", "--repeats", "0"],
-    ["zero", "--steps", "0"],
+    ["zero", "--steps", "0"], ["zero", "--runs", "0"],
     # the bad value belongs to the second benchmark: refused before the first one starts
     ["ddp", "tp", "--tps", "3"], ["collectives", "context", "--cp", "1"],
     # an option no benchmark named takes

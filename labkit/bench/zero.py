@@ -1,6 +1,6 @@
 """Benchmark: step time and bytes per rank of ZeRO stages 0-3, against PyTorch's DDP and FSDP2.
 
-    labkit bench zero [--ranks 4] [--steps 6] [--n-embd 64] [--n-layer 4]
+    labkit bench zero [--ranks 4] [--runs 3] [--steps 6] [--n-embd 64] [--n-layer 4]
 
 All variants train the same GPT (AdamW) on the same ranks in the same run, one step of each in turn
 (interleaved, so drifting load hits all alike); the step time is the median over steps of the
@@ -13,6 +13,11 @@ costs where, as on a CPU, backward leaves nothing to overlap them with). Bytes a
 keeps after a step, by storage (views once), on the device and (offload) in CPU memory, next to
 labkit.costs.memory's prediction for the recipe the variant runs (RECIPE). On CPU/Gloo the ratios
 show the cost of our collectives on Gloo, not what NCCL would do on GPUs.
+
+A single run's ratio moves by as much as the gaps it measures (two quiet runs once gave ZeRO-3
+0.98-1.17x FSDP2's step), so the benchmark launches --runs separate interleaved runs and prints
+each ratio as its median with the range over the runs, and says in how many runs ZeRO-3 with
+prefetch stepped at or under FSDP2.
 """
 from __future__ import annotations
 
@@ -156,6 +161,23 @@ def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600) -> lis
     return rows
 
 
+def over_runs(runs: list) -> list:
+    """One row per variant from several runs of `measure` (same ranks): the median step and
+    ratios, each ratio's per-run values ("<key>_runs") and its range; bytes from the first run
+    (they do not depend on timing)."""
+    rows = []
+    for i, first in enumerate(runs[0]):
+        same = [run_rows[i] for run_rows in runs]
+        row = dict(first, runs=len(runs))
+        for key in ("step_s", "ratio_to_torch_ddp", "ratio_to_fsdp2", "prefetch_speedup"):
+            if key in first:
+                values = [r[key] for r in same]
+                row[key] = statistics.median(values)
+                row[f"{key}_runs"] = values
+        rows.append(row)
+    return rows
+
+
 def _numel(cfg):
     from labkit.costs import models
 
@@ -169,6 +191,8 @@ def table(rows) -> str:
         ("step ms", lambda r: r["step_s"] * 1e3, ".1f"),
         ("vs DDP", "ratio_to_torch_ddp", lambda v: f"{v:.2f}x", ">"),
         ("vs FSDP2", "ratio_to_fsdp2", lambda v: f"{v:.2f}x", ">"),
+        ("FSDP2 range", lambda r: r.get("ratio_to_fsdp2_runs", [r["ratio_to_fsdp2"]]),
+         lambda v: f"{min(v):.2f}-{max(v):.2f}x", ">"),
         ("device KB", lambda r: r["bytes_per_rank"] / 1e3, ".1f"),
         ("predicted", lambda r: r["bytes_predicted"] / 1e3, ".1f"),
         ("CPU KB", lambda r: r["cpu_bytes_per_rank"] / 1e3, ".1f"),
@@ -179,6 +203,8 @@ def table(rows) -> str:
 def options(argv=()):
     """(options, the arguments not taken), checked before any benchmark runs (labkit.bench)."""
     p = bench_parser("zero", ranks=[4])
+    p.add_argument("--runs", type=count, default=3,
+                   help="separate interleaved runs; ratios are their median, with the range")
     p.add_argument("--steps", type=count, default=6, help="timed steps")
     p.add_argument("--warmup", type=at_least_zero, default=2, help="untimed steps first")
     add_gpt_size(p, n_layer=4, n_embd=64)
@@ -193,13 +219,20 @@ def main(argv=()) -> dict:
                     tie_weights=False)
     rows = []
     for n in args.ranks:
-        rows += measure(n, cfg, steps=args.steps, warmup=args.warmup)
+        rows += over_runs([measure(n, cfg, steps=args.steps, warmup=args.warmup)
+                           for _ in range(args.runs)])
+    print(f"{args.runs} runs, each interleaving every variant step by step; step ms and ratios: "
+          f"the median over runs, FSDP2 range: lowest to highest ratio to FSDP2 over the runs")
     print(f"GPT n_layer={args.n_layer} n_embd={args.n_embd} (Ψ = {_numel(cfg):,}), AdamW; "
           f"bytes = params + grads + optimizer state kept by the largest rank after a step, by "
           f"storage; vs FSDP2: the bf16 rows against FSDP2 with the same policy")
     print(table(rows), flush=True)
     for r in rows:
         if "prefetch_speedup" in r:
+            each = r["ratio_to_fsdp2_runs"]
+            under = sum(v <= 1.0 for v in each)
             print(f"{r['ranks']} ranks: ZeRO-3 step without prefetch / with prefetch = "
-                  f"{r['prefetch_speedup']:.2f}", flush=True)
+                  f"{r['prefetch_speedup']:.2f}; ZeRO-3 prefetch / FSDP2 per run: "
+                  f"{', '.join(f'{v:.2f}x' for v in each)} (at or under FSDP2 in {under} of "
+                  f"{len(each)})", flush=True)
     return {"rows": rows, "units": {"step_s": "s", "bytes_per_rank": "bytes"}}
