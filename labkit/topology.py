@@ -27,24 +27,13 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from labkit.degrees import Degrees, factorizations  # noqa: F401  (factorizations: parallel.plan imports it from here)
+
 DIMS = ("pp", "dp", "cp", "tp")  # outermost first: TP varies fastest, PP slowest
 
 
 class TopologyError(ValueError):
     """The parallel dimensions do not fit the world (the message says what to change)."""
-
-
-def factorizations(world: int) -> list:
-    """Every (pp, dp, tp) with pp * dp * tp == world, in order of tp then pp."""
-    out = []
-    for tp in _divisors(world):
-        for pp in _divisors(world // tp):
-            out.append((pp, world // (tp * pp), tp))
-    return out
-
-
-def _divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True)
@@ -59,27 +48,10 @@ class Topology:
     sizes: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        for name in ("world", "dp", "tp", "pp", "cp"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise TopologyError(f"{name} must be a positive integer, got {v!r}")
-        product = self.dp * self.tp * self.pp * self.cp
-        if product != self.world:
-            rest = self.world // self.cp if self.world % self.cp == 0 else self.world
-            near = [f"pp={p} x dp={d} x tp={t}" + (f" x cp={self.cp}" if self.cp > 1 else "")
-                    for p, d, t in factorizations(rest)
-                    if t == self.tp or (p == self.pp and d * t == rest // p)][:4]
-            names = "pp x dp x tp" + (" x cp" if self.cp > 1 else "")
-            values = f"{self.pp} x {self.dp} x {self.tp}" + (f" x {self.cp}" if self.cp > 1 else "")
-            raise TopologyError(
-                f"{names} = {values} = {product}, but the world has {self.world} ranks: the "
-                f"factors must multiply to {self.world}. "
-                f"For example: {'; '.join(near) or 'pp=1 x dp=%d x tp=1' % self.world}.")
-        if self.zero not in (0, 1, 2, 3):
-            raise TopologyError(f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.zero and self.dp == 1:
-            raise TopologyError(f"ZeRO stage {self.zero} shards over the data-parallel dimension, "
-                                f"but dp=1: nothing to shard over. Use zero=0 or dp > 1.")
+        w = self.world
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise TopologyError(f"world must be a positive integer, got {w!r}")
+        self.degrees.check(world=w, error=TopologyError)
         g = self.gpus_per_node
         if g is not None:
             if isinstance(g, bool) or not isinstance(g, int) or g < 1:
@@ -89,6 +61,11 @@ class Topology:
                                     f"gpus_per_node={g}: use a multiple of {g}.")
         object.__setattr__(self, "sizes", {"pp": self.pp, "dp": self.dp, "cp": self.cp,
                                            "tp": self.tp})
+
+    @property
+    def degrees(self) -> Degrees:
+        """The degrees this grid holds (labkit.degrees: the one record and its checks)."""
+        return Degrees(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, zero=self.zero)
 
     # -- the rank grid
     def coords(self, rank: int) -> dict:

@@ -8,8 +8,8 @@ from labkit.check.ch06 import assert_resume_matches, assert_round_trip, assert_w
 from labkit.checkpoint import atomic
 from labkit.checkpoint.errors import (
     CorruptCheckpointError,
+    LayoutError,
     MissingShardError,
-    TopologyError,
     WrongModelError,
 )
 from labkit.checkpoint.full import load_full, save_full
@@ -48,7 +48,7 @@ def test_bad_inputs_raise_clear_errors_and_keep_files(tmp_path):
     other, other_opt, _ = build(RunConfig(n_embd=24))
     with pytest.raises(WrongModelError, match="another model"):
         load_full(tmp_path, other, other_opt)
-    with pytest.raises(TopologyError, match="random state of 1 rank"):
+    with pytest.raises(LayoutError, match="random state of 1 rank"):
         _fake_world(tmp_path, model, opt)
     # truncated and corrupted copies of the checkpoint, in their own roots
     for how, match in [("truncate", "truncated"), ("flip", "corrupted")]:
@@ -169,7 +169,7 @@ def test_sharded_errors(tmp_path):
     shapes = sh.shapes_of(state)
     layout = sh.zero_layout(shapes, 1)
     sh.save_sharded(tmp_path, 1, sh.shard_state(state, layout, 0), layout)
-    with pytest.raises(TopologyError, match="3 tensor-parallel ranks cannot split"):
+    with pytest.raises(LayoutError, match="3 tensor-parallel ranks cannot split"):
         sh.tp_layout(shapes, 3, sh.tp_split_of(state))
     other = sh.shapes_of(sh.demo_state(n_embd=8, n_head=2))
     with pytest.raises(WrongModelError, match="another model"):

@@ -22,7 +22,7 @@ class MissingShardError(CheckpointError):
     """A rank's shard file is missing, or the saved shards do not cover a tensor."""
 
 
-class TopologyError(CheckpointError):
+class LayoutError(CheckpointError):
     """The saved layout cannot be mapped onto the ranks asked for."""
 
 

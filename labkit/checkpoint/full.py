@@ -23,7 +23,7 @@ import torch.distributed as dist
 from labkit.checkpoint import atomic
 from labkit.checkpoint.errors import (
     CheckpointError,
-    TopologyError,
+    LayoutError,
     WrongModelError,
     describe_mismatch,
 )
@@ -107,7 +107,7 @@ def load_full(path, model, optimizer=None, *, group=None, restore_rng: bool = Tr
         raise CheckpointError(f"{ckpt.name}/ is a {meta.get('kind')!r} checkpoint; load it with "
                               f"labkit.checkpoint.sharded.load_sharded")
     if restore_rng and meta["world"] != world:
-        raise TopologyError(
+        raise LayoutError(
             f"{ckpt.name}/ holds the random state of {meta['world']} rank(s); this job has "
             f"{world}. Per-rank RNG cannot be mapped to another world size: resume with "
             f"{meta['world']} ranks, or pass restore_rng=False and accept a different stream.")

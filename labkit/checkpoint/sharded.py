@@ -26,8 +26,8 @@ import torch
 from labkit.checkpoint import atomic
 from labkit.checkpoint.errors import (
     CheckpointError,
+    LayoutError,
     MissingShardError,
-    TopologyError,
     WrongModelError,
     describe_mismatch,
 )
@@ -72,7 +72,7 @@ def _split(n: int, world: int, rank: int) -> tuple[int, int]:
 def zero_layout(shapes: dict, world: int) -> dict:
     """ZeRO / FSDP style: every tensor flattened and split in world contiguous runs (uneven ok)."""
     if world < 1:
-        raise TopologyError(f"world={world}: need at least one rank")
+        raise LayoutError(f"world={world}: need at least one rank")
     pieces = []
     for name, (shape, _) in shapes.items():
         numel = int(torch.Size(shape).numel())
@@ -94,7 +94,7 @@ def tp_layout(shapes: dict, world: int, split_dims: dict) -> dict:
             continue
         dim = split_dims[name]
         if shape[dim] % world:
-            raise TopologyError(
+            raise LayoutError(
                 f"{name} has size {shape[dim]} along dim {dim}, which {world} tensor-parallel "
                 f"ranks cannot split evenly (heads and columns are not cut in pieces). Use a "
                 f"world size that divides {shape[dim]}, or load it with zero_layout.")
@@ -147,7 +147,7 @@ def save_sharded(root, step: int, local: dict, layout: dict, *, group=None, extr
     """Every rank writes `shard_rank{r}.pt` with its pieces; rank 0 writes the layout; commit."""
     rank, world = rank_world(group)
     if layout["world"] != world:
-        raise TopologyError(f"the layout is for {layout['world']} ranks; this group has {world}")
+        raise LayoutError(f"the layout is for {layout['world']} ranks; this group has {world}")
     name = atomic.step_name(step)
     if rank == 0:
         atomic.begin(root, name)
@@ -185,7 +185,7 @@ def load_sharded(path, layout: dict, rank: int) -> dict:
         shape, dtype = layout["tensors"][p.name]
         if any(o < 0 or o + n > lim for o, n, lim in zip(
                 p.offsets, p.lengths, (int(torch.Size(shape).numel()),) if p.flat else shape)):
-            raise TopologyError(f"piece {p.key} of rank {rank} lies outside {p.name} {shape}")
+            raise LayoutError(f"piece {p.key} of rank {rank} lies outside {p.name} {shape}")
         if p.name not in wholes:
             wholes[p.name] = _assemble(ckpt, meta, saved, p.name, files)
         out[p.key] = _box(wholes[p.name], p).clone()

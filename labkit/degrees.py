@@ -1,0 +1,87 @@
+"""The parallel degrees of a run, recorded and checked once: pure Python, so that the website's
+calculators (Pyodide, no torch) hold the same record as the launched ranks.
+
+    from labkit.degrees import Degrees
+    d = Degrees(dp=2, tp=2, pp=2, zero=1)
+    d.world                              # 8 = dp x tp x pp x cp
+    d.problems(world=6)                  # every way it does not fit, each saying what to change
+    d.check(world=8)                     # raises ValueError (or the error class given) if any
+
+labkit.topology.Topology (where each rank sits), labkit.parallel.Plan (what a launched run does)
+and the planner's labkit.costs.plan_inputs.Config (what a cluster-sized run would cost) each hold
+one, and check it here: one list of rules, one wording, one field order (the order of
+Megatron-LM and torchtitan, outermost first: pp, dp, cp, tp; ep inside dp; zero, the ZeRO stage,
+over dp).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def factorizations(world: int) -> list:
+    """Every (pp, dp, tp) with pp * dp * tp == world, in order of tp then pp."""
+    return [(pp, world // (tp * pp), tp) for tp in divisors(world) for pp in divisors(world // tp)]
+
+
+@dataclass(frozen=True)
+class Degrees:
+    dp: int = 1       # data-parallel replicas (ZeRO shards over them)
+    tp: int = 1       # tensor-parallel shards of every layer
+    pp: int = 1       # pipeline stages
+    cp: int = 1       # context-parallel shards of the sequence
+    ep: int = 1       # expert parallelism: experts over groups of ep consecutive dp ranks
+    zero: int = 0     # ZeRO stage over dp: 0 (plain data parallelism), 1, 2, 3
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def problems(self, world: int | None = None) -> list:
+        """Every way these degrees cannot describe a run (on `world` ranks, if given), each
+        message naming the factors and a value that works; [] when they fit."""
+        out = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "zero" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                out.append(f"{f.name} must be a positive integer, got {v!r}")
+        if out:
+            return out      # the rules below multiply and divide these
+        if world is not None and self.world != world:
+            out.append(self._world_problem(world))
+        if self.zero not in ZERO_STAGES:
+            out.append(f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
+        elif self.zero and self.dp == 1:
+            out.append(f"ZeRO stage {self.zero} shards over the data-parallel dimension, but "
+                       f"dp=1: nothing to shard over. Use zero=0 or dp > 1.")
+        if self.dp % self.ep:
+            out.append(f"ep={self.ep} must divide dp={self.dp}: expert parallelism shards the "
+                       f"experts over groups of ep data-parallel ranks; use an ep that divides "
+                       f"{self.dp}")
+        elif self.ep > 1 and self.zero == 3:
+            out.append(f"ZeRO-3 with ep={self.ep}: ZeRO-3 would shard the experts over dp as "
+                       f"well; use zero <= 2, or ep=1")
+        return out
+
+    def _world_problem(self, world: int) -> str:
+        cp = self.cp > 1
+        rest = world // self.cp if world % self.cp == 0 else world
+        near = [f"pp={p} x dp={d} x tp={t}" + (f" x cp={self.cp}" if cp else "")
+                for p, d, t in factorizations(rest)
+                if t == self.tp or (p == self.pp and d * t == rest // p)][:4]
+        names = "pp x dp x tp" + (" x cp" if cp else "")
+        values = f"{self.pp} x {self.dp} x {self.tp}" + (f" x {self.cp}" if cp else "")
+        return (f"{names} = {values} = {self.world}, but the world has {world} ranks: the "
+                f"factors must multiply to {world}. "
+                f"For example: {'; '.join(near) or f'pp=1 x dp={world} x tp=1'}.")
+
+    def check(self, world: int | None = None, error=ValueError) -> None:
+        """Raise `error` with every problem, in one message."""
+        found = self.problems(world)
+        if found:
+            raise error("; ".join(found))

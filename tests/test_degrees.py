@@ -1,0 +1,39 @@
+"""labkit.degrees: the one record of the parallel degrees, and its one list of rules."""
+import pytest
+
+from labkit.degrees import Degrees, factorizations
+from labkit.topology import Topology, TopologyError
+
+
+def test_world_is_the_product_and_every_problem_is_listed_at_once():
+    d = Degrees(dp=2, tp=2, pp=2, zero=4, ep=3)
+    assert d.world == 8
+    found = d.problems(world=6)
+    assert len(found) == 3
+    assert "2 x 2 x 2 = 8, but the world has 6 ranks" in found[0] and "For example" in found[0]
+    assert "ZeRO stage" in found[1] and "ep=3 must divide dp=2" in found[2]
+    with pytest.raises(ValueError, match="; "):
+        d.check(world=6)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(dp=0), "dp must be a positive integer, got 0"),
+    (dict(tp=True), "tp must be a positive integer, got True"),
+    (dict(tp=2, zero=1), "dp=1: nothing to shard over"),
+    (dict(dp=4, ep=2, zero=3), "ZeRO-3 with ep=2"),
+])
+def test_each_rule_says_what_to_change(kw, needle):
+    (problem,) = Degrees(**kw).problems()
+    assert needle in problem
+
+
+def test_factorizations_cover_the_world():
+    assert all(p * d * t == 12 for p, d, t in factorizations(12))
+    assert len(set(factorizations(12))) == len(factorizations(12)) == 18
+
+
+def test_topology_holds_degrees_and_raises_their_problems_as_its_own_error():
+    topo = Topology(8, dp=2, tp=2, pp=2, zero=1)
+    assert topo.degrees == Degrees(dp=2, tp=2, pp=2, zero=1)
+    with pytest.raises(TopologyError, match="must multiply to 8"):
+        Topology(8, dp=2, tp=2)
