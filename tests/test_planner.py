@@ -76,7 +76,7 @@ def test_search_follows_the_rules_and_ranks():
     every = planner.plan(GPT3, A100_256, include_unfit=True)
     assert any(not e.fits for e in every)          # e.g. TP1 x PP1: 175B does not fit one GPU
     _, skipped = planner.candidates(GPT3, A100_256)
-    assert skipped["TP larger than a node (TP stays on the fast links)"] > 0
+    assert skipped["TP larger than the NVLink domain (TP stays on the fast links)"] > 0
     why = "\n".join(planner.reasons(ranked[0], GPT3, A100_256))
     assert "inside a node" in why and "DP=" in why
 

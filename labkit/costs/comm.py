@@ -37,11 +37,17 @@ class Link:
         return 1.0 / self.bandwidth
 
 
-# Typical figures (per GPU, one direction); order of magnitude, for the calculators.
+# Typical figures (per GPU, one direction); order of magnitude, for the calculators. NVIDIA
+# prints NVLink per GPU as both directions added: 900 GB/s for NVLink 4, 1.8 TB/s for NVLink 5
+# (B200, GB200/GB300; costs.chips gives each sheet), so one direction is half. The alphas are
+# this table's assumption, not a measurement. How many GPUs one NVLink joins is a property of
+# the system, not of the link: costs.chips.SYSTEMS (8 on an HGX board, 72 in an NVL72 rack).
 LINKS = {
+    "NVLink 5 (B200, GB200 NVL72)": Link("NVLink 5 (B200, GB200 NVL72)", 3 * US, 900 * GB),
     "NVLink 4 (H100 SXM)": Link("NVLink 4 (H100 SXM)", 3 * US, 450 * GB),
     "NVLink 3 (A100 SXM)": Link("NVLink 3 (A100 SXM)", 3 * US, 300 * GB),
     "PCIe 4.0 x16": Link("PCIe 4.0 x16", 5 * US, 25 * GB),
+    "InfiniBand XDR 800 Gb/s": Link("InfiniBand XDR 800 Gb/s", 5 * US, 100 * GB),
     "InfiniBand NDR 400 Gb/s": Link("InfiniBand NDR 400 Gb/s", 5 * US, 50 * GB),
     "InfiniBand HDR 200 Gb/s": Link("InfiniBand HDR 200 Gb/s", 5 * US, 25 * GB),
     "Ethernet 100 Gb/s": Link("Ethernet 100 Gb/s", 10 * US, 12.5 * GB),

@@ -29,7 +29,8 @@ class Cluster:
     gpus_per_node: int = 8
     gpu: str = "A100 80GB"             # name in costs.memory.GPUS / costs.flops.PEAK_FLOPS
     gpu_memory: float | None = None    # bytes; None: the GPU's capacity
-    intra_bw: float = 300e9            # bytes/s per GPU per direction inside a node (NVLink 3)
+    intra_bw: float = 300e9            # bytes/s per GPU per direction inside the NVLink domain
+                                       # (default: NVLink 3, one node)
     inter_bw: float = 25e9             # bytes/s per GPU between nodes (InfiniBand HDR 200 Gb/s)
     intra_alpha: float = 3e-6          # seconds per message
     inter_alpha: float = 5e-6
@@ -41,6 +42,9 @@ class Cluster:
     restart_s: float = 600.0           # seconds to restart after a failure (assumption)
     pcie_bw: float = 25e9              # bytes/s GPU <-> CPU per GPU (PCIe 4.0 x16, offload)
     cpu_bw: float = 25e9               # bytes/s of CPU memory bandwidth per GPU (offloaded Adam)
+    nvlink_domain: int | None = None   # GPUs one NVLink domain joins, at intra_bw: None is one
+                                       # node (gpus_per_node; HGX: 8); a GB200/GB300 NVL72 rack
+                                       # joins 72 (costs.chips.SYSTEMS; planner.system_cluster)
 
     def __post_init__(self):
         if self.n_gpus < 1 or self.gpus_per_node < 1:
@@ -49,10 +53,24 @@ class Cluster:
         if self.n_gpus > self.gpus_per_node and self.n_gpus % self.gpus_per_node:
             raise ValueError(f"n_gpus={self.n_gpus} is not a whole number of nodes of "
                              f"{self.gpus_per_node} GPUs: use a multiple of {self.gpus_per_node}")
+        d = self.domain
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1 or d % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain={self.nvlink_domain!r}: a whole number of nodes of "
+                             f"{self.gpus_per_node} GPUs (e.g. 72 for an NVL72 rack of 4-GPU "
+                             f"trays), or None for one node")
+        if self.n_gpus > d and self.n_gpus % d:
+            raise ValueError(f"n_gpus={self.n_gpus} is not a whole number of NVLink domains of "
+                             f"{d} GPUs: use a multiple of {d}")
         for name in ("flop_efficiency", "overlap", "memory_margin"):
             v = getattr(self, name)
             if not 0 <= v <= 1 or (name == "flop_efficiency" and v == 0):
                 raise ValueError(f"{name}={v}: a share between 0 and 1 (50% is 0.5)")
+
+    @property
+    def domain(self) -> int:
+        """GPUs one NVLink domain joins: the fast links of intra_bw. Groups that fit in one
+        stay on them; larger ones cross inter_bw."""
+        return self.gpus_per_node if self.nvlink_domain is None else self.nvlink_domain
 
     @property
     def capacity(self) -> float:

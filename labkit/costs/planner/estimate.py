@@ -74,17 +74,18 @@ class Estimate:
 
 
 # ----------------------------------------------------------------------------- one configuration
-def link(cluster: Cluster, spans_nodes: bool) -> tuple:
-    """(alpha, bandwidth) of the links a group uses: the node's, or between nodes."""
-    return ((cluster.inter_alpha, cluster.inter_bw) if spans_nodes
+def link(cluster: Cluster, spans_domains: bool) -> tuple:
+    """(alpha, bandwidth) of the links a group uses: the NVLink domain's, or between domains."""
+    return ((cluster.inter_alpha, cluster.inter_bw) if spans_domains
             else (cluster.intra_alpha, cluster.intra_bw))
 
 
 def spans(c: Config, cluster: Cluster) -> dict:
-    """Which axes' groups cross node boundaries: {"tp", "cp", "dp", "pp", "ep"} -> bool.
+    """Which axes' groups leave one NVLink domain (cluster.domain GPUs: a node of 8 on HGX, a
+    rack of 72 on NVL72): {"tp", "cp", "dp", "pp", "ep"} -> bool.
     rank = ((pp * dp + dp_i) * cp + cp_i) * tp + tp_i (labkit.topology): TP innermost, then CP,
     then DP; neighbouring pipeline stages are tp*cp*dp ranks apart."""
-    g = cluster.gpus_per_node
+    g = cluster.domain
     return {"tp": c.tp > g, "cp": c.tp * c.cp > g, "dp": c.tp * c.cp * c.dp > g,
             "pp": c.tp * c.cp * c.dp >= g and cluster.n_gpus > g,
             "ep": c.tp * c.cp * c.ep > g}
@@ -174,7 +175,7 @@ def _ring_attention(c: Config, job: Job, cluster: Cluster, layers: int, window_f
     spec = job.spec
     kv = spec.kv_dim // min(c.tp, spec.kv_heads)     # K/V width on one TP rank (heads split by tp)
     by = context.cp_ring_layer_bytes(c.micro_batch, job.seq_len, kv, c.cp)   # bytes per layer
-    a, bw = link(cluster, c.tp * c.cp > cluster.gpus_per_node)
+    a, bw = link(cluster, c.tp * c.cp > cluster.domain)
     fwd = (c.cp - 1) * a + by["forward"] / bw                     # cp-1 hops of K/V
     bwd = (2 * c.cp - 1) * a + by["backward"] / bw                # K/V again, then dK/dV home
     if job.recompute == "full":
@@ -192,7 +193,7 @@ def _all_to_alls(c: Config, job: Job, cluster: Cluster, layers: int) -> tuple:
     tokens = c.micro_batch * job.seq_len // c.cp                 # this rank's tokens
     # one all-to-all: half the forward pair (dispatch + combine); 16-bit rows of h values
     one = moe.alltoall_bytes_per_layer(tokens, spec.top_k, spec.hidden, c.ep, 2, "forward") / 2
-    a, bw = link(cluster, c.tp * c.cp * c.ep > cluster.gpus_per_node)
+    a, bw = link(cluster, c.tp * c.cp * c.ep > cluster.domain)
     t = moe.alltoall_seconds(one, bw, c.ep, a)
     fwd = layers * 2 * t
     return fwd, fwd * (2 if job.recompute == "full" else 1)     # a redone forward redoes its pair

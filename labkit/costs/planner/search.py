@@ -42,8 +42,8 @@ def candidates(job: Job, cluster: Cluster, micro_batches=(1, 2, 4, 8), cps=None)
 
     cps = cp_degrees(job, cluster) if cps is None else cps
     for tp in (d for d in range(1, n + 1) if n % d == 0):
-        if tp > cluster.gpus_per_node:
-            skip("TP larger than a node (TP stays on the fast links)")
+        if tp > cluster.domain:
+            skip("TP larger than the NVLink domain (TP stays on the fast links)")
             continue
         if spec.n_heads % tp or spec.kv_heads % tp and tp % spec.kv_heads:
             skip("TP does not divide the attention heads")

@@ -7,22 +7,25 @@ from dataclasses import replace
 from labkit.costs import memory, models
 from labkit.costs.plan_inputs import Cluster, Job
 from labkit.costs.planner.conditions import binding
-from labkit.costs.planner.estimate import Estimate, evaluate, memory_of
+from labkit.costs.planner.estimate import Estimate, evaluate, memory_of, spans
 from labkit.costs.planner.search import CP_FROM_SEQ
 
 
 def reasons(est: Estimate, job: Job, cluster: Cluster) -> list:
     """The rules of thumb behind a configuration, with its own numbers."""
-    c, g, gb = est.config, cluster.gpus_per_node, 1e9
+    c, gb = est.config, 1e9
     out = []
     if c.tp > 1:
-        out.append(f"TP={c.tp} inside a node of {g}: its {4 if job.recompute != 'full' else 6} "
-                   f"all-reduces per layer (activations b*s*h, not weights) use the fast links; "
+        n_ar = 4 if job.recompute != "full" else 6
+        out.append(f"TP={c.tp} inside {_domain(cluster)}: its {n_ar} all-reduces per layer "
+                   f"(activations b*s*h, not weights) use the fast links; "
                    f"{est.tp_comm_s:.2f} s per step.")
     else:
         out.append("TP=1: the model fits without splitting layers, so no per-layer all-reduces.")
     if c.pp > 1:
-        out.append(f"PP={c.pp} across nodes: only one b*s*h activation crosses each boundary per "
+        where = ("across NVLink domains" if spans(c, cluster)["pp"]
+                 else "on NVLink (neighbouring stages share a domain)")
+        out.append(f"PP={c.pp} {where}: only one b*s*h activation crosses each boundary per "
                    f"micro-batch; the price is the bubble, {100 * est.bubble:.1f}% with K={est.K} "
                    f"micro-batches.")
     out += _cp_reason(est, job, cluster) + _ep_reason(est, job, cluster)
@@ -59,6 +62,13 @@ def reasons(est: Estimate, job: Job, cluster: Cluster) -> list:
     return out + [n + "." for n in est.notes]
 
 
+def _domain(cluster: Cluster) -> str:
+    """'the NVLink domain of 72 GPUs' (an NVL72 rack) or 'a node of 8' (the domain is the node)."""
+    if cluster.domain == cluster.gpus_per_node:
+        return f"a node of {cluster.gpus_per_node} (its NVLink domain)"
+    return f"the NVLink domain of {cluster.domain} GPUs"
+
+
 def _states(m: memory.MemoryPlan) -> float:
     return m.params + m.grads + m.optimizer + m.gathered
 
@@ -76,7 +86,8 @@ def _cp_reason(est: Estimate, job: Job, cluster: Cluster) -> list:
     redo = "no" if job.recompute == "none" else job.recompute
     verdict = ("does not fit" if whole + _states(est.memory) > cluster.usable
                else "would fit, but CP is faster here")
-    where = "inside a node" if c.tp * c.cp <= cluster.gpus_per_node else "across nodes"
+    where = (f"inside {_domain(cluster)}" if c.tp * c.cp <= cluster.domain
+             else "across NVLink domains")
     return [f"CP={c.cp}: unsplit, the {s:,}-token sequences keep {whole / gb:.1f} GB of "
             f"activations per GPU with TP={c.tp}{sp} and {redo} recomputation, which "
             f"with the model states {verdict} ({cluster.usable / gb:.0f} GB usable); split over "
@@ -97,9 +108,10 @@ def _ep_reason(est: Estimate, job: Job, cluster: Cluster) -> list:
         return [f"EP=1: every GPU holds all {spec.n_experts} experts ({every / gb:.1f} GB of "
                 f"expert states) and sends no all-to-all."]
     mine = memory.model_states(experts / c.ep, dp=c.dp * c.cp // c.ep, **kw).total
-    inside = c.tp * c.cp * c.ep <= cluster.gpus_per_node
-    return [f"EP={c.ep} {'inside a node' if inside else 'across nodes'}: each GPU holds "
+    inside = c.tp * c.cp * c.ep <= cluster.domain
+    where = f"inside {_domain(cluster)}" if inside else "across NVLink domains"
+    return [f"EP={c.ep} {where}: each GPU holds "
             f"{spec.n_experts // c.ep} of the {spec.n_experts} experts, {mine / gb:.1f} GB of "
             f"expert states instead of {every / gb:.1f} GB; the 4 all-to-alls per MoE layer and "
             f"micro-batch (dispatch and combine, forward and backward) cost {est.ep_comm_s:.2f} s "
-            f"per step on the {'node' if inside else 'inter-node'} links."]
+            f"per step on the {'NVLink' if inside else 'inter-domain'} links."]
