@@ -16,8 +16,7 @@ import torch
 
 from labkit.precision import mx, nvfp4, scaling
 from labkit.precision.formats import cast, relative_error
-
-SIZES = {"rows": 256, "cols": 1024}
+from labkit.table import table
 
 
 def scale_rules(rows: int = 256, cols: int = 1024, seed: int = 0) -> list[dict]:
@@ -112,38 +111,44 @@ def gemm(T: int = 256, K: int = 1024, out: int = 256, seed: int = 0) -> list[dic
     return rows
 
 
-def tables() -> str:
-    """Every experiment as printed text (labkit.table), for the lab and the chapter."""
-    from labkit.table import table
+def _pct(v) -> str:
+    return f"{v:.3%}"
 
-    pct = lambda v: f"{v:.3%}"                                          # noqa: E731
-    out = [table(scale_rules(), [("tensor", "tensor"), ("rule", "rule"),
-                                 ("rel error", "rel_error", ".4f"),
-                                 ("elements saturated", "saturated", pct),
-                                 ("blocks saturated", "blocks_saturated", pct),
-                                 ("flushed to 0", "flushed", pct)],
-                 title="MXFP8 (E4M3, 32-blocks, E8M0 scales): the scale's rounding rule")]
-    out.append(table(per_tensor(), [("sigma", "sigma", "g"), "per-tensor scale",
-                                    ("rel error", "rel_error", ".4f"),
-                                    ("block scales 0", "scales 0", pct),
-                                    ("block scales 448", "scales 448", pct)],
-                     title="NVFP4: the fp32 per-tensor scale, N(0, sigma^2) tensors"))
-    out.append(table(hadamard(), [("tensor", "tensor"), ("x^T", "x^T", ".4f"),
-                                  ("x^T with RHT", "x^T with RHT", ".4f"),
-                                  ("wgrad", "wgrad", ".4f"),
-                                  ("wgrad with RHT", "wgrad with RHT", ".4f")],
-                     title="NVFP4: 16x16 random Hadamard transform on the wgrad inputs "
-                           "(relative errors)"))
-    out.append(table(rounding(), [("rounding", "rounding"), ("one draw", "one", ".4f"),
-                                  ("mean of draws", "mean", ".4f"),
-                                  ("noise 1/sqrt(n)", "noise", ".4f"),
-                                  ("mean, unclamped", "mean unclamped", ".4f"),
-                                  ("clamped elements", "clamped", pct),
-                                  ("their mean shift", "clamped shift", "+.4f")],
-                     title=f"NVFP4: nearest vs stochastic rounding, {rounding.__defaults__[0]}"
-                           " draws of one N(0, 1) tensor (relative errors)"))
-    out.append(table(gemm(), [("recipe", "recipe"), ("gaussian a", "gaussian", ".4f"),
-                              ("outlier-channel a", "outlier channels", ".4f")],
-                     title="GEMM y = a w^T, both inputs through the recipe, fp32 sums: "
-                           "relative error vs fp32"))
-    return "\n\n".join(out)
+
+COLUMNS = {
+    "scale_rules": ("MXFP8 (E4M3, 32-blocks, E8M0 scales): the scale's rounding rule",
+                    [("tensor", "tensor"), ("rule", "rule"), ("rel error", "rel_error", ".4f"),
+                     ("elements saturated", "saturated", _pct),
+                     ("blocks saturated", "blocks_saturated", _pct),
+                     ("flushed to 0", "flushed", _pct)]),
+    "per_tensor": ("NVFP4: the fp32 per-tensor scale, N(0, sigma^2) tensors",
+                   [("sigma", "sigma", "g"), "per-tensor scale",
+                    ("rel error", "rel_error", ".4f"), ("block scales 0", "scales 0", _pct),
+                    ("block scales 448", "scales 448", _pct)]),
+    "hadamard": ("NVFP4: 16x16 random Hadamard transform on the wgrad inputs (relative errors)",
+                 [("tensor", "tensor"), ("x^T", "x^T", ".4f"),
+                  ("x^T with RHT", "x^T with RHT", ".4f"), ("wgrad", "wgrad", ".4f"),
+                  ("wgrad with RHT", "wgrad with RHT", ".4f")]),
+    "rounding": ("NVFP4: nearest vs stochastic rounding of one N(0, 1) tensor (relative errors)",
+                 [("rounding", "rounding"), ("draws", "draws"), ("one draw", "one", ".4f"),
+                  ("mean of draws", "mean", ".4f"), ("noise 1/sqrt(n)", "noise", ".4f"),
+                  ("mean, unclamped", "mean unclamped", ".4f"),
+                  ("clamped elements", "clamped", _pct),
+                  ("their mean shift", "clamped shift", "+.4f")]),
+    "gemm": ("GEMM y = a w^T, both inputs through the recipe, fp32 sums: relative error vs fp32",
+             [("recipe", "recipe"), ("gaussian a", "gaussian", ".4f"),
+              ("outlier-channel a", "outlier channels", ".4f")]),
+}
+EXPERIMENTS = {"scale_rules": scale_rules, "per_tensor": per_tensor, "hadamard": hadamard,
+               "rounding": rounding, "gemm": gemm}
+
+
+def show(name: str, rows: list[dict]) -> str:
+    """One experiment's rows as a titled labkit.table."""
+    title, columns = COLUMNS[name]
+    return table(rows, columns, title=title)
+
+
+def tables() -> str:
+    """Every experiment, run and printed: what the lab shows as its experiment 7."""
+    return "\n\n".join(show(name, run()) for name, run in EXPERIMENTS.items())
