@@ -174,3 +174,21 @@ def test_microscaling_experiments_small():
     g = microscaling.gemm(T=32, K=256, out=32)
     err = {r["recipe"]: r["gaussian"] for r in g}
     assert err["bf16"] < err["MXFP8 rceil (TE)"] < err["NVFP4 1x16 / 16x16"]
+
+
+@pytest.mark.full
+def test_lab_prints_the_microscaling_tables():
+    """`labkit run precision --microscaling`: the twelfth experiment's five tables (about 30 s
+    on two ranks: the full lane)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "labkit", "run", "precision", "--nproc", "2",
+                          "--steps", "2", "--microscaling"], cwd=root, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in ("7. MXFP8 and NVFP4", "the scale's rounding rule", "MXFP8 rceil (TE)",
+                 "NVFP4 1x16 / 16x16", "random Hadamard", "stochastic"):
+        assert line in out.stdout, line
