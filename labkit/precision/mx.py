@@ -5,7 +5,8 @@ scale X = 2^e stored as E8M0 (8 exponent bits, bias 127, no mantissa, no sign: 2
 and each element is P_i = e4m3(V_i / X). The whole question is how e is chosen from the block's
 amax. Three rules, all in production code:
 
-* floor (the spec's rule, section 6.3; torchao `ScaleCalculationMode.FLOOR`, its default):
+* floor (the spec's rule, section 6.3, as the docstring of torchao's
+  `ScaleCalculationMode.FLOOR`, its default mode, quotes it):
       e = floor(log2 amax) - emax_elem,   emax_elem = 8 (E4M3's top binade: 448 = 1.75 * 2^8)
   so amax / X lies in [256, 512): whenever the block max's mantissa exceeds 1.75 the max is
   above 448 and saturates (torchao clamps it to +-448 before the cast).
