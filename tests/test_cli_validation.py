@@ -96,7 +96,7 @@ BAD = {
                                           "--cp-layout", "plain"]],
     "sequence": [["--cp", "2"], ["--nproc", "3"]],
     "moe": [["--nproc", "3"], ["--top-k", "9"], ["--capacity-factor", "0"]],
-    "precision": [["--steps", "0"], ["--nproc", "0"]],
+    "precision": [["--steps", "0"], ["--nproc", "0"], ["--microscaling", "yes"]],
     "overlap": [["--nproc", "1"], ["--rows", "4"], ["--rows", "0", "2"], ["--n-embd", "60"],
                 ["--rounds", "0"], ["--sizes-kib", "64"]],
     "overlap_tp": [["--nproc", "1"], ["--widths", "64"], ["--widths", "63", "128"],

@@ -1,6 +1,6 @@
 """Lab 09: mixed precision on the tiny GPT; independent experiments shared out over the ranks.
 
-    labkit run precision --nproc 2 [--steps 30]
+    labkit run precision --nproc 2 [--steps 30] [--microscaling]
     torchrun --nproc-per-node 2 -m labkit run precision      # one rank per process
 
 Experiment i runs on rank i % N (they are independent: the ranks only share the work); rank 0
@@ -14,6 +14,9 @@ prints a line as each round finishes and a table at the end:
 4. bytes per parameter of a real AdamW step with master weights, from storage sizes.
 5. fp8 scaling recipes (delayed, current, rowwise, block) with one outlier token x 1e4.
 6. fp8 accumulation emulated (fast, split every 128 products) against one H200's measured errors.
+7. with --microscaling: MXFP8's scale rounding (OCP floor vs round-up) and NVFP4 (per-tensor
+   scale, random Hadamard transform, stochastic rounding), and one GEMM through every recipe
+   (labkit.precision.microscaling; emulated, no Blackwell speed).
 The numerics run on the CPU on purpose (casts are exact there); the fp8 part emulates the
 numerics and says nothing about speed.
 """
@@ -27,7 +30,7 @@ BACKEND = "auto"  # the launcher picks it; the experiments themselves compute on
 
 
 def _task(kind, arg, steps):
-    from labkit.precision import accumulate, compare, lossscale, master, memory
+    from labkit.precision import accumulate, compare, lossscale, master, memory, microscaling
     from labkit.precision.scaler import DynamicLossScaler
 
     if kind == "stall":
@@ -45,23 +48,28 @@ def _task(kind, arg, steps):
                  accumulate.MEASURED_H200[(kind_, mode)][K])
                 for kind_ in ("zero-mean", "positive-mean") for mode in ("fast", "split")
                 for K in (1024, 4096)]
+    if kind == "microscaling":
+        return microscaling.tables()
     return memory.measure_step()
 
 
 TASKS = [("stall", False), ("stall", True), ("underflow", 1.0), ("underflow", 2.0**8),
          ("underflow", 2.0**16), ("underflow", 2.0**20), ("scaler", None), ("fp8", None),
          ("memory", None), ("recipes", 1e4), ("accumulate", None)]
+MICRO = len(TASKS)                  # TASKS_MICRO[MICRO]: only with --microscaling
+TASKS_MICRO = TASKS + [("microscaling", None)]
 
 
-def share(steps: int, first: int) -> list:
-    """Rank side: this rank's task of the round starting at TASKS[first] (or None)."""
+def share(steps: int, first: int, micro: bool = False) -> list:
+    """Rank side: this rank's task of the round starting at tasks[first] (or None)."""
     import torch.distributed as dist
 
     from labkit.labs import rank_place
 
+    tasks = TASKS_MICRO if micro else TASKS
     i = first + dist.get_rank()
     end = first + dist.get_world_size()
-    mine = [(i, _task(*TASKS[i], steps))] if i < min(end, len(TASKS)) else []
+    mine = [(i, _task(*tasks[i], steps))] if i < min(end, len(tasks)) else []
     return mine + [("ran_on", rank_place())]    # (backend, device), for the report's header
 
 
@@ -72,21 +80,24 @@ def main(argv=()) -> int:
     p = lab_parser("precision", nproc=2, nproc_help="ranks the experiments are shared out over")
     p.add_argument("--steps", type=count, default=30,
                    help="training steps of the master-weight runs (the scaler run: twice)")
+    p.add_argument("--microscaling", action="store_true",
+                   help="also run experiment 7: MXFP8 scale rounding and NVFP4, emulated")
     a = p.parse_args(list(argv))
-    rounds = range(0, len(TASKS), a.nproc)
+    tasks = TASKS_MICRO if a.microscaling else TASKS
+    rounds = range(0, len(tasks), a.nproc)
     prog = Progress("precision", total=len(rounds))
     res = {}
     for first in rounds:
-        for per_rank in run(share, a.nproc, args=(a.steps, first), echo=False):
+        for per_rank in run(share, a.nproc, args=(a.steps, first, a.microscaling), echo=False):
             got = dict(per_rank)
             res.setdefault("ran_on", got.pop("ran_on"))     # the first launch's rank 0
             res.update(got)
-        prog.done(f"experiments {first + 1}-{min(first + a.nproc, len(TASKS))} of {len(TASKS)}")
+        prog.done(f"experiments {first + 1}-{min(first + a.nproc, len(tasks))} of {len(tasks)}")
     if os.environ.get("RANK", "0") != "0":
         return 0
     from labkit.labs import ran_on
 
-    print(f"\n{a.nproc} ranks, {len(TASKS)} experiments; {ran_on(*res['ran_on'])} (rank 0's "
+    print(f"\n{a.nproc} ranks, {len(tasks)} experiments; {ran_on(*res['ran_on'])} (rank 0's "
           f"launch; the numerics themselves compute on the CPU)")
     print("1. master weights (Adam, lr 3e-5, bf16 compute)")
     for i, name in ((0, "bf16 weights"), (1, "fp32 master")):
@@ -123,4 +134,7 @@ def main(argv=()) -> int:
     print("6. fp8 accumulation (emulated, 14-bit sum) vs one H200 (measured), relative error")
     for kind, mode, K, e, h in res[10]:
         print(f"  {kind:<14} {mode:<5} K={K:<5} emulated {e:.2e}  H200 {h:.2e}  ({e / h:.2f}x)")
+    if a.microscaling:
+        print("7. MXFP8 and NVFP4, emulated (values exact, no Blackwell speed)\n")
+        print(res[MICRO])
     return 0

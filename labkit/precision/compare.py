@@ -14,12 +14,12 @@ import torch.nn.functional as F
 
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 from labkit.precision import fp8, scaling
+from labkit.precision.formats import relative_error
 
 CONFIG = GPTConfig(n_layer=1, n_head=4, n_embd=128, block_size=32)   # 128: one fp8 block wide
 
 
-def _rel(y, ref):
-    return float((y - ref).norm() / ref.norm())
+_rel = relative_error
 
 
 def layer_errors(cfg: GPTConfig = CONFIG, seed: int = 0, batch_size: int = 8,

@@ -71,6 +71,13 @@ def cast(x: torch.Tensor, name: str) -> torch.Tensor:
     return x.float().clamp(-f.max, f.max).to(DTYPES[name]).float()
 
 
+def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """||y - ref|| / ||ref|| (Frobenius), in float64: the error measure of every precision
+    experiment in labkit.precision."""
+    y, ref = y.double(), ref.double()
+    return float((y - ref).norm() / ref.norm())
+
+
 def spacing(x, name: str) -> torch.Tensor:
     """ulp at |x| in the format: the gap to the next representable number (subnormals included)."""
     x = torch.as_tensor(x, dtype=torch.float64).abs()
