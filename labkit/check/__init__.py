@@ -12,7 +12,6 @@ exists), never each other: tests/test_check_layout.py holds the import graph to 
     source         the one reader of the reader's source (ast): calls, collectives
     forbidden      what of a set of modules and names the reader's code reaches
     refusal        the one refusal: Forbidden (before a run), Refused (during one)
-    guards         CollectiveLog: the collectives really dispatched (a TorchDispatchMode)
     mistakes       mistake tables as data: a wrong answer's ratio -> its hint
 
 A checker is a list of cases:

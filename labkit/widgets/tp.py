@@ -49,7 +49,7 @@ def bytes_figure(rows, title: str = "bytes of every TP all-reduce: logged vs for
 
     labels = [f"TP={r['tp']} {r['phase'][:3]} #{i}" for i, r in enumerate(rows)]
     fig = go.Figure([
-        go.Bar(x=labels, y=[r["measured_bytes"] for r in rows], name="logged (labkit.commlog)",
+        go.Bar(x=labels, y=[r["measured_bytes"] for r in rows], name="logged (observe.commlog)",
                marker_color=COLOURS[0]),
         go.Scatter(x=labels, y=[r["predicted_bytes"] for r in rows], mode="markers",
                    marker=dict(symbol="x", size=12, color=COLOURS[3]),
@@ -60,7 +60,7 @@ def bytes_figure(rows, title: str = "bytes of every TP all-reduce: logged vs for
 
 
 def wire_figure(rows, title: str = "bytes each rank sent in one TP forward + backward"):
-    """rows from labkit.tp.measure.count_wire: bars the kernel's count (labkit.netcount), markers
+    """rows from labkit.tp.measure.count_wire: bars the kernel's count (observe.netcount), markers
     labkit.costs' ring prediction n_layer * 4 * 2(tp-1)/tp * b*s*h*4."""
     import plotly.graph_objects as go
 
