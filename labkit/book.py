@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from labkit import chapters as manifest
+
 EXCLUDED = {"labkit/book.py"}  # this file: running the book does not depend on it
 CLI = re.compile(r"labkit\s+(run|bench)\s+(\w+)")  # a code cell that runs the CLI (`!labkit run x`)
 
@@ -226,16 +228,25 @@ def execute(path: Path, timeout: int = 1800, sources: Sources | None = None) -> 
 
 
 def select(root: Path, chapters, folders) -> list:
+    """The notebooks under root of the manifest's chapters (labkit.chapters) numbered in
+    `chapters` ("03", ...; none = all), folder by folder."""
     paths = []
     for folder in folders:
-        for p in sorted((root / folder).glob("*.ipynb")):
-            if not chapters or p.name[:2] in chapters:
+        for c in manifest.CHAPTERS:
+            p = root / folder / f"{c.stem}.ipynb"
+            if (not chapters or c.nn in chapters) and p.exists():
                 paths.append(p)
     return paths
 
 
 def chapter_number(text: str) -> str:
-    return f"{int(text):02d}"
+    """argparse's type for a chapter: "7" or "07" -> "07", a chapter of the manifest."""
+    try:
+        return manifest.chapter(int(text)).nn
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"no chapter {text!r}: the book's chapters are "
+            f"{' '.join(c.nn for c in manifest.CHAPTERS)} (labkit.chapters)") from None
 
 
 def _default_root() -> Path:

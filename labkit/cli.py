@@ -115,12 +115,11 @@ def main(argv=None) -> int:
 
         return site.main(rest)
     if args.cmd == "list":
-        from labkit.labs import CHAPTER_LABS
+        from labkit import chapters
         from labkit.table import table
 
-        rows = [(f"{ch:02d}", title, ", ".join(labs))
-                for ch, (title, labs) in sorted(CHAPTER_LABS.items())]
-        listed = {lab for _, labs in CHAPTER_LABS.values() for lab in labs}
+        rows = [(c.nn, c.title, ", ".join(c.lab_names)) for c in chapters.CHAPTERS]
+        listed = {x.name for x in chapters.labs()}
         extra = [n for n in _names("labkit.labs") if n not in listed]
         if extra:
             rows.append(("--", "(no chapter)", ", ".join(extra)))

@@ -2,9 +2,10 @@
 
     python -m labkit.landing [ROOT]      (re)write ROOT/START_HERE.ipynb (./book.sh does this)
 
-The table of contents is generated, never typed: every chapters/NN_*.ipynb becomes a row with
-its title (the chapter's first heading) and links to its exercise and solution notebooks where
-they exist, so a chapter added later appears the next time the book is opened. The file is only
+The table of contents is generated, never typed: every chapter of the manifest (labkit.chapters)
+whose notebook exists becomes a row with its title and links to its exercise and solution
+notebooks where they exist, so a chapter added to the manifest appears the next time the book is
+opened. The file is only
 rewritten when its content changes (a launch leaves git clean when nothing was added). Under the
 table, a line links GLOSSARY.md when the book has one. The website (labkit.site) has a front
 page of its own, written for the web (labkit/site_assets/index.md).
@@ -19,10 +20,10 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import nbfile
+from labkit import chapters, nbfile
 
 NAME = "START_HERE.ipynb"
-FOLDERS = ("chapters", "exercises", "solutions")
+FOLDERS = chapters.FOLDERS
 
 INTRO = """\
 # Distributed LLM training, by running it
@@ -88,16 +89,18 @@ def chapter_title(path: Path) -> str:
     return Path(path).stem
 
 
-def chapters(root: Path) -> list:
-    """[{"number", "stem", "title", "chapters": rel path, "exercises": rel or None, ...}]."""
+def rows(root: Path) -> list:
+    """[{"number", "stem", "title", "chapters": rel path, "exercises": rel or None, ...}]: one per
+    chapter of the manifest whose chapter notebook is under root, in the manifest's order."""
     root = Path(root)
-    rows = []
-    for path in sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb")):
-        row = {"number": path.name[:2], "stem": path.stem, "title": chapter_title(path)}
-        for folder in FOLDERS:
-            row[folder] = f"{folder}/{path.name}" if (root / folder / path.name).exists() else None
-        rows.append(row)
-    return rows
+    out = []
+    for c in chapters.CHAPTERS:
+        row = {"number": c.nn, "stem": c.stem, "title": c.title}
+        for folder, rel in zip(FOLDERS, c.notebooks):
+            row[folder] = rel if (root / rel).exists() else None
+        if row["chapters"]:
+            out.append(row)
+    return out
 
 
 def table_markdown(rows: list, link_ext: str = ".ipynb") -> str:
@@ -128,9 +131,8 @@ def glossary_line(root: Path) -> str:
 def landing_notebook(root: Path, link_ext: str = ".ipynb"):
     """The landing notebook (nbformat node) for the book at root. Cell ids are fixed, so an
     unchanged book gives a byte-identical file."""
-    rows = chapters(root)
-    cells = [nbformat.v4.new_markdown_cell(INTRO), nbformat.v4.new_markdown_cell(
-        table_markdown(rows, link_ext) + glossary_line(root)), nbformat.v4.new_markdown_cell(HOW)]
+    contents = table_markdown(rows(root), link_ext) + glossary_line(root)
+    cells = [nbformat.v4.new_markdown_cell(text) for text in (INTRO, contents, HOW)]
     for i, cell in enumerate(cells):
         cell["id"] = f"start-here-{i}"
     nb = nbformat.v4.new_notebook(cells=cells)

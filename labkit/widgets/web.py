@@ -1,6 +1,7 @@
 """The website's calculators: the notebook calculators' controls as data, and their text.
 
-Each entry names the chapter cell whose widget it stands for (its number and source), the HTML
+Each entry names the chapter cell whose widget it stands for (its source; the chapter is the one
+whose `calculators` name it in the manifest, labkit.chapters), the HTML
 controls to draw (a range, a log range, a select or a checkbox, with the notebook widget's
 defaults), and the function that turns the controls' values into text: the same text function
 the notebook widget prints (intro.summary, moe.summary, precision.bytes_text, ...), so a number
@@ -18,6 +19,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from labkit import chapters
 from labkit.costs import checkpoint as ck
 from labkit.costs import comm, memory, models
 from labkit.costs import planner as P
@@ -50,7 +52,6 @@ def check(name, label, value):
 
 @dataclass(frozen=True)
 class Calculator:
-    chapter: str     # "08": the chapter notebook's number
     source: str      # the cell's source (stripped) whose widget output this replaces
     controls: list
     text: object     # values (dict by control name) -> str
@@ -72,12 +73,12 @@ def _planner_text(v):
 LINK_NAMES = list(comm.LINKS)
 
 CALCULATORS = {
-    "intro": Calculator("00", "intro.calculator()", [
+    "intro": Calculator("intro.calculator()", [
         sel("model", "model", list(models.PRESETS), "llama2-7b"),
         sel("recipe", "recipe", list(memory.RECIPES), "mixed"),
         rng("zero_stage", "ZeRO stage", 0, 3, 1, 0),
         rng("dp", "GPUs (dp)", 1, 64, 1, 8)], lambda v: intro.summary(**v)),
-    "roofline": Calculator("00", "roofview.calculator()", [
+    "roofline": Calculator("roofview.calculator()", [
         sel("layer", "layer", list(roofview.LAYERS), "MLP up (matmul)"),
         sel("gpu", "GPU", list(roofview.roofline.CHIPS), "H100 SXM"),
         sel("dtype", "dtype", ["bf16", "fp16", "fp32"], "bf16"),
@@ -85,7 +86,7 @@ CALCULATORS = {
         sel("seq", "sequence", [1, 128, 512, 2048, 4096, 8192], 512),
         sel("width", "width", [1024, 2048, 4096, 8192, 12288], 4096)],
         lambda v: roofview.verdict(**v)),
-    "ddp": Calculator("02", "view.calculator()", [
+    "ddp": Calculator("view.calculator()", [
         rng("compute_ms", "compute ms", 5, 500, 5, 100),
         rng("comm_ms", "comm ms", 0, 200, 1, 10),
         rng("n", "GPUs N", 1, 256, 1, 8),
@@ -93,7 +94,7 @@ CALCULATORS = {
         rng("accum", "accumulation", 1, 16, 1, 1),
         rng("slowdown", "slowdown s", 0, 0.5, 0.01, ddp.scaling.OVERLAP_SLOWDOWN)],
         lambda v: ddp.summary(**v)),
-    "memory": Calculator("03", "mw.calculator()", [
+    "memory": Calculator("mw.calculator()", [
         sel("model", "model", list(models.PRESETS), "llama2-7b"),
         sel("seq_len", "sequence length", [1024, 2048, 4096, 8192, 32768, 131072], 4096),
         rng("micro_batch", "micro-batch", 1, 32, 1, 1),
@@ -112,20 +113,20 @@ CALCULATORS = {
                                    ("optimizer + params -> CPU", 2)], 0),
         sel("gpu", "GPU", list(memory.GPUS), "H100 80GB"),
         sel("unit", "unit", ["GB", "GiB"], "GB")], _memory_text),
-    "tp": Calculator("04", "view.calculator()", [
+    "tp": Calculator("view.calculator()", [
         rng("b", "b", 1, 32, 1, 1),
         rng("s", "s", 256, 32768, 256, 4096),
         rng("h", "h", 1024, 16384, 1024, 8192),
         sel("tp", "TP", [1, 2, 4, 8, 16], 8),
         sel("link", "link", LINK_NAMES, "NVLink 4 (H100 SXM)")], lambda v: tp.summary(**v)),
-    "pipeline": Calculator("05", "pw.calculator()", [
+    "pipeline": Calculator("pw.calculator()", [
         sel("schedule", "schedule", list(pipeline.ALL_SCHEDULES), "1f1b"),
         rng("P", "stages P", 1, 8, 1, 4),
         rng("K", "micro-batches K", 1, 32, 1, 8),
         rng("v", "chunks v", 1, 4, 1, 2),
         rng("t_f", "t_f", 0.25, 4.0, 0.25, 1.0),
         rng("t_b", "t_b", 0.25, 8.0, 0.25, 2.0)], lambda v: pipeline.summary(**v)),
-    "checkpoint": Calculator("06", "cw.calculator()", [
+    "checkpoint": Calculator("cw.calculator()", [
         logrng("n_params_b", "params (B)", -1, 3, 0.1, 70),
         sel("recipe", "recipe", sorted(ck.RECIPES), "mixed_adam"),
         rng("writers", "writers", 1, 1024, 1, 64),
@@ -136,19 +137,19 @@ CALCULATORS = {
         rng("restart_min", "restart min", 0, 60, 0.1, 10),
         rng("interval_min", "interval min", 1, 600, 0.1, 30)],
         lambda v: checkpoint.plan_table(checkpoint.plan(**v))),
-    "activations": Calculator("07", "view.activation_calculator()", [
+    "activations": Calculator("view.activation_calculator()", [
         rng("s", "s (tokens)", 1024, 131072, 1024, 8192),
         rng("b", "b", 1, 16, 1, 1),
         rng("h", "h", 1024, 16384, 512, 8192),
         rng("a", "a (heads)", 8, 128, 8, 64),
         sel("tp", "tp", [1, 2, 4, 8], 8),
         sel("cp", "cp", [1, 2, 4, 8, 16], 1)], lambda v: context.activation_text(**v)),
-    "context-comm": Calculator("07", "view.comm_calculator()", [
+    "context-comm": Calculator("view.comm_calculator()", [
         rng("b", "b", 1, 16, 1, 1),
         rng("s", "s (tokens)", 1024, 131072, 1024, 8192),
         rng("h", "h", 1024, 16384, 512, 8192),
         rng("kv", "kv (= Hk d)", 128, 16384, 128, 1024)], lambda v: context.comm_text(**v)),
-    "moe": Calculator("08", "view.calculator()", [
+    "moe": Calculator("view.calculator()", [
         sel("n_expert", "experts", [4, 8, 16, 32, 64, 128, 256], 8),
         rng("k", "top-k", 1, 8, 1, 2),
         rng("factor", "capacity", 0.25, 3.0, 0.25, 1.25),
@@ -157,14 +158,14 @@ CALCULATORS = {
         sel("bandwidth", "link", [("NVLink 450 GB/s", 450e9), ("InfiniBand 50 GB/s", 50e9),
                                   ("Ethernet 12.5 GB/s", 12.5e9)], 50e9)],
         lambda v: moe.summary(**v)),
-    "precision": Calculator("09", "view.bytes_widget(7e9)", [
+    "precision": Calculator("view.bytes_widget(7e9)", [
         logrng("n_params", "params (B)", -1, 3, 0.05, 7),
         sel("weights", "weights", ["bf16", "fp16", "fp8", "fp32"], "bf16"),
         sel("grads", "grads", ["bf16", "fp16", "fp32"], "bf16"),
         check("master", "fp32 master copy", True),
         sel("moments", "Adam moments", ["fp32", "bf16"], "fp32")],
         lambda v: precision.bytes_text(**{**v, "n_params": v["n_params"] * 1e9})),
-    "planner": Calculator("10", "pw.planner()", [
+    "planner": Calculator("pw.planner()", [
         sel("model", "model", list(models.PRESETS), "llama2-70b"),
         sel("n_gpus", "GPUs", [8, 16, 32, 64, 128, 256, 512, 1024], 128),
         sel("gpus_per_node", "GPUs per node", [4, 8], 8),
@@ -188,12 +189,23 @@ CALCULATORS = {
 }
 
 
+def chapter_of(key: str) -> str:
+    """"08": the number of the chapter whose notebook shows calculator `key` (labkit.chapters)."""
+    c = chapters.chapter_of_calculator(key)
+    if c is None:
+        raise KeyError(f"calculator {key!r} is in no chapter's `calculators` in labkit.chapters")
+    return c.nn
+
+
 def find(chapter: str, source: str):
-    """The key of the calculator standing for this chapter cell, or None."""
-    for key, c in CALCULATORS.items():
-        if c.chapter == chapter and c.source == source.strip():
-            return key
-    return None
+    """The key of the calculator standing for this chapter cell, or None: one of the chapter's
+    calculators in the manifest (labkit.chapters) whose cell source this is."""
+    try:
+        keys = chapters.chapter(int(chapter)).calculators
+    except (KeyError, ValueError):
+        return None
+    return next((k for k in keys if k in CALCULATORS
+                 and CALCULATORS[k].source == source.strip()), None)
 
 
 def defaults(key: str) -> dict:
