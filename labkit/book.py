@@ -3,6 +3,7 @@
     labkit book run [NN ...] [--solutions | --solutions-only]   execute chapters (and solutions)
     labkit book run [NN ...] --check       which saved notebooks are stale, and why (exit 1 if any)
     labkit book deps NN                    the labkit files chapter NN runs
+    labkit book nav [--check]              write each chapter's closing links from the manifest
 
 Each notebook runs from a clean kernel in its own folder (the kernel imports the installed
 labkit) and is saved in place, stamped in its metadata with what produced its outputs:
@@ -256,7 +257,7 @@ def _default_root() -> Path:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="labkit book", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("run", "deps"))
+    parser.add_argument("action", choices=("run", "deps", "nav"))
     parser.add_argument("chapters", nargs="*", type=chapter_number, help="00 07 or 0 7; none = all")
     parser.add_argument("--solutions", action="store_true", help="solutions/ too")
     parser.add_argument("--solutions-only", action="store_true", help="solutions/ only")
@@ -267,6 +268,14 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     args = parser.parse_args(argv)
     root = (args.root or _default_root()).resolve()
+    if args.action == "nav":
+        from labkit import landing  # nbformat: only this action writes notebooks' markdown
+
+        changed = landing.write_nav(root, check=args.check)
+        verb = "would change" if args.check else "wrote"
+        print("\n".join(f"{verb} the closing links of {p.relative_to(root)}" for p in changed)
+              or "every chapter ends with its closing links")
+        return 1 if changed and args.check else 0
     chapters = set(args.chapters)
     # --check reads solutions too: a stale solution is as wrong as a stale chapter
     folders = (["chapters"] if not args.solutions_only else []) + (

@@ -115,6 +115,47 @@ def table_markdown(rows: list, link_ext: str = ".ipynb") -> str:
     return "\n".join(lines)
 
 
+NAV_MARK = "<!-- book-nav -->"  # the first line of a chapter's closing links cell
+
+
+def nav_markdown(rows: list, i: int) -> str:
+    """The closing cell of chapter rows[i]: its exercises, its solutions, the next chapter (links
+    relative to chapters/, as .ipynb; the site turns them into .html)."""
+    r = rows[i]
+    parts = [f"[{f}](../{r[f]})" for f in ("exercises", "solutions") if r[f]]
+    if i + 1 < len(rows):
+        parts.append(f"next: [Chapter {rows[i + 1]['number']} — {rows[i + 1]['title']}]"
+                     f"({rows[i + 1]['stem']}.ipynb)")
+    parts.append("[all chapters](../START_HERE.ipynb)")
+    return f"{NAV_MARK}\n---\n**Where next.** " + " · ".join(parts)
+
+
+def write_nav(root: Path, check: bool = False) -> list:
+    """Make each chapter's last cell its closing links (nav_markdown, from the manifest): replace
+    a closing cell that differs, or append one. Returns the notebooks that changed (with check,
+    that would change, and writes nothing). Markdown only: the saved outputs stay current."""
+    rows_ = rows(root)
+    changed = []
+    for i, row in enumerate(rows_):
+        path = Path(root) / row["chapters"]
+        nb = nbformat.read(path, as_version=4)
+        want = nav_markdown(rows_, i)
+        last = nb.cells[-1] if nb.cells else None
+        if last is not None and last.cell_type == "markdown" and last.source == want:
+            continue
+        changed.append(path)
+        if check:
+            continue
+        if last is not None and last.cell_type == "markdown" and last.source.startswith(NAV_MARK):
+            last.source = want
+        else:
+            cell = nbformat.v4.new_markdown_cell(want)
+            cell["id"] = f"book-nav-{row['number']}"
+            nb.cells.append(cell)
+        nbfile.write(nb, path)
+    return changed
+
+
 GLOSSARY = "GLOSSARY.md"
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 import nbformat
 
 from labkit import chapters, landing
+from labkit.landing import NAV_MARK, nav_markdown  # noqa: F401 - the site leaves this cell out
 from labkit.site_serve import server
 from labkit.widgets import web
 
@@ -83,19 +84,6 @@ GLOSSARY_LINK = re.compile(r'href="((?:\.\./)*)GLOSSARY\.md(#[^"]*)?"')
 GLOSSARY_PAGE = "glossary.html"
 
 
-NAV_MARK = "<!-- book-nav -->"  # the first line of a chapter's closing links cell
-
-
-def nav_markdown(rows: list, i: int) -> str:
-    """The closing cell of chapter rows[i]: its exercises, its solutions, the next chapter (links
-    relative to chapters/, as .ipynb; the site turns them into .html)."""
-    r = rows[i]
-    parts = [f"[{f}](../{r[f]})" for f in ("exercises", "solutions") if r[f]]
-    if i + 1 < len(rows):
-        parts.append(f"next: [Chapter {rows[i + 1]['number']} — {rows[i + 1]['title']}]"
-                     f"({rows[i + 1]['stem']}.ipynb)")
-    parts.append("[all chapters](../START_HERE.ipynb)")
-    return f"{NAV_MARK}\n---\n**Where next.** " + " · ".join(parts)
 
 
 def _figure_html(fig: dict, div_id: str) -> str:

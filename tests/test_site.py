@@ -224,7 +224,7 @@ def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tiny_manife
 
 
 def test_nav_markdown_is_the_cell_the_chapters_end_with():
-    rows = landing.chapters(ROOT)
+    rows = landing.rows(ROOT)
     for i, row in enumerate(rows):
         text = site.nav_markdown(rows, i)
         assert text.startswith(site.NAV_MARK) and f"(../{row['exercises']})" in text
@@ -290,7 +290,7 @@ def test_no_notebook_saves_a_widget_or_figure_twice():
 def test_website_defaults_print_what_the_notebook_widgets_saved():
     """The text a calculator shows at its defaults is, character for character, what the chapter's
     widget printed when the chapter was run (chapter 07's two widgets draw figures only)."""
-    for key, calc in web.CALCULATORS.items():
+    for key in web.CALCULATORS:
         if web.chapter_of(key) == "07":
             continue
         chapter = ROOT / chapters.chapter(int(web.chapter_of(key))).notebooks[0]
