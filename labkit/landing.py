@@ -156,6 +156,16 @@ def write_nav(root: Path, check: bool = False) -> list:
     return changed
 
 
+def nav_command(root: Path, check: bool = False) -> int:
+    """`labkit book nav [--check]`: write_nav, one line per notebook; --check exits 1 if any
+    chapter's closing links are not the manifest's."""
+    changed = write_nav(root, check=check)
+    verb = "would change" if check else "wrote"
+    print("\n".join(f"{verb} the closing links of {p.relative_to(root)}" for p in changed)
+          or "every chapter ends with its closing links")
+    return 1 if changed and check else 0
+
+
 GLOSSARY = "GLOSSARY.md"
 
 

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from labkit import book, chapter_stats, chapters, cli, landing, site
-from labkit.widgets import web
+from labkit.widgets import controls, web
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def chapter_11(monkeypatch, tmp_path):
                            calculators=("inference",))
     monkeypatch.setattr(chapters, "CHAPTERS", chapters.CHAPTERS + (new,))
     monkeypatch.setitem(web.CALCULATORS, "inference", web.Calculator(
-        SOURCE, [web.rng("batch", "batch", 1, 8, 1, 2)], lambda v: f"batch {v['batch']}"))
+        SOURCE, [controls.rng("batch", "batch", 1, 8, 1, 2)], lambda v: f"batch {v['batch']}"))
     widget = nbformat.v4.new_code_cell(SOURCE, outputs=[nbformat.v4.new_output(
         "display_data", data={site.WIDGET: {"model_id": "m", "version_major": 2,
                                             "version_minor": 0}})])
