@@ -9,7 +9,7 @@ import hashlib
 import re
 from pathlib import Path
 
-EXCLUDED = {"labkit/book.py"}  # this file: running the book does not depend on it
+EXCLUDED = {"labkit/book.py"}  # the runner: running the book does not depend on it
 
 
 def digest(data: bytes) -> str:
