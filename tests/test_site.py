@@ -317,8 +317,8 @@ print("rendered", len(web.CALCULATORS))
 
 def test_every_calculator_renders_from_the_zip_alone(tmp_path):
     """What the browser gets is the zip: every calculator renders from it with nothing else of
-    labkit on the path and no torch, numpy, plotly or ipywidgets (a module left out of
-    site.CALC_PACKAGES fails here, not in the reader's browser)."""
+    labkit on the path and no torch, numpy, plotly or ipywidgets (a module site.calculator_files
+    misses fails here, not in the reader's browser)."""
     zipped = site.calculators_zip(tmp_path / site.CALC_ZIP)
     out = subprocess.run([sys.executable, "-I", "-c", ZIP_ONLY, str(zipped), str(ROOT)],
                          capture_output=True, text=True, timeout=120)

@@ -10,7 +10,7 @@ cases: values and gradients; what forward keeps for backward (saved-tensor hooks
 tensors left on the autograd node) at most the rank's own q, k, v, out and lse + 25%, so keeping
 every K/V chunk that passed by fails; the bytes each rank sent (kernel count, observe.netcount) at
 most labkit.costs.context.cp_ring_layer_bytes + Gloo's headers. Every c10d collective, in forward
-or backward, is refused on the ranks (labkit.check.guards): point-to-point only. labkit's own ring
+or backward, is refused on the ranks (observe.dispatch): point-to-point only. labkit's own ring
 and torch's context parallelism are refused by reading the code.
 """
 from __future__ import annotations
