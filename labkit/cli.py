@@ -6,10 +6,11 @@
     labkit exercises [--check]                 generate exercises/ from solutions/ (or check)
     labkit grade PATH [PATH ...] [--csv FILE]  execute exercise notebooks and score them
     labkit book run [NN ...] [--solutions] [--check]   re-execute the book (or: which are stale)
+    labkit book nav [--check]                  each chapter's closing links, from labkit.chapters
     labkit site build [--out build/site]       the book as a static website (readable offline)
     labkit site serve [--dir build/site]       serve it on 127.0.0.1: its calculators run live
     labkit calibrate [--json FILE] [--device cpu|cuda] [--quick]   this machine beside the formulas
-    labkit list                                labs (by chapter) and benchmarks available
+    labkit list                                labs by chapter (labkit.chapters) and benchmarks
 
 `labkit run` exits 0 when the lab ran, 1 when a rank failed or hung (its report is printed), and
 2 on bad input (one line saying what to change, e.g. a DP x TP that does not fit --nproc).

@@ -159,6 +159,10 @@ def write_nav(root: Path, check: bool = False) -> list:
 def nav_command(root: Path, check: bool = False) -> int:
     """`labkit book nav [--check]`: write_nav, one line per notebook; --check exits 1 if any
     chapter's closing links are not the manifest's."""
+    if not rows(root):
+        print(f"labkit book nav: no chapter of labkit.chapters under {root}/chapters",
+              file=sys.stderr)
+        return 2
     changed = write_nav(root, check=check)
     verb = "would change" if check else "wrote"
     print("\n".join(f"{verb} the closing links of {p.relative_to(root)}" for p in changed)
