@@ -27,6 +27,8 @@ import pkgutil
 import sys
 from pathlib import Path
 
+from labkit import chapters
+
 
 def _names(package: str) -> list:
     mod = importlib.import_module(package)
@@ -116,7 +118,6 @@ def main(argv=None) -> int:
 
         return site.main(rest)
     if args.cmd == "list":
-        from labkit import chapters
         from labkit.table import table
 
         rows = [(c.nn, c.title, ", ".join(c.lab_names)) for c in chapters.CHAPTERS]
