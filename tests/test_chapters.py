@@ -56,7 +56,7 @@ def test_an_unknown_chapter_or_lab_names_the_ones_that_exist():
         chapters.lab("nope")
 
 
-# ---- a throw-away chapter 11: three notebooks and one manifest entry, nothing else -------------
+# ---- a throw-away chapter (11 today): three notebooks and one manifest entry, nothing else ----
 
 SOURCE = "view.inference_calculator()"
 
@@ -68,10 +68,12 @@ def _notebook(path: Path, title: str, cells=()) -> None:
 
 
 @pytest.fixture
-def chapter_11(monkeypatch, tmp_path):
-    """A book of chapters 10 and 11 in tmp_path; chapter 11 added to the manifest with a lab
-    and a calculator (its web entry stands in for the one the chapter's widget module adds)."""
-    new = chapters.Chapter(11, "inference", "Inference parallelism",
+def new_chapter(monkeypatch, tmp_path):
+    """A book of the last chapter and a new one after it (11 today) in tmp_path, the new one
+    added to the manifest with a lab and a calculator (its web entry stands in for the one the
+    chapter's widget module adds)."""
+    last = chapters.CHAPTERS[-1]
+    new = chapters.Chapter(last.number + 1, "inference", "Inference parallelism",
                            labs=(chapters.Lab("inference", ("--steps", "1"), "tokens/s"),),
                            calculators=("inference",))
     monkeypatch.setattr(chapters, "CHAPTERS", chapters.CHAPTERS + (new,))
@@ -80,38 +82,38 @@ def chapter_11(monkeypatch, tmp_path):
     widget = nbformat.v4.new_code_cell(SOURCE, outputs=[nbformat.v4.new_output(
         "display_data", data={site.WIDGET: {"model_id": "m", "version_major": 2,
                                             "version_minor": 0}})])
-    for c in (chapters.chapter(10), new):
+    for c in (last, new):
         for rel in c.notebooks:
             _notebook(tmp_path / rel, f"Chapter {c.nn} — {c.title}",
                       [widget] if c is new and rel.startswith("chapters/") else [])
-    return new, tmp_path
+    return last, new, tmp_path
 
 
-def test_a_new_chapter_reaches_every_registry_from_its_manifest_entry(chapter_11, capsys):
-    new, root = chapter_11
+def test_a_new_chapter_reaches_every_registry_from_its_manifest_entry(new_chapter, capsys):
+    last, new, root = new_chapter
     rows = landing.rows(root)
-    assert [r["number"] for r in rows] == ["10", "11"]
-    assert rows[1]["exercises"] == "exercises/11_inference.ipynb"
-    assert "[Inference parallelism](chapters/11_inference.ipynb)" in "".join(
+    assert [r["number"] for r in rows] == [last.nn, new.nn]
+    assert rows[1]["exercises"] == f"exercises/{new.stem}.ipynb"
+    assert f"[Inference parallelism](chapters/{new.stem}.ipynb)" in "".join(
         c.source for c in landing.landing_notebook(root).cells)
-    # chapter 10's closing links now lead to chapter 11: `labkit book nav` writes them
-    assert landing.write_nav(root, check=True) == [root / n for n in
-                                                   ("chapters/10_putting_it_together.ipynb",
-                                                    "chapters/11_inference.ipynb")]
+    # the last chapter's closing links now lead to the new one: `labkit book nav` writes them
+    assert landing.write_nav(root, check=True) == [root / last.notebooks[0],
+                                                   root / new.notebooks[0]]
     assert book.main(["nav", "--root", str(root)]) == 0
-    last = nbformat.read(root / "chapters/10_putting_it_together.ipynb", as_version=4).cells[-1]
-    assert last.source == site.nav_markdown(rows, 0) and "(11_inference.ipynb)" in last.source
+    closing = nbformat.read(root / last.notebooks[0], as_version=4).cells[-1]
+    assert closing.source == site.nav_markdown(rows, 0)
+    assert f"({new.stem}.ipynb)" in closing.source
     assert landing.write_nav(root, check=True) == []
     # labkit book, the README's numbers, the website's pages and calculators
-    assert book.chapter_number("11") == "11"
-    assert book.select(root, {"11"}, ["chapters", "solutions"]) == [
-        root / "chapters/11_inference.ipynb", root / "solutions/11_inference.ipynb"]
-    assert [r["number"] for r in chapter_stats.all_stats(root)] == ["10", "11"]
-    assert web.chapter_of("inference") == "11" and web.find("11", SOURCE) == "inference"
-    page = site.prepare(nbformat.read(root / new.notebooks[0], as_version=4), "11")
+    assert book.chapter_number(str(new.number)) == new.nn
+    assert book.select(root, {new.nn}, ["chapters", "solutions"]) == [
+        root / new.notebooks[0], root / new.notebooks[2]]
+    assert [r["number"] for r in chapter_stats.all_stats(root)] == [last.nn, new.nn]
+    assert web.chapter_of("inference") == new.nn and web.find(new.nn, SOURCE) == "inference"
+    page = site.prepare(nbformat.read(root / new.notebooks[0], as_version=4), new.nn)
     assert 'data-calc="inference"' in page.cells[1].outputs[0]["data"]["text/html"]
-    assert ("chapters/11_inference.html" in [p[0] for p in site._pages(root)])
+    assert f"chapters/{new.stem}.html" in [p[0] for p in site._pages(root)]
     # labkit list (tests/test_labs.py and test_documented_commands.py read chapters.labs())
     assert cli.main(["list"]) == 0
-    assert any(line.split()[:1] == ["11"] and line.rstrip().endswith("inference")
+    assert any(line.split()[:1] == [new.nn] and line.rstrip().endswith("inference")
                for line in capsys.readouterr().out.splitlines())
