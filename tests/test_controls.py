@@ -52,9 +52,8 @@ def test_the_notebook_widget_shows_the_website_controls(key, monkeypatch):
             _shown(w, widgets)
     for c in web.CALCULATORS[key].controls:
         assert c["label"] in widgets, f"{key}: the notebook has no control {c['label']!r}"
-        got = widgets[c["label"]].value
-        want = c["value"] if key != "precision" or c["name"] != "n_params" else 7.0
-        assert got == pytest.approx(want) if isinstance(want, float) else got == want, \
+        got, want = widgets[c["label"]].value, c["value"]
+        assert got == (pytest.approx(want) if isinstance(want, float) else want), \
             (key, c["name"], got, want)
         if c["kind"] == "select":
             values = [v for _, v in widgets[c["label"]].options]
