@@ -5,9 +5,10 @@
 The table of contents is generated, never typed: every chapter of the manifest (labkit.chapters)
 whose notebook exists becomes a row with its title and links to its exercise and solution
 notebooks where they exist, so a chapter added to the manifest appears the next time the book is
-opened. The file is only
-rewritten when its content changes (a launch leaves git clean when nothing was added). Under the
-table, a line links GLOSSARY.md when the book has one. The website (labkit.site) has a front
+opened. The file is only rewritten when its content changes (a launch leaves git clean when
+nothing was added). Under the table, a line links GLOSSARY.md when the book has one. Each
+chapter's closing cell of links (nav_markdown) is written from the manifest too (write_nav,
+`labkit book nav`). The website (labkit.site) has a front
 page of its own, written for the web (labkit/site_assets/index.md).
 """
 from __future__ import annotations

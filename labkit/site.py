@@ -28,7 +28,7 @@ contents), chapters/NN_x.html, exercises/NN_x.html, solutions/NN_x.html, and glo
 GLOSSARY.md. A sidebar lists every chapter (a "Contents" menu under 900 px, CSS only); the
 footer links chapter -> exercises -> solutions -> next chapter, then the previous and next page.
 Links to x.ipynb, START_HERE and GLOSSARY.md become links to pages. A chapter's closing-links
-cell (nav_markdown) is left out of its page: the footer holds the same links.
+cell (landing.nav_markdown) is left out of its page: the footer holds the same links.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from pathlib import Path
 import nbformat
 
 from labkit import chapters, landing
-from labkit.landing import NAV_MARK, nav_markdown  # noqa: F401 - the site leaves this cell out
+from labkit.landing import NAV_MARK
 from labkit.site_serve import server
 from labkit.widgets import web
 
@@ -82,8 +82,6 @@ for m in sorted(sys.modules):
 """
 GLOSSARY_LINK = re.compile(r'href="((?:\.\./)*)GLOSSARY\.md(#[^"]*)?"')
 GLOSSARY_PAGE = "glossary.html"
-
-
 
 
 def _figure_html(fig: dict, div_id: str) -> str:

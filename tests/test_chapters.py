@@ -101,7 +101,7 @@ def test_a_new_chapter_reaches_every_registry_from_its_manifest_entry(new_chapte
                                                    root / new.notebooks[0]]
     assert book.main(["nav", "--root", str(root)]) == 0
     closing = nbformat.read(root / last.notebooks[0], as_version=4).cells[-1]
-    assert closing.source == site.nav_markdown(rows, 0)
+    assert closing.source == landing.nav_markdown(rows, 0)
     assert f"({new.stem}.ipynb)" in closing.source
     assert landing.write_nav(root, check=True) == []
     # labkit book, the README's numbers, the website's pages and calculators

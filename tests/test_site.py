@@ -155,7 +155,7 @@ def test_a_chapter_calculator_becomes_live_controls_with_its_default_text():
     nb = nbformat.v4.new_notebook(cells=[
         _widget_cell("view.bytes_widget(7e9)", ["a", "a"]),       # saved twice: shown once
         _widget_cell("other_widget()", ["b"]),                     # no website calculator: a note
-        nbformat.v4.new_markdown_cell(site.NAV_MARK + "\n---\nlinks")])
+        nbformat.v4.new_markdown_cell(landing.NAV_MARK + "\n---\nlinks")])
     out = site.prepare(nb, "09")
     assert len(out.cells) == 2  # the closing-links cell: the page's footer has the same links
     calc = out.cells[0].outputs
@@ -226,14 +226,14 @@ def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tiny_manife
 def test_nav_markdown_is_the_cell_the_chapters_end_with():
     rows = landing.rows(ROOT)
     for i, row in enumerate(rows):
-        text = site.nav_markdown(rows, i)
-        assert text.startswith(site.NAV_MARK) and f"(../{row['exercises']})" in text
+        text = landing.nav_markdown(rows, i)
+        assert text.startswith(landing.NAV_MARK) and f"(../{row['exercises']})" in text
         if i + 1 < len(rows):
             assert f"({rows[i + 1]['stem']}.ipynb)" in text
     for stem in (r["stem"] for r in rows):
         nb = nbformat.read(ROOT / "chapters" / f"{stem}.ipynb", as_version=4)
         i = next(k for k, r in enumerate(rows) if r["stem"] == stem)
-        assert nb.cells[-1].source == site.nav_markdown(rows, i), stem
+        assert nb.cells[-1].source == landing.nav_markdown(rows, i), stem
 
 
 def test_runtime_and_labkit_are_copied_into_the_site(tiny_manifest, tmp_path):
