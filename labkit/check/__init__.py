@@ -14,6 +14,10 @@ exists), never each other: tests/test_check_layout.py holds the import graph to 
     refusal        the one refusal: Forbidden (before a run), Refused (during one)
     mistakes       mistake tables as data: a wrong answer's ratio -> its hint
 
+What a checker watches while the reader's code runs is labkit.observe's: the collectives really
+dispatched (`observe.dispatch.CollectiveLog(allow=(), why=..., error=Refused)` refuses any but
+point-to-point), the bytes the kernel counted (`observe.netcount`), the bytes saved for backward.
+
 A checker is a list of cases:
 
     def ring_all_reduce(fn):
