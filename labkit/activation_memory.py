@@ -27,8 +27,7 @@ from labkit.costs import activations, models
 from labkit.model import GPT, get_batch, tiny_corpus
 from labkit.observe.saved import SavedTensors, saved_bytes
 
-SavedBytes = SavedTensors   # moved to labkit.observe.saved (labkit.context.tiled, tests use it)
-__all__ = ["SavedBytes", "saved_bytes", "measure_layer", "predicted_layer", "compare",
+__all__ = ["saved_bytes", "measure_layer", "predicted_layer", "compare",
            "LlamaBlock", "compare_llama_block"]
 
 

@@ -3,6 +3,7 @@
     labkit book run [NN ...] [--solutions | --solutions-only]   execute chapters (and solutions)
     labkit book run [NN ...] --check       which saved notebooks are stale, and why (exit 1 if any)
     labkit book deps NN                    the labkit files chapter NN runs
+    labkit book nav [--check]              write each chapter's closing links from the manifest
 
 Each notebook runs from a clean kernel in its own folder (the kernel imports the installed
 labkit) and is saved in place, stamped in its metadata with what produced its outputs:
@@ -22,121 +23,16 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
-import hashlib
 import os
 import re
 import sys
 import time
 from pathlib import Path
 
-EXCLUDED = {"labkit/book.py"}  # this file: running the book does not depend on it
+from labkit import chapters as manifest
+from labkit.sources import Sources, digest
+
 CLI = re.compile(r"labkit\s+(run|bench)\s+(\w+)")  # a code cell that runs the CLI (`!labkit run x`)
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-class Sources:
-    """The labkit package on disk: which file a module name is, and what each file imports."""
-
-    def __init__(self, package_dir: Path | None = None):
-        if package_dir is None:
-            import labkit
-
-            package_dir = Path(labkit.__file__).parent
-        self.pkg = Path(package_dir).resolve()
-        self._imports, self._data = {}, {}
-
-    def key(self, path: Path) -> str:
-        return path.resolve().relative_to(self.pkg.parent).as_posix()
-
-    def file_of(self, name: str):
-        """The file module `name` (labkit.x.y) runs, as the import system picks it: a package's
-        __init__.py before a same-named .py; None when it is no module (or a namespace folder)."""
-        parts = name.split(".")
-        if parts[0] != self.pkg.name:
-            return None
-        base = self.pkg.joinpath(*parts[1:])
-        for cand in (base / "__init__.py", base.with_suffix(".py")):
-            if cand.is_file():
-                return cand
-        return None
-
-    def is_module(self, name: str) -> bool:
-        return self.file_of(name) is not None or self.pkg.joinpath(*name.split(".")[1:]).is_dir()
-
-    def names_in(self, tree: ast.AST, module: str = "", is_package: bool = False) -> set:
-        """labkit module names that `tree` imports or names, anywhere in it (functions too)."""
-        found, alias = set(), {}
-        package = module if is_package else module.rpartition(".")[0]
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    found.add(a.name)
-                    top = a.name.split(".")[0]
-                    alias[a.asname or top] = a.name if a.asname else top
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    base = ".".join(up + ([node.module] if node.module else []))
-                found.add(base)
-                for a in node.names:
-                    found.add(f"{base}.{a.name}")
-                    alias[a.asname or a.name] = f"{base}.{a.name}"
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if re.fullmatch(r"labkit(\.\w+)+", node.value):  # importlib / `python -m labkit.x`
-                    found |= {node.value, node.value + ".__main__"}
-                elif package and re.fullmatch(r"\w+\.py", node.value):  # a sibling run as a file
-                    found.add(f"{package}.{node.value[:-3]}")
-        for node in ast.walk(tree):  # attribute chains on a bound module: costs.memory.f
-            chain = []
-            while isinstance(node, ast.Attribute):
-                chain.append(node.attr)
-                node = node.value
-            if chain and isinstance(node, ast.Name) and node.id in alias:
-                found.add(".".join([alias[node.id]] + chain[::-1]))
-        return {self._module_prefix(n) for n in found if n.split(".")[0] == self.pkg.name} - {None}
-
-    def _module_prefix(self, name: str):
-        """The longest prefix of a dotted name that is a module (costs.memory.f -> costs.memory)."""
-        parts = name.split(".")
-        for n in range(len(parts), 0, -1):
-            if self.is_module(".".join(parts[:n])):
-                return ".".join(parts[:n])
-        return None
-
-    def _imports_of(self, name: str) -> set:
-        if name not in self._imports:
-            path = self.file_of(name)
-            names, data = set(), set()
-            if path is not None:
-                tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-                names = self.names_in(tree, name, path.name == "__init__.py")
-                data = {f for n in ast.walk(tree)
-                        if isinstance(n, ast.Constant) and isinstance(n.value, str)
-                        and re.fullmatch(r"[\w./-]+\.(txt|json|csv|npz|pt)", n.value)
-                        for f in (self.pkg / n.value, path.parent / n.value) if f.is_file()}
-            self._imports[name] = names
-            self._data[name] = data  # read by name: resources.files("labkit") / "data/x.txt"
-        return self._imports[name]
-
-    def closure(self, names) -> dict:
-        """{file key: sha256-16} of every labkit file that importing `names` can run or read."""
-        seen, todo = set(), list(names)
-        while todo:
-            name = todo.pop()
-            parts = name.split(".")
-            for n in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__
-                sub = ".".join(parts[:n])
-                if sub not in seen:
-                    seen.add(sub)
-                    todo.extend(self._imports_of(sub))
-        files = ({self.file_of(n) for n in seen}
-                 | {f for n in seen for f in self._data.get(n, ())}) - {None}
-        keyed = {self.key(p): p for p in files}
-        return {k: _digest(p.read_bytes()) for k, p in sorted(keyed.items()) if k not in EXCLUDED}
 
 
 def code_cells(nb) -> list:
@@ -162,7 +58,7 @@ def notebook_modules(nb, sources: Sources) -> set:
 
 
 def cells_digest(nb) -> str:
-    return _digest("\n\0".join(s.strip() for s in code_cells(nb)).encode())
+    return digest("\n\0".join(s.strip() for s in code_cells(nb)).encode())
 
 
 def dependencies(nb, sources: Sources | None = None) -> dict:
@@ -226,15 +122,21 @@ def execute(path: Path, timeout: int = 1800, sources: Sources | None = None) -> 
 
 
 def select(root: Path, chapters, folders) -> list:
+    """The notebooks under root of the manifest's chapters numbered in `chapters` (none = all)."""
     paths = []
     for folder in folders:
-        for p in sorted((root / folder).glob("*.ipynb")):
-            if not chapters or p.name[:2] in chapters:
+        for c in manifest.CHAPTERS:
+            p = root / folder / f"{c.stem}.ipynb"
+            if (not chapters or c.nn in chapters) and p.exists():
                 paths.append(p)
     return paths
 
 
 def chapter_number(text: str) -> str:
+    """argparse's type for a chapter of the manifest: "7" or "07" -> "07"."""
+    if not text.isdigit() or int(text) not in [c.number for c in manifest.CHAPTERS]:
+        raise argparse.ArgumentTypeError(f"no chapter {text!r} in labkit.chapters: "
+                                         f"{' '.join(c.nn for c in manifest.CHAPTERS)}")
     return f"{int(text):02d}"
 
 
@@ -245,7 +147,7 @@ def _default_root() -> Path:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="labkit book", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("run", "deps"))
+    parser.add_argument("action", choices=("run", "deps", "nav"))
     parser.add_argument("chapters", nargs="*", type=chapter_number, help="00 07 or 0 7; none = all")
     parser.add_argument("--solutions", action="store_true", help="solutions/ too")
     parser.add_argument("--solutions-only", action="store_true", help="solutions/ only")
@@ -256,6 +158,9 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     args = parser.parse_args(argv)
     root = (args.root or _default_root()).resolve()
+    if args.action == "nav":
+        from labkit import landing  # nbformat: only this action writes notebooks' markdown
+        return landing.nav_command(root, check=args.check)
     chapters = set(args.chapters)
     # --check reads solutions too: a stale solution is as wrong as a stale chapter
     folders = (["chapters"] if not args.solutions_only else []) + (

@@ -14,6 +14,8 @@ import re
 import sys
 from pathlib import Path
 
+from labkit import chapters
+
 _REFS_HEADING = re.compile(r"^#+ .*(?:References|Sources|Further reading).*$", re.M | re.I)
 _LIST_ITEM = re.compile(r"^\s*(?:[-*]|\d+\.)\s", re.M)
 
@@ -33,7 +35,9 @@ def stats(path: Path) -> dict:
 
 
 def all_stats(root: Path = Path(".")) -> list:
-    return [stats(p) for p in sorted((Path(root) / "chapters").glob("[0-9][0-9]_*.ipynb"))]
+    """stats() of every chapter of the manifest (labkit.chapters) whose notebook is under root."""
+    paths = (Path(root) / c.notebooks[0] for c in chapters.CHAPTERS)
+    return [stats(p) for p in paths if p.exists()]
 
 
 COLUMNS = ("words", "refs", "run (min)")   # the README table's last three columns

@@ -6,10 +6,11 @@
     labkit exercises [--check]                 generate exercises/ from solutions/ (or check)
     labkit grade PATH [PATH ...] [--csv FILE]  execute exercise notebooks and score them
     labkit book run [NN ...] [--solutions] [--check]   re-execute the book (or: which are stale)
+    labkit book nav [--check]                  each chapter's closing links, from labkit.chapters
     labkit site build [--out build/site]       the book as a static website (readable offline)
     labkit site serve [--dir build/site]       serve it on 127.0.0.1: its calculators run live
     labkit calibrate [--json FILE] [--device cpu|cuda] [--quick]   this machine beside the formulas
-    labkit list                                labs (by chapter) and benchmarks available
+    labkit list                                labs by chapter (labkit.chapters) and benchmarks
 
 `labkit run` exits 0 when the lab ran, 1 when a rank failed or hung (its report is printed), and
 2 on bad input (one line saying what to change, e.g. a DP x TP that does not fit --nproc).
@@ -25,6 +26,8 @@ import json
 import pkgutil
 import sys
 from pathlib import Path
+
+from labkit import chapters
 
 
 def _names(package: str) -> list:
@@ -115,12 +118,10 @@ def main(argv=None) -> int:
 
         return site.main(rest)
     if args.cmd == "list":
-        from labkit.labs import CHAPTER_LABS
         from labkit.table import table
 
-        rows = [(f"{ch:02d}", title, ", ".join(labs))
-                for ch, (title, labs) in sorted(CHAPTER_LABS.items())]
-        listed = {lab for _, labs in CHAPTER_LABS.values() for lab in labs}
+        rows = [(c.nn, c.title, ", ".join(c.lab_names)) for c in chapters.CHAPTERS]
+        listed = {x.name for x in chapters.labs()}
         extra = [n for n in _names("labkit.labs") if n not in listed]
         if extra:
             rows.append(("--", "(no chapter)", ", ".join(extra)))

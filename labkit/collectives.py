@@ -40,7 +40,7 @@ MIN_PIECE_BYTES = 2 * 2**20  # below this a piece is latency-bound: do not cut f
 @dataclass
 class Traffic:
     """Bytes this rank sent and received, step by step: the code's own ledger, a picture of its
-    steps. Counts that prove what moved come from the kernel (labkit.netcount)."""
+    steps. Counts that prove what moved come from the kernel (labkit.observe.netcount)."""
     steps: list = field(default_factory=list)  # dicts: phase, step, sent, received
 
     def record(self, phase: str, step: int, sent: int, received: int) -> None:

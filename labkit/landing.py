@@ -2,11 +2,13 @@
 
     python -m labkit.landing [ROOT]      (re)write ROOT/START_HERE.ipynb (./book.sh does this)
 
-The table of contents is generated, never typed: every chapters/NN_*.ipynb becomes a row with
-its title (the chapter's first heading) and links to its exercise and solution notebooks where
-they exist, so a chapter added later appears the next time the book is opened. The file is only
-rewritten when its content changes (a launch leaves git clean when nothing was added). Under the
-table, a line links GLOSSARY.md when the book has one. The website (labkit.site) has a front
+The table of contents is generated, never typed: every chapter of the manifest (labkit.chapters)
+whose notebook exists becomes a row with its title and links to its exercise and solution
+notebooks where they exist, so a chapter added to the manifest appears the next time the book is
+opened. The file is only rewritten when its content changes (a launch leaves git clean when
+nothing was added). Under the table, a line links GLOSSARY.md when the book has one. Each
+chapter's closing cell of links (nav_markdown) is written from the manifest too (write_nav,
+`labkit book nav`). The website (labkit.site) has a front
 page of its own, written for the web (labkit/site_assets/index.md).
 """
 from __future__ import annotations
@@ -19,10 +21,10 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import nbfile
+from labkit import chapters, nbfile
 
 NAME = "START_HERE.ipynb"
-FOLDERS = ("chapters", "exercises", "solutions")
+FOLDERS = chapters.FOLDERS
 
 INTRO = """\
 # Distributed LLM training, by running it
@@ -88,16 +90,18 @@ def chapter_title(path: Path) -> str:
     return Path(path).stem
 
 
-def chapters(root: Path) -> list:
-    """[{"number", "stem", "title", "chapters": rel path, "exercises": rel or None, ...}]."""
+def rows(root: Path) -> list:
+    """[{"number", "stem", "title", "chapters": rel path, "exercises": rel or None, ...}]: one per
+    chapter of the manifest whose chapter notebook is under root, in the manifest's order."""
     root = Path(root)
-    rows = []
-    for path in sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb")):
-        row = {"number": path.name[:2], "stem": path.stem, "title": chapter_title(path)}
-        for folder in FOLDERS:
-            row[folder] = f"{folder}/{path.name}" if (root / folder / path.name).exists() else None
-        rows.append(row)
-    return rows
+    out = []
+    for c in chapters.CHAPTERS:
+        row = {"number": c.nn, "stem": c.stem, "title": c.title}
+        for folder, rel in zip(FOLDERS, c.notebooks):
+            row[folder] = rel if (root / rel).exists() else None
+        if row["chapters"]:
+            out.append(row)
+    return out
 
 
 def table_markdown(rows: list, link_ext: str = ".ipynb") -> str:
@@ -110,6 +114,61 @@ def table_markdown(rows: list, link_ext: str = ".ipynb") -> str:
         lines.append(f"| {r['number']} | {link(r['chapters'], r['title'])} | "
                      f"{link(r['exercises'], 'exercises')} | {link(r['solutions'], 'solutions')} |")
     return "\n".join(lines)
+
+
+NAV_MARK = "<!-- book-nav -->"  # the first line of a chapter's closing links cell
+
+
+def nav_markdown(rows: list, i: int) -> str:
+    """The closing cell of chapter rows[i]: its exercises, its solutions, the next chapter (links
+    relative to chapters/, as .ipynb; the site turns them into .html)."""
+    r = rows[i]
+    parts = [f"[{f}](../{r[f]})" for f in ("exercises", "solutions") if r[f]]
+    if i + 1 < len(rows):
+        parts.append(f"next: [Chapter {rows[i + 1]['number']} — {rows[i + 1]['title']}]"
+                     f"({rows[i + 1]['stem']}.ipynb)")
+    parts.append("[all chapters](../START_HERE.ipynb)")
+    return f"{NAV_MARK}\n---\n**Where next.** " + " · ".join(parts)
+
+
+def write_nav(root: Path, check: bool = False) -> list:
+    """Make each chapter's last cell its closing links (nav_markdown, from the manifest): replace
+    a closing cell that differs, or append one. Returns the notebooks that changed (with check,
+    that would change, and writes nothing). Markdown only: the saved outputs stay current."""
+    rows_ = rows(root)
+    changed = []
+    for i, row in enumerate(rows_):
+        path = Path(root) / row["chapters"]
+        nb = nbformat.read(path, as_version=4)
+        want = nav_markdown(rows_, i)
+        last = nb.cells[-1] if nb.cells else None
+        if last is not None and last.cell_type == "markdown" and last.source == want:
+            continue
+        changed.append(path)
+        if check:
+            continue
+        if last is not None and last.cell_type == "markdown" and last.source.startswith(NAV_MARK):
+            last.source = want
+        else:
+            cell = nbformat.v4.new_markdown_cell(want)
+            cell["id"] = f"book-nav-{row['number']}"
+            nb.cells.append(cell)
+        nbfile.write(nb, path)
+    return changed
+
+
+def nav_command(root: Path, check: bool = False) -> int:
+    """`labkit book nav [--check]`: write_nav, one line per notebook; --check exits 1 if any
+    chapter's closing links are not the manifest's."""
+    if not rows(root):
+        print(f"labkit book nav: no chapter of labkit.chapters under {root}/chapters",
+              file=sys.stderr)
+        return 2
+    changed = write_nav(root, check=check)
+    verb = "would change" if check else "wrote"
+    print("\n".join(f"{verb} the closing links of {p.relative_to(root)}" for p in changed)
+          or "every chapter ends with its closing links")
+    return 1 if changed and check else 0
 
 
 GLOSSARY = "GLOSSARY.md"
@@ -128,9 +187,8 @@ def glossary_line(root: Path) -> str:
 def landing_notebook(root: Path, link_ext: str = ".ipynb"):
     """The landing notebook (nbformat node) for the book at root. Cell ids are fixed, so an
     unchanged book gives a byte-identical file."""
-    rows = chapters(root)
-    cells = [nbformat.v4.new_markdown_cell(INTRO), nbformat.v4.new_markdown_cell(
-        table_markdown(rows, link_ext) + glossary_line(root)), nbformat.v4.new_markdown_cell(HOW)]
+    contents = table_markdown(rows(root), link_ext) + glossary_line(root)
+    cells = [nbformat.v4.new_markdown_cell(text) for text in (INTRO, contents, HOW)]
     for i, cell in enumerate(cells):
         cell["id"] = f"start-here-{i}"
     nb = nbformat.v4.new_notebook(cells=cells)

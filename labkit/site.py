@@ -28,7 +28,7 @@ contents), chapters/NN_x.html, exercises/NN_x.html, solutions/NN_x.html, and glo
 GLOSSARY.md. A sidebar lists every chapter (a "Contents" menu under 900 px, CSS only); the
 footer links chapter -> exercises -> solutions -> next chapter, then the previous and next page.
 Links to x.ipynb, START_HERE and GLOSSARY.md become links to pages. A chapter's closing-links
-cell (nav_markdown) is left out of its page: the footer holds the same links.
+cell (landing.nav_markdown) is left out of its page: the footer holds the same links.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import landing
+from labkit import chapters, landing
+from labkit.landing import NAV_MARK
 from labkit.site_serve import server
 from labkit.widgets import web
 
@@ -63,28 +64,24 @@ PYODIDE_FETCH = REPO / "scripts" / "pyodide-fetch.sh"
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
                  "pyodide-lock.json")
 CALC_ZIP = "labkit-calculators.zip"
-# What the calculators import (labkit.widgets.web and what it imports; all pure Python).
-CALC_PACKAGES = tuple(f"labkit/{m}.py" for m in (
-    "__init__", "table", "costs/*", "costs/planner/*", "widgets/*", "pipeline/__init__",
-    "pipeline/base", "pipeline/schedules", "pipeline/simulate", "pipeline/validate",
-    "pipeline/zero_bubble"))
+# What a fresh interpreter without Pyodide's missing packages imports to render every calculator
+# (labkit.widgets.web): the zip's contents are found, not listed (calculator_files).
+BROWSER_IMPORTS = """
+import sys
+class Block:   # what Pyodide's core runtime does not have
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "numpy", "plotly", "ipywidgets", "IPython"):
+            raise ImportError("not in the browser: " + name)
+sys.meta_path.insert(0, Block())
+from labkit.widgets import web
+for key in web.CALCULATORS:
+    web.render(key, web.defaults(key))
+for m in sorted(sys.modules):
+    if m.split(".")[0] == "labkit" and getattr(sys.modules[m], "__file__", None):
+        print(sys.modules[m].__file__)
+"""
 GLOSSARY_LINK = re.compile(r'href="((?:\.\./)*)GLOSSARY\.md(#[^"]*)?"')
 GLOSSARY_PAGE = "glossary.html"
-
-
-NAV_MARK = "<!-- book-nav -->"  # the first line of a chapter's closing links cell
-
-
-def nav_markdown(rows: list, i: int) -> str:
-    """The closing cell of chapter rows[i]: its exercises, its solutions, the next chapter (links
-    relative to chapters/, as .ipynb; the site turns them into .html)."""
-    r = rows[i]
-    parts = [f"[{f}](../{r[f]})" for f in ("exercises", "solutions") if r[f]]
-    if i + 1 < len(rows):
-        parts.append(f"next: [Chapter {rows[i + 1]['number']} — {rows[i + 1]['title']}]"
-                     f"({rows[i + 1]['stem']}.ipynb)")
-    parts.append("[all chapters](../START_HERE.ipynb)")
-    return f"{NAV_MARK}\n---\n**Where next.** " + " · ".join(parts)
 
 
 def _figure_html(fig: dict, div_id: str) -> str:
@@ -146,7 +143,7 @@ def _pages(root: Path) -> list:
     pages = [("index.html", None, "The book", None, None)]
     if (root / landing.GLOSSARY).exists():
         pages.append((GLOSSARY_PAGE, root / landing.GLOSSARY, "Glossary", None, "glossary"))
-    for row in landing.chapters(root):
+    for row in landing.rows(root):
         for folder in landing.FOLDERS:
             if row[folder]:
                 pages.append((f"{folder}/{row['stem']}.html", root / row[folder],
@@ -204,12 +201,24 @@ def pyodide_dir() -> Path | None:
     return path
 
 
+def calculator_files() -> list:
+    """labkit's files the website's calculators import: those a fresh interpreter loads to render
+    every calculator with torch, numpy, plotly and ipywidgets blocked (as in Pyodide), so a
+    calculator added to the manifest brings its modules without a list to edit."""
+    r = subprocess.run([sys.executable, "-c", BROWSER_IMPORTS], capture_output=True, text=True,
+                       cwd=REPO, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError("the calculators do not import without torch, numpy, plotly and "
+                           f"ipywidgets (Pyodide has none of them): {r.stderr.strip()[-1500:]}")
+    return sorted(Path(f) for f in r.stdout.split())
+
+
 def calculators_zip(dest: Path) -> Path:
     """labkit's pure-Python modules the calculators import, as a zip Pyodide unpacks."""
+    package = REPO / "labkit"
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as z:
-        for pattern in CALC_PACKAGES:
-            for f in sorted(REPO.glob(pattern)):
-                z.write(f, f.relative_to(REPO).as_posix())
+        for f in calculator_files():
+            z.write(f, (Path("labkit") / f.resolve().relative_to(package.resolve())).as_posix())
     return dest
 
 
@@ -237,7 +246,7 @@ def index_notebook(root: Path):
     """The website's front page: site_assets/index.md (what the book is, the path through it, how
     to run it locally), then the table of contents with .html links and the glossary line."""
     text = (ASSETS / "index.md").read_text()
-    table = landing.table_markdown(landing.chapters(root), ".ipynb") + landing.glossary_line(root)
+    table = landing.table_markdown(landing.rows(root), ".ipynb") + landing.glossary_line(root)
     return markdown_notebook(text.replace("{{contents}}", table))
 
 
@@ -250,7 +259,7 @@ def build(root: Path, out: Path, runtime: Path | None | bool = True) -> list:
     exporter = HTMLExporter(template_name="lab", extra_template_paths=[str(ASSETS)])
     exporter.template_file = "book.html.j2"
     exporter.exclude_input_prompt = exporter.exclude_output_prompt = True
-    rows = landing.chapters(root)
+    rows = landing.rows(root)
     order = _pages(root)
     out.mkdir(parents=True, exist_ok=True)
     _copy_assets(out)
@@ -305,9 +314,10 @@ def main(argv=None) -> int:
             pass
         return 0
     root = Path(args.root)
-    if not (root / "chapters").is_dir():
-        print(f"labkit site: no chapters/ folder in {root.resolve()}; pass --root REPO",
-              file=sys.stderr)
+    if not (root / "chapters").is_dir() or not landing.rows(root):
+        print(f"labkit site: no chapters/ folder with a chapter of labkit.chapters in "
+              f"{root.resolve()} (e.g. chapters/{chapters.CHAPTERS[0].stem}.ipynb); pass --root "
+              f"REPO", file=sys.stderr)
         return 2
     pages = build(root, Path(args.out))
     print(f"wrote {len(pages)} pages to {args.out} (open {Path(args.out) / 'index.html'})")

@@ -72,7 +72,7 @@ RANK_SIDE = ("labkit/collectives.py", "labkit/bench/collectives.py", "labkit/tp/
              "labkit/tp/layers.py", "labkit/tp/blocks.py", "labkit/tp/gpt.py",
              "labkit/tp/measure.py", "labkit/pipeline/executor.py", "labkit/pipeline/measure.py",
              "labkit/labs/hybrid.py", "labkit/parallel/parallelize.py", "labkit/parallel/job.py",
-             "labkit/parallel/mesh.py", "labkit/commlog.py")
+             "labkit/parallel/mesh.py", "labkit/observe/commlog.py")
 
 
 # ---- the static half: factory calls without device= in code that runs on a rank ----------------

@@ -7,8 +7,8 @@ stay small, and importing labkit does no work.
 - No module imports a private name (`_x`, or a private module) from outside its own package.
 - No module is over MAX_LINES lines unless its docstring has a line starting "Long because:".
 - Nothing in labkit replaces a torch.distributed function (`dist.all_reduce = ...`,
-  `setattr(dist, ...)`): communication is observed through labkit.commlog, kernel counters
-  (labkit.netcount) or a dispatch mode, never by patching torch.
+  `setattr(dist, ...)`): communication is observed through labkit.observe.commlog, kernel counters
+  (labkit.observe.netcount) or a dispatch mode, never by patching torch.
 - Importing every module starts no process, thread or process group.
 - The import graph (imports inside functions included, read with ast) has no cycle.
 """
@@ -170,7 +170,7 @@ def test_nothing_patches_torch_distributed():
                 targets = [_dotted(node.args[0])]
             if any(t in dist for t in targets):
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not bad, "torch.distributed patched (observe with labkit.commlog instead):\n" + \
+    assert not bad, "torch.distributed patched (observe with labkit.observe.commlog instead):\n" + \
         "\n".join(bad)
 
 

@@ -10,7 +10,7 @@ from labkit.launch import run
 def _job(m, k, n):
     import torch.distributed as dist
 
-    from labkit import commlog
+    from labkit.observe import commlog
     from labkit.tp.collective_matmul import allgather_matmul, collective_matmul
 
     rank = dist.get_rank()

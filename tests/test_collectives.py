@@ -277,12 +277,12 @@ def test_shaped_links_pace_the_parameter_server_root():
 
 
 def _counted(numel):
-    """Kernel-counted bytes (labkit.netcount) of one ring and one parameter-server all-reduce."""
+    """Kernel-counted bytes (observe.netcount) of one ring and one parameter-server all-reduce."""
     import torch
     import torch.distributed as dist
 
-    from labkit import netcount
     from labkit.launch import device
+    from labkit.observe import netcount
 
     x = torch.ones(numel, device=device())  # (numel,)
     ring_all_reduce(x)

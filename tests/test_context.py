@@ -129,11 +129,11 @@ def _cp_job(cases):
     """Every (T, layout, fn) case on this cp group vs one-process causal attention."""
     import torch.distributed as dist
 
-    from labkit import netcount
     from labkit.context.layout import positions
     from labkit.context.ring_attention import all_gather_kv_attention, ring_attention
     from labkit.context.tiled import saved_bytes
     from labkit.launch import device
+    from labkit.observe import netcount
 
     rank, cp = dist.get_rank(), dist.get_world_size()
     dev = device()
@@ -205,8 +205,8 @@ SP_CFGS = {2: dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=16),
 
 def _sp_model_run(sp, ref, T, dev):
     """Two SGD steps of `sp` and `ref` on the same batches: every compared pair and the last log."""
-    from labkit import commlog
     from labkit.model import get_batch, tiny_corpus
+    from labkit.observe import commlog
 
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.5)
     opt_s = torch.optim.SGD(sp.parameters(), lr=0.5)
@@ -228,12 +228,12 @@ def _sp_model_run(sp, ref, T, dev):
 
 def _block_saved_bytes(model, T, dev):
     """Bytes one block keeps for backward on this rank (saved-tensor hooks; parameters left out)."""
-    from labkit.activation_memory import SavedBytes
     from labkit.model import get_batch, tiny_corpus
+    from labkit.observe.saved import SavedTensors
 
     x, _ = get_batch(tiny_corpus(), 4, T, 0)
     h = (model.wte(x.to(dev)) + model.wpe(torch.arange(T, device=dev))).detach().requires_grad_()
-    with SavedBytes(exclude=model.parameters()) as saved:
+    with SavedTensors(exclude=model.parameters()) as saved:
         model.blocks[0](h)                                   # the first block scatters h
     return saved.bytes
 
@@ -241,10 +241,10 @@ def _block_saved_bytes(model, T, dev):
 def _sp_job(cfg_kwargs, T, bad_T):
     import torch.distributed as dist
 
-    from labkit import netcount
     from labkit.context.sequence_parallel import apply_sp, gather_sequence, reduce_scatter_sequence
     from labkit.launch import device
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+    from labkit.observe import netcount
     from labkit.tp import apply_tp, f, g
 
     dev, tp = device(), dist.get_world_size()

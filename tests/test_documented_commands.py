@@ -25,38 +25,16 @@ from pathlib import Path
 import pytest
 from test_labs import GPU_READY, LABS, _progress_lines
 
-from labkit import cli
+from labkit import chapters, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 START = re.compile(r"^(?:\$ )?(?:[A-Z_]+=\S+ )*"
                    r"(labkit |torchrun |\./book\.sh|\./test\.sh|bash scripts/)")
 
-# what each lab's documented line says it shows, beyond its final table's marker
-# (tests/test_labs.py; tp's marker names the tiny run's layer count, so its own line here stands
-# for it)
-EXPECT = {
-    "intro": ["bytes/param"],
-    "ring": ["ring", "parameter server", "builtin"],
-    "ddp": ["naive", "overlap", "bucketed", "torch"],
-    "overlap": ["predicted", "measured"],
-    "overlap_zero3": ["predicted", "measured"],
-    "overlap_tp": ["predicted", "measured"],
-    "overlap_cp": ["predicted", "measured"],
-    "zero": ["the ring predicts"],
-    "hsdp": ["shard dim", "replicate dim", "one process"],
-    "zeropp": ["qwZ", "hpZ", "qgZ", "all held"],
-    "tp": ["per layer (formula: 4)", "counted by the kernel"],
-    "pipeline": ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "formula"],
-    "checkpoint": ["straggler", "sharded save at 4, load at 2", "frozen rank"],
-    "train_ft": ["rank 1 died", "bit for bit"],
-    "sequence": ["SGD steps vs the one-process reference"],
-    "context": ["ring", "SGD steps vs the one-process reference"],
-    "moe": ["expert parallel vs one-process MoE", "all-to-all"],
-    "moe_dispatch": ["uniform model", "skewed model", "hidden"],
-    "precision": ["resident bytes/param", "loss scal"],
-    "hybrid": ["worst |difference|"],
-}
+# what each lab's documented line says it shows, beyond its final table's marker (the manifest,
+# labkit.chapters; tp's marker names the tiny run's layer count, so its own line here stands for it)
+EXPECT = {x.name: list(x.shows) for x in chapters.labs()}
 
 # documented command (its start) -> the test that runs it
 COVERED_BY = {

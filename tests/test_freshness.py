@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import book
+from labkit import book, chapters
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for d in ("chapters", "solutions") for p in (ROOT / d).glob("*.ipynb"))
@@ -29,7 +29,16 @@ def test_saved_outputs_are_newer_than_the_code_they_ran(path):
                          f"{'; '.join(reasons)}. Re-run it: labkit book run {path.name[:2]}{flag}")
 
 
-# ---- the check itself, on a fake labkit package and tiny notebooks ---------------------------
+# ---- the check itself, on a fake labkit package and tiny notebooks ----------------------
+
+
+@pytest.fixture(autouse=True)
+def _demo_chapters(monkeypatch):
+    """The tiny books below hold chapters 42-44: `labkit book` runs the manifest's chapters."""
+    demo = tuple(chapters.Chapter(n, slug, slug) for n, slug in
+                 ((42, "demo"), (43, "broken"), (44, "x")))
+    monkeypatch.setattr(chapters, "CHAPTERS", chapters.CHAPTERS + demo)
+
 
 def _package(tmp_path):
     pkg = tmp_path / "labkit"

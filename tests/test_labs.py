@@ -14,44 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from labkit.labs import CHAPTER_LABS
+from labkit import chapters
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# lab -> (tiny options, a line of its final table that must appear)
-LABS = {
-    "intro": (["--sizes-kib", "4", "256", "--repeats", "2"], "bytes/param"),
-    "ring": (["--sizes-mib", "0.0625", "--repeats", "1"], "max bytes received by a rank"),
-    "ddp": (["--steps", "1", "--batch", "5", "--versions", "bucketed", "torch"],
-            "all-reduces/step"),
-    "zero": (["--steps", "1", "--stages", "1", "3"], "the ring predicts"),
-    "hsdp": (["--steps", "1"], "HSDP: bytes each rank sent, per mesh dimension"),
-    "zeropp": (["--steps", "1"], "ZeRO++: bytes each rank sent in one step"),
-    "tp": (["--steps", "1", "--batch", "2", "--n-layer", "1", "--block-size", "8"],
-           "all-reduces for 1 layers"),
-    "pipeline": (["--K", "2", "--batch", "4", "--pad-ms", "0", "0"], "formula (P-1)/(vK+P-1)"),
-    "checkpoint": ([], "straggler (rank 1 slowed 3x) found"),
-    "train_ft": (["--steps", "4", "--save-every", "2", "--kill-step", "3"], "ranks agree: True"),
-    "hybrid": (["--steps", "1", "--batch", "3"], "worst |difference|"),
-    "context": (["--steps", "1", "--seq", "8", "--batch", "2"],
-                "SGD steps vs the one-process reference"),
-    "sequence": (["--steps", "1", "--seq", "8", "--batch", "2"],
-                 "SGD steps vs the one-process reference"),
-    "moe": (["--steps", "1", "--batch", "4"], "expert parallel vs one-process MoE"),
-    "moe_dispatch": (["--tokens", "64", "--hidden", "16", "--skews", "0", "2", "--repeats", "1",
-                      "--sizes-kib", "4", "16"], "dispatch all-to-all under skewed routing"),
-    "precision": (["--steps", "2"], "resident bytes/param"),
-    "overlap": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
-                 "--sizes-kib", "64", "1024", "4096"],
-                "where the step turns communication-bound"),
-    "overlap_tp": (["--widths", "16", "32", "--tokens", "16", "--rounds", "1",
-                    "--sizes-kib", "4096"], "where a TP layer turns communication-bound"),
-    "overlap_cp": (["--chunks", "8", "16", "--heads", "2", "--head-dim", "8", "--rounds", "1",
-                    "--sizes-kib", "256"], "where a ring hop stops hiding"),
-    "overlap_zero3": (["--rows", "1", "2", "--rounds", "1", "--n-embd", "16",
-                       "--sizes-kib", "64", "4096"],
-                      "where the micro-batch turns communication-bound"),
-}
+# lab -> (quick options, a line of its final table that must appear): the manifest's
+LABS = {x.name: (list(x.quick), x.table) for x in chapters.labs()}
 # RNG bit-equality, files, a killed rank, emulated per-rank links: CPU lessons
 CPU_ONLY = ("checkpoint", "train_ft", "moe_dispatch")
 # "backend B, device D" in their table
@@ -83,22 +51,19 @@ def _progress_lines(name, stdout):
 
 
 def test_every_chapter_has_a_lab_and_every_lab_exists():
-    chapters = sorted(int(p.name[:2]) for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
-    assert chapters, "no chapter notebooks found"
-    missing = [c for c in chapters if not CHAPTER_LABS.get(c, ("", []))[1]]
-    assert not missing, f"chapters without a lab in CHAPTER_LABS: {missing}"
-    for _, labs in CHAPTER_LABS.values():
-        for name in labs:
-            mod = importlib.import_module(f"labkit.labs.{name}")
-            assert callable(getattr(mod, "main", None)), f"labkit.labs.{name} has no main()"
-            # "gloo": its lesson is on the CPU, so `labkit run` hides the GPUs from it
-            assert getattr(mod, "BACKEND", None) == ("gloo" if name in CPU_ONLY else "auto"), name
-    listed = {lab for _, labs in CHAPTER_LABS.values() for lab in labs}
-    assert listed == set(LABS), "every lab is exercised by this file"
+    missing = [c.nn for c in chapters.CHAPTERS if not c.labs]
+    assert not missing, f"chapters without a lab in labkit.chapters: {missing}"
+    for x in chapters.labs():
+        mod = importlib.import_module(f"labkit.labs.{x.name}")
+        assert callable(getattr(mod, "main", None)), f"labkit.labs.{x.name} has no main()"
+        # "gloo": its lesson is on the CPU, so `labkit run` hides the GPUs from it
+        assert getattr(mod, "BACKEND", None) == ("gloo" if x.name in CPU_ONLY else "auto"), x.name
+        assert x.table, f"lab {x.name}: no `table` line in labkit.chapters"
     out = _labkit("list", timeout=60)
     assert out.returncode == 0, out.stderr
-    for ch, (_, labs) in CHAPTER_LABS.items():
-        assert re.search(rf"^\s+{ch:02d} .*{', '.join(labs)}$", out.stdout, re.M), out.stdout
+    for c in chapters.CHAPTERS:
+        assert re.search(rf"^\s+{c.nn} .*{', '.join(c.lab_names)}$", out.stdout, re.M), out.stdout
+    assert "(no chapter)" not in out.stdout, "a module in labkit/labs/ that no chapter lists"
     assert re.search(rf"^backend: NCCL where .*always Gloo .*: {', '.join(sorted(CPU_ONLY))}$",
                      out.stdout, re.M), out.stdout
 

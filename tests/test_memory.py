@@ -306,15 +306,15 @@ def test_llama_terms_equal_bytes_saved_by_a_llama_style_block(kw):
 def test_saved_bytes_counts_each_storage_once_and_leaves_parameters_out():
     import torch
 
-    from labkit.activation_memory import SavedBytes
+    from labkit.observe.saved import SavedTensors
 
     w = torch.nn.Parameter(torch.randn(8, 8))
     x = torch.randn(4, 8, requires_grad=True)
-    with SavedBytes(exclude=[w]) as saved:
+    with SavedTensors(exclude=[w]) as saved:
         y = x @ w                     # saves x (4x8) and w (excluded)
         z = y.view(32).sin()          # saves a view of y: y's storage
         (z * y.view(32)).sum()        # y's storage again, and z: counted once each
     assert saved.bytes == (32 + 32 + 32) * 4, saved.tensors
-    with SavedBytes() as everything:
+    with SavedTensors() as everything:
         x @ w
     assert everything.bytes == (32 + 64) * 4

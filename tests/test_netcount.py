@@ -1,4 +1,4 @@
-"""labkit.netcount: the kernel's per-socket counters, checked against bytes we know we sent, and
+"""observe.netcount: the kernel's per-socket counters, checked against bytes we know we sent, and
 what Gloo's collectives really move (the facts chapter 03 and 04 rely on)."""
 import socket
 import threading
@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-from labkit import netcount
 from labkit.launch import run
+from labkit.observe import netcount
 
 
 def _loopback_pair():

@@ -108,6 +108,12 @@ def _log_job():
         out["refused"] = None
     except RuntimeError as err:
         out["refused"] = str(err)
+    try:  # a checker's refusal: only point-to-point may run, and its own exception type
+        with CollectiveLog(allow=(), why="use send/recv", error=LookupError) as strict:
+            dist.broadcast(x, 0)
+        out["strict"] = None
+    except LookupError as err:
+        out["strict"] = (str(err), strict.calls)
     dist.barrier()
     return out
 
@@ -117,6 +123,7 @@ def test_collective_log_sees_and_refuses_by_name():
     assert out["names"] == ["all_reduce", "barrier"] and out["collectives"] == ["all_reduce"]
     assert out["sized"][0] == ("all_reduce", 6) and out["times"] == 1
     assert out["refused"] == "collective dist.all_reduce called: use send/recv"
+    assert out["strict"] == ("collective dist.broadcast called: use send/recv", ["broadcast"])
 
 
 def test_reference_keywords_and_spec_agree():

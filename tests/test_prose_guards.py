@@ -43,7 +43,7 @@ def _markdown(path: Path) -> list:
     """[(where, text)] of every markdown cell (notebooks) or the whole file (Markdown)."""
     if path.suffix == ".ipynb":
         cells = json.loads(path.read_text())["cells"]
-        # the closing "Where next" links (labkit.site.NAV_MARK) name chapters by their titles only
+        # the closing "Where next" links (landing.NAV_MARK) name chapters by their titles only
         return [(f"{path.parent.name}/{path.name} cell {i}", "".join(c["source"]))
                 for i, c in enumerate(cells) if c["cell_type"] == "markdown"
                 and not "".join(c["source"]).startswith("<!-- book-nav -->")]

@@ -9,8 +9,9 @@ import zipfile
 from pathlib import Path
 
 import nbformat
+import pytest
 
-from labkit import landing, site
+from labkit import chapters, landing, site
 from labkit.widgets import web
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,16 @@ def _chapter(root: Path, folder: str, name: str, title: str, cells=()) -> None:
     nbformat.write(nb, root / folder / name)
 
 
+@pytest.fixture
+def tiny_manifest(monkeypatch):
+    """The manifest of the tiny books below (labkit.chapters): a chapter is listed where its
+    chapters/ notebook exists."""
+    monkeypatch.setattr(chapters, "CHAPTERS", (
+        chapters.Chapter(0, "a", "First"), chapters.Chapter(1, "b", "Second"),
+        chapters.Chapter(8, "mixture_of_experts", "Mixture of experts"),
+        chapters.Chapter(9, "p", "P", calculators=("precision",))))
+
+
 def test_landing_lists_every_chapter_with_its_exercises_and_solutions():
     text = "".join(c.source for c in landing.landing_notebook(ROOT).cells)
     for nb in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
@@ -33,7 +44,7 @@ def test_landing_lists_every_chapter_with_its_exercises_and_solutions():
     assert "labkit grade" in text and "How grading works" in text
 
 
-def test_a_chapter_added_later_appears_without_editing(tmp_path):
+def test_a_chapter_added_to_the_manifest_appears_once_its_notebook_exists(tiny_manifest, tmp_path):
     _chapter(tmp_path, "chapters", "00_a.ipynb", "First")
     before = landing.write(tmp_path).read_text()
     assert "08_mixture_of_experts" not in before
@@ -45,7 +56,7 @@ def test_a_chapter_added_later_appears_without_editing(tmp_path):
     assert "| 08 |" in text and "| — |" in text  # no exercises notebook yet: no link
 
 
-def test_landing_file_is_rewritten_only_when_it_changes(tmp_path):
+def test_landing_file_is_rewritten_only_when_it_changes(tiny_manifest, tmp_path):
     _chapter(tmp_path, "chapters", "00_a.ipynb", "First")
     path = landing.write(tmp_path)
     mtime = path.stat().st_mtime_ns
@@ -79,7 +90,7 @@ def test_prepare_turns_plotly_json_into_a_figure_div_and_widgets_into_a_note():
     assert "widgets" not in out.metadata and "widgets" in nb.metadata  # the input is untouched
 
 
-def test_build_writes_pages_with_local_assets_only(tmp_path):
+def test_build_writes_pages_with_local_assets_only(tiny_manifest, tmp_path):
     book = tmp_path / "book"
     md = nbformat.v4.new_markdown_cell(
         "Math $a^2$ and see [the solutions](../solutions/01_b.ipynb#top).")
@@ -110,7 +121,7 @@ def test_site_command_refuses_a_folder_without_chapters(tmp_path, capsys):
     assert "chapters/" in capsys.readouterr().err
 
 
-def test_glossary_is_linked_from_the_landing_page_and_built_as_a_page(tmp_path):
+def test_glossary_is_linked_from_the_landing_page_and_built_as_a_page(tiny_manifest, tmp_path):
     book = tmp_path / "book"
     _chapter(book, "chapters", "00_a.ipynb", "First")
     assert "GLOSSARY" not in landing.write(book).read_text()  # no glossary, no dangling link
@@ -144,7 +155,7 @@ def test_a_chapter_calculator_becomes_live_controls_with_its_default_text():
     nb = nbformat.v4.new_notebook(cells=[
         _widget_cell("view.bytes_widget(7e9)", ["a", "a"]),       # saved twice: shown once
         _widget_cell("other_widget()", ["b"]),                     # no website calculator: a note
-        nbformat.v4.new_markdown_cell(site.NAV_MARK + "\n---\nlinks")])
+        nbformat.v4.new_markdown_cell(landing.NAV_MARK + "\n---\nlinks")])
     out = site.prepare(nb, "09")
     assert len(out.cells) == 2  # the closing-links cell: the page's footer has the same links
     calc = out.cells[0].outputs
@@ -194,7 +205,7 @@ def test_inputs_as_the_browser_sends_them():
         "4 + 4 + 8 = 16")
 
 
-def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tmp_path):
+def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tiny_manifest, tmp_path):
     book = tmp_path / "book"
     for folder in ("chapters", "exercises", "solutions"):
         _chapter(book, folder, "00_a.ipynb", "First")
@@ -213,19 +224,19 @@ def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tmp_path):
 
 
 def test_nav_markdown_is_the_cell_the_chapters_end_with():
-    rows = landing.chapters(ROOT)
+    rows = landing.rows(ROOT)
     for i, row in enumerate(rows):
-        text = site.nav_markdown(rows, i)
-        assert text.startswith(site.NAV_MARK) and f"(../{row['exercises']})" in text
+        text = landing.nav_markdown(rows, i)
+        assert text.startswith(landing.NAV_MARK) and f"(../{row['exercises']})" in text
         if i + 1 < len(rows):
             assert f"({rows[i + 1]['stem']}.ipynb)" in text
     for stem in (r["stem"] for r in rows):
         nb = nbformat.read(ROOT / "chapters" / f"{stem}.ipynb", as_version=4)
         i = next(k for k, r in enumerate(rows) if r["stem"] == stem)
-        assert nb.cells[-1].source == site.nav_markdown(rows, i), stem
+        assert nb.cells[-1].source == landing.nav_markdown(rows, i), stem
 
 
-def test_runtime_and_labkit_are_copied_into_the_site(tmp_path):
+def test_runtime_and_labkit_are_copied_into_the_site(tiny_manifest, tmp_path):
     """With a (stand-in) Pyodide folder, its core files and labkit's calculator modules land in
     _static; nothing else of the npm package."""
     fake = tmp_path / "pyodide"
@@ -279,10 +290,10 @@ def test_no_notebook_saves_a_widget_or_figure_twice():
 def test_website_defaults_print_what_the_notebook_widgets_saved():
     """The text a calculator shows at its defaults is, character for character, what the chapter's
     widget printed when the chapter was run (chapter 07's two widgets draw figures only)."""
-    for key, calc in web.CALCULATORS.items():
-        if calc.chapter == "07":
+    for key in web.CALCULATORS:
+        if web.chapter_of(key) == "07":
             continue
-        chapter = next((ROOT / "chapters").glob(f"{calc.chapter}_*.ipynb"))
+        chapter = ROOT / chapters.chapter(int(web.chapter_of(key))).notebooks[0]
         saved = json.dumps(json.loads(chapter.read_text()))
         assert json.dumps(web.render(key))[1:-1] in saved, key
 
@@ -306,8 +317,8 @@ print("rendered", len(web.CALCULATORS))
 
 def test_every_calculator_renders_from_the_zip_alone(tmp_path):
     """What the browser gets is the zip: every calculator renders from it with nothing else of
-    labkit on the path and no torch, numpy, plotly or ipywidgets (a module left out of
-    site.CALC_PACKAGES fails here, not in the reader's browser)."""
+    labkit on the path and no torch, numpy, plotly or ipywidgets (a module site.calculator_files
+    misses fails here, not in the reader's browser)."""
     zipped = site.calculators_zip(tmp_path / site.CALC_ZIP)
     out = subprocess.run([sys.executable, "-I", "-c", ZIP_ONLY, str(zipped), str(ROOT)],
                          capture_output=True, text=True, timeout=120)

@@ -27,8 +27,8 @@ def _gpt_job(cfg_kwargs, batch, steps=2):
     import torch
     import torch.distributed as dist
 
-    from labkit import commlog
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+    from labkit.observe import commlog
     from labkit.tp import apply_tp
 
     cfg = GPTConfig(**cfg_kwargs)
@@ -271,7 +271,7 @@ def test_tp_makes_its_tensors_on_the_model_device(tp):
 
 def test_tp_bytes_counted_by_the_kernel_match_the_ring_formula():
     """One TP forward + backward at tp=2 and 4: the bytes each rank's sockets sent, counted by the
-    kernel (labkit.netcount), are labkit.costs' n_layer * 4 * 2(tp-1)/tp * b*s*h*4 plus Gloo's
+    kernel (observe.netcount), are labkit.costs' n_layer * 4 * 2(tp-1)/tp * b*s*h*4 plus Gloo's
     message headers (under 300 bytes per ring step); the comm log saw exactly the 4 per layer."""
     from labkit.tp.measure import count_wire
 

@@ -140,7 +140,7 @@ def test_optimizer_state_is_sharded(runs):
 
 def test_bytes_sent_counted_by_the_kernel_match_labkit_costs(runs):
     """2(N-1)/N Ψ for stages 0-2, 3(N-1)/N Ψ for stage 3: counted by the kernel's socket
-    counters (labkit.netcount), not by the code under test. The only excess allowed is Gloo's
+    counters (observe.netcount), not by the code under test. The only excess allowed is Gloo's
     message headers: under 300 bytes per rank per ring step (48-byte headers and ready-to-receive
     notices, measured in tests/test_netcount.py); on this tiny model that is up to 6%."""
     world, per_rank, _ = runs

@@ -1,7 +1,7 @@
 """labkit.zero.ZeRO3 with a mixed-precision policy (FSDP2's MixedPrecisionPolicy) and with small
 parameters replicated: equal to PyTorch's FSDP2 doing the same casts, bf16 where it claims (seen
 by forward hooks, not by labkit), fp32 masters and optimizer state, half the all-gather bytes
-(counted by the kernel: labkit.netcount), and replicated parameters whole and equal everywhere.
+(counted by the kernel: observe.netcount), and replicated parameters whole and equal everywhere.
 
 One launch per world size (2, and 3 for uneven shards) runs everything."""
 import dataclasses
@@ -253,7 +253,7 @@ def test_bf16_halves_the_all_gather_bytes_counted_by_the_kernel(runs):
     for r in per_rank:
         t = r["traffic"]
         f32, b16 = t["float32"]["forward"], t["bfloat16"]["forward"]
-        assert f32 is not None, "the kernel could not count (see labkit.netcount.why_not)"
+        assert f32 is not None, "the kernel could not count (see labkit.observe.netcount.why_not)"
         assert 0.49 < b16 / f32 < 0.52, (world, f32, b16)
         saved, predicted = f32 - b16, t["bfloat16"]["forward_predicted"]
         assert abs(saved - predicted) < 0.01 * predicted, (world, saved, predicted)

@@ -15,7 +15,7 @@ Every measurement runs real processes (labkit.launch.run, Gloo), one thread each
   hidden   per rank, the fraction of the ring's waiting for messages that overlap removes:
                hidden = 1 - exposed / standalone
            exposed: seconds the rank was blocked in wait() on ring attention's K/V and dK/dV
-           sends and receives during one forward + backward (labkit.commlog's `blocked`);
+           sends and receives during one forward + backward (labkit.observe.commlog's `blocked`);
            standalone: the same, for the very same hops (same sizes, peers, tags, grouping into
            steps) posted and waited for at once with no compute between (transfer_only, timed
            after an untimed pass that leaves the ranks in step). ring_attention posts the next
@@ -27,7 +27,7 @@ Every measurement runs real processes (labkit.launch.run, Gloo), one thread each
            the buffers to Gloo, on the rank's own thread, so never hidden) is in neither and is
            reported on its own: the standalone pass's wall time minus its waits. Per pass
            (forward, backward) from medians over repeats; the total from their sums.
-  bytes    payload the rank's TCP sockets sent during one forward + backward (labkit.netcount:
+  bytes    payload the rank's TCP sockets sent during one forward + backward (observe.netcount:
            Gloo's data plus its small per-message headers), over labkit.costs.context's
            cp_ring_layer_bytes: (cp - 1) K/V chunks forward, (cp - 1) K/V + cp dK/dV backward.
 """
@@ -111,7 +111,7 @@ def transfer_only(k, v, group=None) -> None:
     """The ring's hops with no compute between: forward cp-1 K/V hops; backward cp-1 K/V hops,
     each posted with a dK/dV hop, then the last dK/dV hop home. Each step's messages are posted
     as one batch (labkit.collectives.exchange) and waited for at once. k, v: (B, Hk, T/cp, d).
-    The messages are labelled ALONE_FORWARD and ALONE_BACKWARD in labkit.commlog."""
+    The messages are labelled ALONE_FORWARD and ALONE_BACKWARD in labkit.observe.commlog."""
     import torch.distributed as dist
 
     from labkit.collectives import exchange
@@ -159,9 +159,9 @@ def ring_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
     repeats (_timed_repeats)."""
     import torch.distributed as dist
 
-    from labkit import netcount
     from labkit.context import split_sequence
     from labkit.launch import device
+    from labkit.observe import netcount
 
     torch.set_num_threads(1)
     dev, rank, cp = device(), dist.get_rank(), dist.get_world_size()
@@ -183,7 +183,7 @@ def _timed_repeats(q, k, v, dout, repeats: int, dev) -> dict:
     (forward, backward), the standalone hops' waits (forward, backward), and their posting."""
     import torch.distributed as dist
 
-    from labkit import commlog
+    from labkit.observe import commlog
     from labkit.timing import now
 
     res = {"seconds": [], "exposed": [], "standalone": [], "posting": []}
@@ -301,7 +301,7 @@ def _print_ranks(ranks: list) -> None:
               "blocked in wait() on ring attention's K/V (and, backward, dK/dV) messages in one "
               "fwd+bwd, standalone = the same for the same hops posted and waited with no "
               "compute between; posting (never hidden) = standalone wall time minus its waits. "
-              "Bytes sent in one fwd+bwd: kernel count (labkit.netcount) vs "
+              "Bytes sent in one fwd+bwd: kernel count (labkit.observe.netcount) vs "
               "labkit.costs.context.cp_ring_layer_bytes"))
 
 

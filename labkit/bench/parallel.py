@@ -5,7 +5,7 @@ and bytes per mesh dimension against labkit.costs.parallel.
 
 Every plan trains the same GPT on the same global batches through labkit.parallel (the one-process
 row is the same code on a world of 1). Step time is the median over steps after the first (the
-slowest rank's); bytes are the payload the step handed to collectives (labkit.commlog) on rank 0,
+slowest rank's); bytes are the payload the step handed to collectives (observe.commlog) on rank 0,
 and the ratio to labkit.costs.parallel's prediction. On one CPU machine the ranks share its
 cores, so a parallel step is slower than the one-process step: the ratio says what the
 communication and the sharing cost here, not what a GPU cluster would see.

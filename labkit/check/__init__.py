@@ -12,8 +12,11 @@ exists), never each other: tests/test_check_layout.py holds the import graph to 
     source         the one reader of the reader's source (ast): calls, collectives
     forbidden      what of a set of modules and names the reader's code reaches
     refusal        the one refusal: Forbidden (before a run), Refused (during one)
-    guards         CollectiveLog: the collectives really dispatched (a TorchDispatchMode)
     mistakes       mistake tables as data: a wrong answer's ratio -> its hint
+
+What a checker watches while the reader's code runs is labkit.observe's: the collectives really
+dispatched (`observe.dispatch.CollectiveLog(allow=(), why=..., error=Refused)` refuses any but
+point-to-point), the bytes the kernel counted (`observe.netcount`), the bytes saved for backward.
 
 A checker is a list of cases:
 

@@ -81,7 +81,7 @@ class Forbidden:
 
 def collectives_refusal(fn, why: str, who: str = "your function") -> str:
     """'' if fn's own source calls no torch.distributed collective, else the message (the
-    source is read before anything runs; labkit.check.guards.CollectiveLog catches the rest)."""
+    source is read before anything runs; labkit.observe.dispatch.CollectiveLog catches the rest)."""
     used = collectives_called(fn)
     return f"{who} calls {', '.join('dist.' + u for u in used)}: {why}" if used else ""
 

@@ -7,7 +7,7 @@ nothing in torch is patched), and what that code calls by name.
 
 A source read finds what the code says, not what it reaches at run time (a collective hidden in
 a helper or behind getattr): the checkers pair it with a dispatch mode on the ranks
-(labkit.check.guards.CollectiveLog).
+(labkit.observe.dispatch.CollectiveLog).
 """
 from __future__ import annotations
 

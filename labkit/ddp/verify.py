@@ -57,9 +57,6 @@ def wrap(kind, model, group=None, bucket_mb: float | None = 25.0, timeline=None)
     raise ValueError(f"unknown DDP kind {kind!r}: naive, overlap, bucketed or torch")
 
 
-AllReduceCounter = CollectiveLog   # moved to labkit.observe.dispatch (chapter 02 names it)
-
-
 def _micro_batches(x, y, accum: int):
     return [(shard_rows(x, i, accum), shard_rows(y, i, accum)) for i in range(accum)]
 

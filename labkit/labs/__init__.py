@@ -11,22 +11,8 @@ CPU (checkpoint: bitwise RNG equality and file I/O; train_ft: a killed rank and 
 `labkit run` hides the GPUs from it, so it runs on Gloo even on a GPU machine, and `labkit list`
 says so (`backend_of`).
 
-CHAPTER_LABS says which lab belongs to which chapter (`labkit list` prints it; a test checks that
-every chapter has one and that each exists)."""
-
-CHAPTER_LABS = {
-    0: ("Why distribute?", ["intro"]),
-    1: ("Collectives and ring all-reduce", ["ring"]),
-    2: ("Data parallelism (DDP)", ["ddp", "overlap"]),
-    3: ("ZeRO and FSDP", ["zero", "overlap_zero3", "hsdp", "zeropp"]),
-    4: ("Tensor parallelism", ["tp", "overlap_tp"]),
-    5: ("Pipeline parallelism", ["pipeline"]),
-    6: ("Checkpointing and fault tolerance", ["checkpoint", "train_ft"]),
-    7: ("Sequence and context parallelism", ["sequence", "context", "overlap_cp"]),
-    8: ("Mixture of experts", ["moe", "moe_dispatch"]),
-    9: ("Mixed precision", ["precision"]),
-    10: ("Putting it together: every parallelism on one model", ["hybrid"]),
-}
+Which lab belongs to which chapter is the chapter manifest's (labkit.chapters): `labkit list`
+prints it, and a test checks that every chapter has a lab and that each exists."""
 
 
 def backend_of(name: str) -> str:

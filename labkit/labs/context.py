@@ -54,10 +54,10 @@ def block_saved_bytes(block, h) -> int:
     """Bytes block(h) keeps for backward (saved-tensor hooks; parameters and repeats left out)."""
     import torch
 
-    from labkit.activation_memory import SavedBytes
+    from labkit.observe.saved import SavedTensors
 
     torch.manual_seed(0)
-    with SavedBytes(exclude=block.parameters()) as saved:
+    with SavedTensors(exclude=block.parameters()) as saved:
         y = block(h)
     y.sum().backward()                                       # frees the graph
     return saved.bytes
@@ -256,7 +256,7 @@ def run_lab(argv, name: str):
                        ("ring formula B", "wire_predicted", ",.0f"),
                        ("ratio", lambda r: r["kernel_sent"] / r["wire_predicted"]
                         if r["kernel_sent"] else None, ".3f")],
-                title="bytes rank 0 sent in one step, counted by the kernel (labkit.netcount)"))
+                title="bytes rank 0 sent in one step, counted by the kernel (observe.netcount)"))
     if any(r["plan"].sp for r in runs):
         print("(on Gloo a reduce-scatter sends as many bytes as an all-reduce, twice the ring's: "
               "chapter 03; so a plan with SP sends more than the ring formula)")

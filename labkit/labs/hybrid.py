@@ -11,8 +11,8 @@ by side with the one-process GPT; losses, gradients and parameters must be equal
 Every rank builds the same GPT (seed 0), the mesh (pp, dp, tp; labkit.parallel.build_mesh) and
 applies tp, then pp, then dp (labkit.parallel.parallelize). The table shows, per rank, the worst
 difference from the reference (labkit.reference), the bytes the step handed to collectives along
-each mesh dimension (labkit.commlog) beside labkit.costs.parallel's prediction, the bytes the
-kernel counted leaving the rank's sockets (labkit.netcount, Gloo only) beside the ring
+each mesh dimension (observe.commlog) beside labkit.costs.parallel's prediction, the bytes the
+kernel counted leaving the rank's sockets (labkit.observe.netcount, Gloo only) beside the ring
 prediction, and where the step's time went. It exits 1 when any difference is over tolerance.
 """
 from __future__ import annotations
@@ -128,7 +128,7 @@ def report(plan, cfg, a, results, ref, diffs, brows) -> str:
     if diffs[0].get("missing"):
         out.append(f"no rank returned {diffs[0]['missing']}: a part of the model was left out")
     out += ["", "bytes of the last step, per mesh dimension: payload handed to collectives "
-            "(labkit.commlog) vs labkit.costs.parallel",
+            "(labkit.observe.commlog) vs labkit.costs.parallel",
             table(brows, ["rank", "dim", "calls", ("logged B", "logged", ","),
                           ("predicted B", "predicted", ","),
                           ("ratio", lambda b: b["logged"] / b["predicted"] if b["predicted"]
@@ -142,7 +142,7 @@ def report(plan, cfg, a, results, ref, diffs, brows) -> str:
                      "wire": sum(b["wire"] for b in brows if b["rank"] == rank)})
     out += ["", "the step's time (s): blocked in logged calls per dimension, and the rest "
             "(compute, and waiting for other ranks); bytes the kernel saw leave the rank's "
-            "sockets (labkit.netcount; n/a where it cannot count) vs ring collectives' bytes "
+            "sockets (observe.netcount; n/a where it cannot count) vs ring collectives' bytes "
             "(the kernel also sees message headers and the loss's own small reductions)",
             table(rows, ["rank", ("step", "step", ".4f"), ("tp", "tp", ".4f"),
                          ("cp", "cp", ".4f"), ("pp", "pp", ".4f"), ("dp", "dp", ".4f"),

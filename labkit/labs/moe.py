@@ -6,7 +6,7 @@ counted by the kernel against the formula, load balancing over training, capacit
 
 The jobs below are what chapter 08 runs too:
   bytes_job        one MoE layer, expert-parallel over all ranks, uneven tokens per rank: the
-                   bytes each rank's sockets sent in forward + backward (labkit.netcount, the
+                   bytes each rank's sockets sent in forward + backward (observe.netcount, the
                    kernel's count) beside 4 * rows-to-other-ranks * h * 4 bytes
   balance_run      one process: tokens per expert at every step of a short training run,
                    with no balancing, the Switch loss, or DeepSeek-V3's loss-free bias
@@ -31,12 +31,12 @@ def bytes_job(tokens_per_rank: list, cfg_kwargs: dict | None = None, seed: int =
     import torch
     import torch.distributed as dist
 
-    from labkit import netcount
     from labkit.launch import device
     from labkit.model import GPTConfig
     from labkit.moe.expert_parallel import ExpertParallelMoE
     from labkit.moe.layer import MoE
     from labkit.moe.router import capacity, route
+    from labkit.observe import netcount
 
     torch.set_num_threads(1)
     rank, ep, dev = dist.get_rank(), dist.get_world_size(), device()

@@ -6,7 +6,7 @@
 
 Prints, per size and algorithm, the median time over repeats (a repeat's time is its slowest
 rank's), the bytes the busiest rank sent and received as the kernel counted them on its TCP
-sockets (labkit.netcount: a counter the code under test does not write), and the formula's
+sockets (labkit.observe.netcount: a counter the code under test does not write), and the formula's
 bytes. With --bandwidth-mbs every rank's link is limited to that many MB/s each way
 (labkit.shaped: emulated by pacing, since one host's loopback has no per-link limit), and the
 formula's time is printed beside the measured one. The chapter's notebook calls `sweep`.
@@ -37,13 +37,13 @@ def _call(algorithm, x, p2p):
 
 def time_and_count(numel, algorithms=ALGORITHMS, repeats=5, bandwidth=None) -> dict:
     """Rank side: seconds of each repeat of each algorithm on this rank (interleaved, each repeat
-    started by a barrier), then one more call of each inside labkit.netcount's counter.
+    started by a barrier), then one more call of each inside labkit.observe.netcount's counter.
     `bandwidth` (bytes/s): every timed call goes through a fresh labkit.shaped.Shaper link."""
     import torch
     import torch.distributed as dist
 
-    from labkit import netcount
     from labkit.launch import device
+    from labkit.observe import netcount
     from labkit.shaped import Shaper
     from labkit.timing import now
 
@@ -207,6 +207,6 @@ def table(rows) -> str:
                      "send to (run --nproc 2 or more to count the ring's bytes)")
     if r0["not_counted"]:
         lines.append(f"bytes not counted: {r0['not_counted']}")
-    lines.append("bytes: counted by the kernel on each rank's TCP sockets (labkit.netcount); "
+    lines.append("bytes: counted by the kernel on each rank's TCP sockets (observe.netcount); "
                  "Gloo's own algorithm has no formula here")
     return "\n".join(lines)

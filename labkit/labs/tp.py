@@ -7,7 +7,7 @@ Every rank builds the same GPT (seed 0) and keeps its shards (labkit.tp.apply_tp
 (its GPU under NCCL); the one-process reference runs on the CPU. Rank 0 prints,
 per SGD step, the loss of both models and the largest gradient difference, then every
 collective of one step as the comm log saw it (op, shape, bytes vs the formula b*s*h elements),
-and the bytes each rank's sockets sent in that step, counted by the kernel (labkit.netcount),
+and the bytes each rank's sockets sent in that step, counted by the kernel (observe.netcount),
 next to labkit.costs.tensor_parallel's n_layer * 4 * 2(N-1)/N * b*s*h*4.
 """
 

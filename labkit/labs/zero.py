@@ -7,7 +7,7 @@
 Every stage trains the tiny GPT (fp32, AdamW) for a few steps; rank 0 prints, per stage, the
 largest difference from one process, the bytes each rank keeps in parameters, gradients and
 optimizer state next to labkit.costs.memory's prediction, and the bytes each rank sent in one
-step, counted by the kernel's socket counters (labkit.netcount, not by labkit), next to
+step, counted by the kernel's socket counters (labkit.observe.netcount, not by labkit), next to
 labkit.costs.zero's 2(N-1)/N Ψ for stages 0-2 and 3(N-1)/N Ψ for stage 3, with their ratio.
 With --trace DIR (stage 3 among --stages) one more ZeRO-3 step runs under torch.profiler
 (labkit.profiling.jobs.zero3_job), one trace per rank in DIR, and rank 0 prints compute,
@@ -74,7 +74,7 @@ def main(argv=()):
     print(table(rows(per_rank)))
     n = args.nproc
     print(f"KB = 1e3 bytes, largest rank. sent: bytes this rank's sockets sent in one step, "
-          f"counted by the kernel (labkit.netcount); predicted: labkit.costs.zero (ring "
+          f"counted by the kernel (labkit.observe.netcount); predicted: labkit.costs.zero (ring "
           f"collectives); ratio = sent / predicted, the excess being Gloo's message headers. "
           f"'Ψ vals': sent / (4 bytes x Ψ); the ring predicts 2(N-1)/N = {2 * (n - 1) / n:.2f} "
           f"for stages 0-2 and 3(N-1)/N = {3 * (n - 1) / n:.2f} for stage 3")

@@ -14,7 +14,7 @@ torch.distributed to find out what ran. What is logged is what labkit *asked* fo
 the mesh dimension of its group, the payload size of the tensor handed over (the whole tensor
 for an all-reduce, the whole output of an all-gather, the whole input of a reduce-scatter, the
 message of a send) and wall-clock start/end. That is a record for timelines and for counting
-calls; it is NOT a proof of bytes on the wire: `labkit.netcount` reads the kernel's own socket
+calls; it is NOT a proof of bytes on the wire: `observe.netcount` reads the kernel's own socket
 counters for that, and labkit.costs predicts wire bytes from (op, bytes, group size).
 
 Logging costs nothing when no log is open. While one is open each call reads the clock with
@@ -167,7 +167,7 @@ def all_gather_list(outs, inp, group=None, where: str = ""):
 
 def reduce_scatter_into(out, inp, op=dist.ReduceOp.SUM, group=None, where: str = ""):
     """out: (c,); inp: (N * c,) flat. Payload: the whole input. The backend's own algorithm:
-    Gloo's moves all-reduce bytes (labkit.netcount shows it); labkit.collectives has a ring."""
+    Gloo's moves all-reduce bytes (observe.netcount shows it); labkit.collectives has a ring."""
     e = _begin("reduce_scatter", inp, nbytes(inp), group, where)
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     with record_function(f"reduce_scatter {where}"):  # a span in profiler traces

@@ -2,14 +2,15 @@
 
     with CollectiveLog() as log:                         # inside a rank
         fn(x)
-    log.names()              # ["all_reduce", "send", ...] in torch.distributed's spelling
+    log.calls                # ["all_reduce", "send", ...] in torch.distributed's spelling
     log.collectives()        # the same without point-to-point (send, recv, barrier)
     log.times("all_reduce")  # perf_counter of each dispatch
-    log.sized()              # [("all_reduce", elements), ...]; log.calls has bytes as well
+    log.sized()              # [("all_reduce", elements), ...]; log.records has bytes as well
 
-    with CollectiveLog(allow=POINT_TO_POINT, why="build the ring from isend/irecv only"):
+    with CollectiveLog(allow=(), why="build the ring from isend/irecv only"):
         ring(x)              # any collective raises at once, naming it, before it runs
     with CollectiveLog(refuse=("all_gather",), why="..."):  # or refuse some by name
+    with CollectiveLog(allow=(), why="...", error=Refused):  # a checker's refusal (labkit.check)
 
 Why a dispatch mode: every torch.distributed call reaches the dispatcher as a c10d operator,
 whoever makes it (labkit's wrappers, the reader's function, torch DDP's C++ reducer), so the
@@ -61,21 +62,27 @@ def _tensors(args) -> list:
 
 
 class CollectiveLog(TorchDispatchMode):
-    """Record each c10d operator dispatched on this thread while active. allow: names (or
-    prefixes) that may run, None for all; refuse: names that may not. A refused call raises a
-    RuntimeError "collective dist.<name> called: <why>" instead of running."""
+    """Record each c10d operator dispatched on this thread while active: `calls` their
+    torch.distributed names, `records` each as a Call (elements, bytes, time). allow: None (any
+    call may run) or the names (prefixes) that may run besides point-to-point (send, recv,
+    barrier), so allow=() refuses every collective; refuse: names that may not run. A refused
+    call raises error("collective dist.<name> called: <why>") instead of running (a checker
+    passes error=labkit.check.Refused)."""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False    # else the first dispatch imports torch._dynamo: seconds on a cold rank
 
-    def __init__(self, allow: tuple | None = None, refuse: tuple = (), why: str = ""):
+    def __init__(self, allow: tuple | None = None, refuse: tuple = (), why: str = "",
+                 error: type = RuntimeError):
         super().__init__()
-        self.calls: list = []
-        self.allow, self.refuse, self.why = allow, tuple(refuse), why
+        self.calls: list = []        # torch.distributed's name of each call, in order
+        self.records: list = []      # the same calls as Call(op, numel, bytes, time)
+        self.allow = None if allow is None else POINT_TO_POINT + tuple(allow)
+        self.refuse, self.why, self.error = tuple(refuse), why, error
 
     def refused(self, op: str) -> bool:
-        return (self.allow is not None and not op.startswith(tuple(self.allow))) \
+        return (self.allow is not None and not op.startswith(self.allow)) \
             or op.startswith(self.refuse)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -83,22 +90,23 @@ class CollectiveLog(TorchDispatchMode):
                 not in ("wait", "work_wait"):
             op = public_name(func.__name__)
             ts = _tensors(args[:1])
-            self.calls.append(Call(op, sum(t.numel() for t in ts), sum(t.nbytes for t in ts),
-                                   time.perf_counter()))
+            self.calls.append(op)
+            self.records.append(Call(op, sum(t.numel() for t in ts), sum(t.nbytes for t in ts),
+                                     time.perf_counter()))
             if self.refused(op):
-                raise RuntimeError(f"collective dist.{op} called: {self.why}")
+                raise self.error(f"collective dist.{op} called: {self.why}")
         return func(*args, **(kwargs or {}))
 
     def names(self) -> list:
-        return [c.op for c in self.calls]
+        return list(self.calls)
 
     def collectives(self) -> list:
-        return [c.op for c in self.calls if not c.op.startswith(POINT_TO_POINT)]
+        return [op for op in self.calls if not op.startswith(POINT_TO_POINT)]
 
     def times(self, op: str | None = None) -> list:
         """perf_counter of each call whose name starts with `op` (all_reduce: also coalesced)."""
-        return [c.time for c in self.calls if op is None or c.op.startswith(op)]
+        return [c.time for c in self.records if op is None or c.op.startswith(op)]
 
     def sized(self) -> list:
         """[(name, elements)] of every call, in order."""
-        return [(c.op, c.numel) for c in self.calls]
+        return [(c.op, c.numel) for c in self.records]

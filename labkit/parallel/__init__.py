@@ -10,7 +10,7 @@
     labkit run hybrid --dp 2 --tp 2 --pp 2      # the 3D lab (8 processes)
 
 Modules: plan (the plan and its one up-front check), mesh (init_device_mesh over pp, dp, tp;
-groups named in labkit.commlog), parallelize (tp, then pp, then dp: the transforms in order),
+groups named in observe.commlog), parallelize (tp, then pp, then dp: the transforms in order),
 job (the rank-side training run the lab, the tests and the benchmark share).
 """
 from labkit.parallel.mesh import Mesh, build_mesh

@@ -49,7 +49,7 @@ def differences(results: list, ref: dict, optimizer: str = "adamw") -> list:
 
 
 def bytes_rows(results: list, plan, cfg, batch: int) -> list:
-    """Per rank and mesh dimension: payload logged (labkit.commlog) vs labkit.costs.parallel,
+    """Per rank and mesh dimension: payload logged (observe.commlog) vs labkit.costs.parallel,
     and the kernel's count of all bytes the rank sent vs the ring prediction."""
     rows = []
     if cfg.n_expert or (plan.cp > 1 and plan.cp_method != "ring"):

@@ -11,7 +11,7 @@ the one-process reference (labkit.reference.reference_train). It returns what th
 the tables need: the loss per step, the first step's whole-batch gradients and the final
 parameters of what this rank's stage owns (full, by the one-process names), the comm log's
 payload bytes and seconds per mesh dimension for the last step, the step's wall time, and the
-kernel's count of bytes this rank sent (labkit.netcount, where it can count).
+kernel's count of bytes this rank sent (labkit.observe.netcount, where it can count).
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ class _NoCounter:
 
 
 def _socket_counter():
-    """The kernel's per-socket byte counter (labkit.netcount) where it exists and can count."""
+    """The kernel's per-socket byte counter (observe.netcount) where it exists and can count."""
     try:
         return netcount.socket_bytes()
     except Exception:          # a backend the kernel counter cannot see (NCCL): no count

@@ -7,7 +7,7 @@
 Built with torch's `init_device_mesh` (the DeviceMesh torchtitan and FSDP2 use) over the
 dimensions of labkit.topology in its order, outermost first: pp, dp, tp, so that a TP group is
 consecutive ranks (inside one node) and PP stretches across nodes. Each group is named in
-labkit.commlog, so every logged call says which dimension it ran along.
+labkit.observe.commlog, so every logged call says which dimension it ran along.
 """
 from __future__ import annotations
 

@@ -113,9 +113,6 @@ def owned_parameters(model: GPT, chunks: dict) -> dict:
     return {name: p for name, p in model.named_parameters() if id(p) in mine}
 
 
-ActivationMeter = SavedTensors   # moved to labkit.observe.saved (labkit.check.ch05 imports it here)
-
-
 def _tag(s: Schedule, kind: str, mb: int, g: int) -> int:
     return (mb * s.n_chunks + g) * 2 + (0 if kind == "F" else 1)
 

@@ -161,7 +161,7 @@ def messages(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16) 
     """Per spec (schedule, K, v), summed over stages: the pipeline's sends as the comm log saw
     them (count, message shapes, payload bytes), all sends logged (the tied-embedding exchange
     after the step too) and the bytes the kernel's TCP counters saw leave the processes
-    (labkit.netcount, a counter the executor does not write; None under NCCL)."""
+    (labkit.observe.netcount, a counter the executor does not write; None under NCCL)."""
     per_rank = run(_messages_job, P, args=([tuple(x) for x in specs], cfg, batch_size),
                    timeout=120, echo=False)
     rows = []

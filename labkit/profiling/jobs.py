@@ -8,7 +8,7 @@
 Each job traces its last step only (`steps - 1` steps run first, untraced: the first step opens
 Gloo's connections and warms the allocator, which would dominate a one-step trace). Beside the
 trace each returns labkit's own timeline of the traced step: spans {name, lane, start, end} in
-seconds on labkit.timing's clock, from labkit.ddp.common.Timeline and labkit.commlog, so the
+seconds on labkit.timing's clock, from labkit.ddp.common.Timeline and labkit.observe.commlog, so the
 two views of one step can be set side by side.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
 from labkit.ddp.common import Timeline
 from labkit.ddp.verify import build_model, wrap
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe import commlog
 from labkit.profiling.record import label, traced
 
 DDP_CFG = dict(n_layer=2, n_embd=64, n_head=4, block_size=32)
@@ -71,7 +71,7 @@ def ddp_job(folder=None, kind: str = "bucketed", steps: int = 2, batch: int = 8,
 def zero3_job(folder=None, steps: int = 2, batch: int = 4, cfg: GPTConfig = ZERO_CFG,
               prefetch: bool = False) -> dict:
     """ZeRO-3 (labkit.zero.ZeRO3, AdamW; prefetch= its option) on this rank; the last step
-    traced. Timeline: forward, backward, optimizer on "compute"; every collective labkit.commlog
+    traced. Timeline: forward, backward, optimizer on "compute"; every collective observe.commlog
     logged on "comm"."""
     from labkit.zero import ZeRO3
 

@@ -9,7 +9,7 @@
 The files open in ui.perfetto.dev ("Open trace file"), in chrome://tracing, and in TensorBoard's
 profiler plugin (which looks for *.pt.trace.json). labkit labels its own work with
 record_function: forward, backward, optimizer here; "all_reduce bucket i" in labkit.ddp; every
-collective labkit.commlog makes as "<op> <where>" (e.g. "all_gather ZeRO-3 gather"); the
+collective labkit.observe.commlog makes as "<op> <where>" (e.g. "all_gather ZeRO-3 gather"); the
 pipeline's actions as F<mb>, B<mb>, W<mb> (labkit.pipeline.executor).
 """
 from __future__ import annotations

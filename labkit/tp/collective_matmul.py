@@ -24,8 +24,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
 from labkit.collectives import exchange
+from labkit.observe import commlog
 
 
 def allgather_matmul(x: torch.Tensor, w: torch.Tensor, group=None) -> torch.Tensor:

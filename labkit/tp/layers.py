@@ -152,7 +152,7 @@ class RowParallelLinear(_ParallelLinear):
 
 
 def _gather_dim(t: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """All-gather equal shards along `dim` (not in labkit.commlog: a save, not a step)."""
+    """All-gather equal shards along `dim` (not in labkit.observe.commlog: a save, not a step)."""
     _, tp = world_of(group)
     if tp == 1:
         return t.clone()

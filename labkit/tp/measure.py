@@ -7,8 +7,8 @@ processes, count the bytes the kernel saw, and time a layer's forward + backward
     count_wire(tps=(2, 4))                    # bytes sent, counted by the kernel, vs the formula
     time_layers(tps=(1, 2, 4), b=8, s=64, h=256)
 
-The comm log (labkit.commlog) is what the f/g operators asked for: a count and a timeline. The
-bytes on the wire come from the kernel's socket counters (labkit.netcount), which the code
+The comm log (observe.commlog) is what the f/g operators asked for: a count and a timeline. The
+bytes on the wire come from the kernel's socket counters (labkit.observe.netcount), which the code
 under test does not write.
 
 Each function launches its own processes (labkit.launch.run; under torchrun it runs in place).
@@ -85,7 +85,7 @@ def count_comm(tp: int, b: int = 4, s: int = 16, h: int = 32, n_head: int = 4,
                whats=("layer",), bytes_per_element: int = 4) -> dict:
     """{what: rows} for several models in one launch; see count_layer_comm. Each row also
     carries "wire_sent": the bytes rank 0 sent in that model's whole fwd+bwd, counted by the
-    kernel (labkit.netcount; None where it cannot count). "measured_bytes" is the comm log's
+    kernel (labkit.observe.netcount; None where it cannot count). "measured_bytes" is the comm log's
     payload of that one call (what the operator asked for), not a wire count."""
     for what in whats:
         if what not in ("layer", "mlp", "naive mlp"):
@@ -162,7 +162,7 @@ def train_side_by_side(cfg_kwargs: dict, steps: int = 2, batch: int = 4):
 
     Returns {"rows": [(step, loss_ref, loss_tp, max |grad diff|)], "events": the last step's
     collectives (comm log events marked forward/backward), "sent": bytes this rank's sockets
-    sent in the last step's TP forward + backward, counted by the kernel (labkit.netcount; None
+    sent in the last step's TP forward + backward, counted by the kernel (observe.netcount; None
     where it cannot count, "wire_reason" says why), "backend", "device"}."""
     cfg, dev = GPTConfig(**cfg_kwargs), device()
     ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0).to(dev), None)

@@ -13,8 +13,8 @@ so dL/dX = sum over ranks of each rank's partial dL/dX.
 `gather_last_dim` / `split_last_dim` are the other pair (all-gather forward, take my slice
 backward; and the reverse), used when a column-parallel output must be whole on every rank.
 
-Every collective here goes through `labkit.commlog` (the one communication log), so a timeline
-can show each f and g; the proof of bytes on the wire comes from `labkit.netcount`.
+Every collective here goes through `observe.commlog` (the one communication log), so a timeline
+can show each f and g; the proof of bytes on the wire comes from `labkit.observe.netcount`.
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from labkit.costs import checkpoint as ck
 from labkit.costs.plan_inputs import LLAMA3_GPU_MTBF_H
+from labkit.widgets.controls import build, logrng, rng, sel, values
 
 # The default node: 8 GPUs failing at Llama 3's measured rate (the planner's figure, chapter 10).
 NODE_MTBF_H = LLAMA3_GPU_MTBF_H / 8
@@ -101,23 +102,24 @@ def activation_figure(m: dict, timed: dict | None = None):
     return fig
 
 
+CONTROLS = [logrng("n_params_b", "params (B)", -1, 3, 0.1, 70),
+            sel("recipe", "recipe", sorted(ck.RECIPES), "mixed_adam"),
+            rng("writers", "writers", 1, 1024, 1, 64),
+            rng("per_writer_GBps", "GB/s each", 0.1, 25, 0.1, 2.0),
+            rng("storage_GBps", "storage GB/s", 1, 2000, 1, 100),
+            logrng("node_mtbf_h", "node MTBF h", 2, 6, 0.1, round(NODE_MTBF_H)),
+            rng("nodes", "nodes", 1, 4096, 1, 256),
+            rng("restart_min", "restart min", 0, 60, 0.1, 10),
+            rng("interval_min", "interval min", 1, 600, 0.1, 30)]
+
+
 def calculator():
     """Sliders over plan(): size, save time, Young/Daly intervals, waste, with the waste curve."""
     import ipywidgets as w
     from IPython.display import display
 
     out = w.Output()
-    controls = dict(
-        n_params_b=w.FloatLogSlider(value=70, base=10, min=-1, max=3, description="params (B)"),
-        recipe=w.Dropdown(options=sorted(ck.RECIPES), value="mixed_adam", description="recipe"),
-        writers=w.IntSlider(value=64, min=1, max=1024, description="writers"),
-        per_writer_GBps=w.FloatSlider(value=2.0, min=0.1, max=25, description="GB/s each"),
-        storage_GBps=w.FloatSlider(value=100, min=1, max=2000, description="storage GB/s"),
-        node_mtbf_h=w.FloatLogSlider(value=round(NODE_MTBF_H), base=10, min=2, max=6,
-                                     description="node MTBF h"),
-        nodes=w.IntSlider(value=256, min=1, max=4096, description="nodes"),
-        restart_min=w.FloatSlider(value=10, min=0, max=60, description="restart min"),
-        interval_min=w.FloatSlider(value=30, min=1, max=600, description="interval min"))
+    controls = build(CONTROLS)
 
     def update(**kw):
         p = plan(**kw)
@@ -129,7 +131,7 @@ def calculator():
     ui = w.interactive(update, **controls)
     display(w.VBox([w.HBox([w.VBox(list(ui.children[:5])), w.VBox(list(ui.children[5:-1]))]),
                     out]))
-    update(**{k: c.value for k, c in controls.items()})
+    update(**values(controls))
 
 
 def timeline_figure(interval: float = 4, save: float = 0.6, fail_at: float = 10.3,

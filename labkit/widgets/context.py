@@ -13,6 +13,7 @@ worked answer and a checker can never disagree.
 from __future__ import annotations
 
 from labkit.costs import context as cc
+from labkit.widgets.controls import build, on_change, rng, sel, values
 
 COLOURS = {"replicated": "#4C78A8", "tensor-parallel": "#F58518", "scores": "#E45756",
            "layer input": "#54A24B"}
@@ -101,47 +102,50 @@ def comm_text(b: int, s: int, h: int, kv: int, degrees=(2, 4, 8, 16), bytes_per_
                               for i, name in enumerate(r[0] for r in rows[degrees[0]])])
 
 
+ACTIVATION_CONTROLS = [rng("s", "s (tokens)", 1024, 131072, 1024, 8192),
+                       rng("b", "b", 1, 16, 1, 1),
+                       rng("h", "h", 1024, 16384, 512, 8192),
+                       rng("a", "a (heads)", 8, 128, 8, 64),
+                       sel("tp", "tp", [1, 2, 4, 8], 8),
+                       sel("cp", "cp", [1, 2, 4, 8, 16], 1)]
+
+
 def activation_calculator():
     """Sliders: s, b, h, a, t, cp; the stacked bar and the totals."""
     import ipywidgets as w
 
-    sl = dict(s=w.IntSlider(8192, 1024, 131072, 1024, description="s (tokens)"),
-              b=w.IntSlider(1, 1, 16, description="b"),
-              h=w.IntSlider(8192, 1024, 16384, 512, description="h"),
-              a=w.IntSlider(64, 8, 128, 8, description="a (heads)"),
-              tp=w.Dropdown(options=[1, 2, 4, 8], value=8, description="tp"),
-              cp=w.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="cp"))
+    sl = build(ACTIVATION_CONTROLS)
     out = w.Output()
 
-    def draw(*_):
-        v = {k: s.value for k, s in sl.items()}
+    def draw():
         with out:
             out.clear_output(wait=True)
-            activation_figure(**v).show()
+            activation_figure(**values(sl)).show()
 
-    for s in sl.values():
-        s.observe(draw, "value")
+    on_change(sl, draw)
     draw()
     return w.VBox([w.HBox(list(sl.values())[:3]), w.HBox(list(sl.values())[3:]), out])
+
+
+COMM_CONTROLS = [rng("b", "b", 1, 16, 1, 1),
+                 rng("s", "s (tokens)", 1024, 131072, 1024, 8192),
+                 rng("h", "h", 1024, 16384, 512, 8192),
+                 rng("kv", "kv (= Hk d)", 128, 16384, 128, 1024)]
 
 
 def comm_calculator():
     """Sliders: b, s, h, kv; bytes per layer of TP, TP+SP, ring CP and all-gather CP."""
     import ipywidgets as w
 
-    sl = dict(b=w.IntSlider(1, 1, 16, description="b"),
-              s=w.IntSlider(8192, 1024, 131072, 1024, description="s (tokens)"),
-              h=w.IntSlider(8192, 1024, 16384, 512, description="h"),
-              kv=w.IntSlider(1024, 128, 16384, 128, description="kv (= Hk d)"))
+    sl = build(COMM_CONTROLS)
     out = w.Output()
 
-    def draw(*_):
+    def draw():
         with out:
             out.clear_output(wait=True)
-            comm_figure(**{k: s.value for k, s in sl.items()}).show()
+            comm_figure(**values(sl)).show()
 
-    for s in sl.values():
-        s.observe(draw, "value")
+    on_change(sl, draw)
     draw()
     return w.VBox([w.HBox(list(sl.values())), out])
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import textwrap
 
 from labkit.costs import scaling
+from labkit.widgets.controls import build, rng
 
 COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "wait": "#BAB0AC",
            "optimizer": "#54A24B", "comm": "#E45756", "pack": "#B279A2", "unpack": "#9D755D"}
@@ -127,6 +128,14 @@ def summary(compute_ms, comm_ms, n, overlap, accum, slowdown) -> str:
     return "\n".join(lines)
 
 
+CONTROLS = [rng("compute_ms", "compute ms", 5, 500, 5, 100),
+            rng("comm_ms", "comm ms", 0, 200, 1, 10),
+            rng("n", "GPUs N", 1, 256, 1, 8),
+            rng("overlap", "overlap", 0, 1, 0.05, 0.0),
+            rng("accum", "accumulation", 1, 16, 1, 1),
+            rng("slowdown", "slowdown s", 0, 0.5, 0.01, scaling.OVERLAP_SLOWDOWN)]
+
+
 def calculator():
     """Sliders: compute ms, comm ms, N, overlap fraction, accumulation, and the slowdown of
     overlapped compute (default: Lee et al.'s measured average) -> efficiency, speedup."""
@@ -137,13 +146,7 @@ def calculator():
         display(scaling_figure(compute_ms, comm_ms, overlap, accum=accum, slowdown=slowdown))
         print(summary(compute_ms, comm_ms, n, overlap, accum, slowdown))
 
-    return w.interactive(show, compute_ms=w.FloatSlider(value=100, min=5, max=500, step=5),
-                         comm_ms=w.FloatSlider(value=10, min=0, max=200, step=1),
-                         n=w.IntSlider(value=8, min=1, max=256),
-                         overlap=w.FloatSlider(value=0.0, min=0, max=1, step=0.05),
-                         accum=w.IntSlider(value=1, min=1, max=16),
-                         slowdown=w.FloatSlider(value=scaling.OVERLAP_SLOWDOWN, min=0, max=0.5,
-                                                step=0.01, description="slowdown s"))
+    return w.interactive(show, **build(CONTROLS))
 
 
 def _fits_a_phone(fig, extra_height: int = 0) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from labkit.costs import memory, models
+from labkit.widgets.controls import build, rng, sel
 
 GB = 1e9
 PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer states"))
@@ -80,6 +81,12 @@ def summary(model, recipe: str, zero_stage: int = 0, dp: int = 1) -> str:
             + f" = {rows['total']:.1f} GB per GPU")
 
 
+CONTROLS = [sel("model", "model", list(models.PRESETS), "llama2-7b"),
+            sel("recipe", "recipe", list(memory.RECIPES), "mixed"),
+            rng("zero_stage", "ZeRO stage", 0, 3, 1, 0),
+            rng("dp", "GPUs (dp)", 1, 64, 1, 8)]   # the website's calculator: the same list
+
+
 def calculator():
     """Dropdowns and sliders over memory_figure: model, recipe, ZeRO stage, number of GPUs."""
     import ipywidgets as w
@@ -89,7 +96,4 @@ def calculator():
         display(memory_figure((model,), recipe, zero_stage if dp > 1 else 0, dp, log=False))
         print(summary(model, recipe, zero_stage, dp))
 
-    return w.interactive(show, model=w.Dropdown(options=list(models.PRESETS), value="llama2-7b"),
-                         recipe=w.Dropdown(options=list(memory.RECIPES), value="mixed"),
-                         zero_stage=w.IntSlider(value=0, min=0, max=3),
-                         dp=w.IntSlider(value=8, min=1, max=64))
+    return w.interactive(show, **build(CONTROLS))

@@ -14,6 +14,7 @@ answers and the checkers can never disagree.
 from __future__ import annotations
 
 from labkit.costs import memory, models
+from labkit.widgets.controls import build, check, rng, sel, values
 
 UNITS = {"GB": memory.GB, "GiB": memory.GiB}
 COLORS = {"params": "#4C78A8", "grads": "#F58518", "optimizer": "#54A24B",
@@ -173,10 +174,33 @@ def configuration(spec, seq_len, micro_batch, dp, tp, pp, cp, zero_stage, recipe
                        attention=attention)
 
 
+CONTROLS = [
+    sel("model", "model", list(models.PRESETS), "llama2-7b"),
+    sel("seq_len", "sequence length", [1024, 2048, 4096, 8192, 32768, 131072], 4096),
+    rng("micro_batch", "micro-batch", 1, 32, 1, 1),
+    sel("recipe", "precision", recipe_options(), "mixed"),
+    sel("attention", "attention", [("flash (SDPA, PyTorch's default)", "flash"),
+                                   ("eager (s x s scores kept)", "eager")], "flash"),
+    sel("recompute", "recompute", list(memory.RECOMPUTE), "selective"),
+    check("sp", "sequence parallel (with TP)", False),
+    sel("dp", "DP degree", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], 8),
+    sel("tp", "TP degree", [1, 2, 4, 8], 1),
+    sel("pp", "PP degree", [1, 2, 4, 8, 16], 1),
+    sel("cp", "CP degree", [1, 2, 4, 8, 16, 32], 1),
+    sel("zero_stage", "ZeRO stage", [("0 (DDP)", 0), ("1: optimizer", 1), ("2: + gradients", 2),
+                                     ("3: + parameters (FSDP)", 3)], 1),
+    sel("offload", "offload", [("none", 0), ("optimizer -> CPU", 1),
+                               ("optimizer + params -> CPU", 2)], 0),
+    sel("gpu", "GPU", list(memory.GPUS), "H100 80GB"),
+    sel("unit", "unit", ["GB", "GiB"], "GB")]
+LEFT = ("model", "seq_len", "micro_batch", "recipe", "attention", "recompute", "sp")
+
+
 def calculator():
     """The memory calculator: model, shape, parallelism (DP, TP, PP, CP), ZeRO, precision recipe
     (fp32, autocast, bf16 parameters: what the states cost and what the activations keep),
-    attention (flash or eager), recomputation, sequence parallelism, GPU."""
+    attention (flash or eager), recomputation, sequence parallelism, GPU. The notebook adds a
+    custom model and a custom GPU to the website's controls (CONTROLS)."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -185,8 +209,11 @@ def calculator():
     def lay():  # one Layout per widget: a shared one would take display="none" to all of them
         return w.Layout(width="330px")
 
-    model = w.Dropdown(options=list(models.PRESETS) + [CUSTOM], value="llama2-7b",
-                       description="model", style=style, layout=lay())
+    ctl = build(CONTROLS, style, lay)
+    for name in ("model", "gpu"):   # new options reset the value: put the default back
+        value = ctl[name].value
+        ctl[name].options = list(ctl[name].options) + [(CUSTOM, CUSTOM)]
+        ctl[name].value = value
     hidden = w.IntText(4096, description="hidden", style=style, layout=lay())
     layers = w.IntText(32, description="layers", style=style, layout=lay())
     heads = w.IntText(32, description="heads", style=style, layout=lay())
@@ -195,73 +222,49 @@ def calculator():
     vocab = w.IntText(32000, description="vocabulary", style=style, layout=lay())
     gated = w.Checkbox(True, description="gated MLP (SwiGLU)", indent=False)
     tied = w.Checkbox(False, description="tied embeddings", indent=False)
-    custom_box = w.VBox([hidden, layers, heads, kv, ffn, vocab, gated, tied])
-    seq = w.IntText(4096, description="sequence length", style=style, layout=lay())
-    mbs = w.IntSlider(1, min=1, max=32, description="micro-batch", style=style, layout=lay())
-    dp = w.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=8,
-                    description="DP degree", style=style, layout=lay())
-    tp = w.Dropdown(options=[1, 2, 4, 8], value=1, description="TP degree", style=style,
-                    layout=lay())
-    pp = w.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="PP degree", style=style,
-                    layout=lay())
-    cp = w.Dropdown(options=[1, 2, 4, 8, 16, 32], value=1, description="CP degree", style=style,
-                    layout=lay())
-    stage = w.Dropdown(options=[("0 (DDP)", 0), ("1: optimizer", 1), ("2: + gradients", 2),
-                                ("3: + parameters (FSDP)", 3)], value=1,
-                       description="ZeRO stage", style=style, layout=lay())
-    recipe = w.Dropdown(options=recipe_options(), value="mixed", description="precision",
-                        style=style, layout=lay())
-    attention = w.Dropdown(options=[("flash (SDPA, PyTorch's default)", "flash"),
-                                    ("eager (s x s scores kept)", "eager")], value="flash",
-                           description="attention", style=style, layout=lay())
-    recompute = w.Dropdown(options=list(memory.RECOMPUTE), value="selective",
-                           description="recompute", style=style, layout=lay())
-    sp = w.Checkbox(False, description="sequence parallel (with TP)", indent=False)
-    offload = w.Dropdown(options=[("none", 0), ("optimizer -> CPU", 1),
-                                  ("optimizer + params -> CPU", 2)], value=0,
-                         description="offload", style=style, layout=lay())
-    gpu = w.Dropdown(options=list(memory.GPUS) + [CUSTOM], value="H100 80GB",
-                     description="GPU", style=style, layout=lay())
+    custom = [hidden, layers, heads, kv, ffn, vocab, gated, tied]
+    custom_box = w.VBox(custom)
     custom_gib = w.FloatText(24.0, description="custom GiB", style=style, layout=lay())
-    unit = w.ToggleButtons(options=["GB", "GiB"], value="GB", description="unit", style=style)
     out = w.Output()
 
     def spec_now():
-        if model.value != CUSTOM:
-            return models.preset(model.value)
+        if ctl["model"].value != CUSTOM:
+            return models.preset(ctl["model"].value)
         return models.ModelSpec("custom", vocab_size=vocab.value, hidden=hidden.value,
                                 n_layers=layers.value, n_heads=heads.value,
                                 n_kv_heads=kv.value, ffn_hidden=ffn.value,
                                 gated_mlp=gated.value, tied_embeddings=tied.value)
 
     def update(*_):
-        custom_box.layout.display = "" if model.value == CUSTOM else "none"
-        custom_gib.layout.display = "" if gpu.value == CUSTOM else "none"
+        v = values(ctl)
+        custom_box.layout.display = "" if v["model"] == CUSTOM else "none"
+        custom_gib.layout.display = "" if v["gpu"] == CUSTOM else "none"
         out.clear_output(wait=True)
         with out:
             try:
-                p = configuration(spec_now(), seq.value, mbs.value, dp.value, tp.value, pp.value,
-                                  cp.value, stage.value, recipe.value, recompute.value, sp.value,
-                                  offload.value, attention.value)
+                p = configuration(spec_now(), v["seq_len"], v["micro_batch"], v["dp"], v["tp"],
+                                  v["pp"], v["cp"], v["zero_stage"], v["recipe"], v["recompute"],
+                                  v["sp"], v["offload"], v["attention"])
             except (ValueError, KeyError) as err:
                 print(f"cannot compute this configuration: {err}")
                 return
-            g = custom_gib.value * memory.GiB if gpu.value == CUSTOM else gpu.value
-            display(plan_figure(p, g, unit.value))
-            print(plan_table(p, g, unit.value))
+            g = custom_gib.value * memory.GiB if v["gpu"] == CUSTOM else v["gpu"]
+            display(plan_figure(p, g, v["unit"]))
+            print(plan_table(p, g, v["unit"]))
 
     def on_model(change):
-        if change["new"] != CUSTOM:
-            s = models.preset(change["new"])
-            seq.value = s.seq_len
+        seq = ctl["seq_len"]
+        if change["new"] != CUSTOM and models.preset(change["new"]).seq_len in [
+                o[1] for o in seq.options]:
+            seq.value = models.preset(change["new"]).seq_len
         update()
 
-    model.observe(on_model, "value")
-    for wd in (hidden, layers, heads, kv, ffn, vocab, gated, tied, seq, mbs, dp, tp, pp, cp, stage,
-               recipe, attention, recompute, sp, offload, gpu, custom_gib, unit):
+    ctl["model"].observe(on_model, "value")
+    for wd in [x for name, x in ctl.items() if name != "model"] + custom + [custom_gib]:
         wd.observe(update, "value")
-    left = w.VBox([model, custom_box, seq, mbs, recipe, attention, recompute, sp])
-    right = w.VBox([dp, tp, pp, cp, stage, offload, gpu, custom_gib, unit])
+    left = w.VBox([ctl["model"], custom_box] + [ctl[n] for n in LEFT[1:]])
+    right = w.VBox([ctl[n] for n in ("dp", "tp", "pp", "cp", "zero_stage", "offload", "gpu")]
+                   + [custom_gib, ctl["unit"]])
     update()
     return w.VBox([w.HBox([left, right]), out])
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from labkit.costs import moe as mc
+from labkit.widgets.controls import build, on_change, rng, sel, values
 
 
 def summary(h=4096, n_layer=32, n_expert=8, k=2, ffn_mult=3.5, ep=8, tokens_per_gpu=8192,
@@ -28,38 +29,35 @@ def summary(h=4096, n_layer=32, n_expert=8, k=2, ffn_mult=3.5, ep=8, tokens_per_
         f"capacity: {cap}; expected dropped assignments with a random router: {r['dropped']:.2%}"])
 
 
+CONTROLS = [sel("n_expert", "experts", [4, 8, 16, 32, 64, 128, 256], 8),
+            rng("k", "top-k", 1, 8, 1, 2),
+            rng("factor", "capacity", 0.25, 3.0, 0.25, 1.25),
+            sel("ep", "ep", [1, 2, 4, 8, 16, 32, 64], 8),
+            sel("tokens_per_gpu", "tokens/GPU", [1024, 4096, 8192, 16384], 8192),
+            sel("bandwidth", "link", [("NVLink 450 GB/s", 450e9), ("InfiniBand 50 GB/s", 50e9),
+                                      ("Ethernet 12.5 GB/s", 12.5e9)], 50e9)]
+
+
 def calculator(**start):
     """Sliders over the calculator's inputs; bad combinations print the error that says why.
     Returned, not displayed: as a cell's last line it shows once."""
     import ipywidgets as widgets
 
-    w = {"n_expert": widgets.Dropdown(options=[4, 8, 16, 32, 64, 128, 256], value=8,
-                                      description="experts"),
-         "k": widgets.IntSlider(value=2, min=1, max=8, description="top-k"),
-         "factor": widgets.FloatSlider(value=1.25, min=0.25, max=3.0, step=0.25,
-                                       description="capacity"),
-         "ep": widgets.Dropdown(options=[1, 2, 4, 8, 16, 32, 64], value=8, description="ep"),
-         "tokens_per_gpu": widgets.Dropdown(options=[1024, 4096, 8192, 16384], value=8192,
-                                            description="tokens/GPU"),
-         "bandwidth": widgets.Dropdown(options=[("NVLink 450 GB/s", 450e9),
-                                                ("InfiniBand 50 GB/s", 50e9),
-                                                ("Ethernet 12.5 GB/s", 12.5e9)], value=50e9,
-                                       description="link")}
+    w = build(CONTROLS)
     for key, v in start.items():
         if key in w:
             w[key].value = v
     out = widgets.Output()
 
-    def redraw(*_):
+    def redraw():
         with out:
             out.clear_output(wait=True)
             try:
-                print(summary(**{k: v.value for k, v in w.items()}))
+                print(summary(**values(w)))
             except ValueError as err:
                 print(f"cannot run: {err}")
 
-    for v in w.values():
-        v.observe(redraw, "value")
+    on_change(w, redraw)
     redraw()
     return widgets.VBox(list(w.values()) + [out])
 

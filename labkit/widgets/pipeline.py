@@ -13,6 +13,7 @@ from __future__ import annotations
 from labkit import costs
 from labkit.pipeline import schedules
 from labkit.pipeline.simulate import simulate, steady_state
+from labkit.widgets.controls import build, rng, sel
 
 COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B"}
 NAMES = {"F": "forward", "B": "backward", "W": "weight gradient (W)"}
@@ -125,6 +126,14 @@ def summary(schedule, P, K, v, t_f, t_b) -> str:
     return "\n".join(lines)
 
 
+CONTROLS = [sel("schedule", "schedule", list(ALL_SCHEDULES), "1f1b"),
+            rng("P", "stages P", 1, 8, 1, 4),
+            rng("K", "micro-batches K", 1, 32, 1, 8),
+            rng("v", "chunks v", 1, 4, 1, 2),
+            rng("t_f", "t_f", 0.25, 4.0, 0.25, 1.0),
+            rng("t_b", "t_b", 0.25, 8.0, 0.25, 2.0)]
+
+
 def calculator():
     """The bubble calculator: schedule, P, K, v, t_f, t_b -> Gantt chart, bubble, peak
     activations."""
@@ -141,9 +150,4 @@ def calculator():
         display(gantt(s, P, K, vv, t_f, t_b))
         print(summary(schedule, P, K, v, t_f, t_b))
 
-    return w.interactive(show, schedule=w.Dropdown(options=list(ALL_SCHEDULES), value="1f1b"),
-                         P=w.IntSlider(value=4, min=1, max=8),
-                         K=w.IntSlider(value=8, min=1, max=32),
-                         v=w.IntSlider(value=2, min=1, max=4),
-                         t_f=w.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.25),
-                         t_b=w.FloatSlider(value=2.0, min=0.25, max=8.0, step=0.25))
+    return w.interactive(show, **build(CONTROLS))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from labkit.costs import comm, memory, models
 from labkit.costs import planner as P
+from labkit.widgets.controls import build, check, logrng, rng, sel
 
 GB = 1e9
 TIME_PARTS = (("compute", "useful compute"), ("tp", "TP all-reduces"),
@@ -126,13 +127,34 @@ def summary(ranked, job, cluster, top: int) -> str:
                      + [f" - {line}" for line in P.reasons(ranked[0], job, cluster)])
 
 
+CONTROLS = [
+    sel("model", "model", list(models.PRESETS), "llama2-70b"),
+    sel("n_gpus", "GPUs", [8, 16, 32, 64, 128, 256, 512, 1024], 128),
+    sel("gpus_per_node", "GPUs per node", [4, 8], 8),
+    sel("gpu", "GPU", list(memory.GPUS), "A100 80GB"),
+    sel("intra", "intra-node link", list(LINKS), "NVLink 3 (A100 SXM)"),
+    sel("inter", "inter-node link", list(LINKS), "InfiniBand HDR 200 Gb/s"),
+    sel("global_batch", "global batch", [256, 512, 1024, 1536, 2048], 1024),
+    sel("seq_len", "sequence length", [1024, 2048, 4096, 8192, 32768, 131072], 4096),
+    sel("recipe", "recipe", list(memory.RECIPES), "mixed"),
+    sel("recompute", "recompute", [("none", "none"), ("full (chapter 06)", "full"),
+                                   ("selective (chapter 07)", "selective")], "none"),
+    check("sequence_parallel", "sequence parallel (chapter 07)", False),
+    sel("grad_reduce", "gradient reduction", [("fp32 (Megatron, torchtitan, Llama 3)", "fp32"),
+                                              ("bf16 (half the bytes)", "bf16")], "fp32"),
+    check("overlap_param_gather", "ZeRO-1/2 gather under the next forward", False),
+    rng("overlap", "overlap", 0.0, 1.0, 0.05, 0.5),
+    rng("margin", "memory margin", 0.0, 0.3, 0.01, 0.10),
+    rng("efficiency", "kernel efficiency", 0.2, 0.8, 0.05, 0.5),
+    logrng("mtbf_h", "GPU MTBF h", 3, 6, 0.1, P.LLAMA3_GPU_MTBF_H),
+    rng("top", "rows shown", 3, 20, 1, 8)]
+
+
 def planner():
     """Model, cluster and batch -> the top configurations, their costs and the best one's
     reasons."""
     import ipywidgets as w
     from IPython.display import display
-
-    links = LINKS
 
     def show(model, n_gpus, gpus_per_node, gpu, intra, inter, global_batch, seq_len, recipe,
              recompute, sequence_parallel, grad_reduce, overlap_param_gather, overlap, margin,
@@ -146,29 +168,4 @@ def planner():
         display(ranked_figure(ranked[:top], cluster,
                               f"{models.preset(model).name} on {n_gpus} x {gpu}"))
 
-    return w.interactive(
-        show,
-        model=w.Dropdown(options=list(models.PRESETS), value="llama2-70b"),
-        n_gpus=w.Dropdown(options=[8, 16, 32, 64, 128, 256, 512, 1024], value=128),
-        gpus_per_node=w.Dropdown(options=[4, 8], value=8),
-        gpu=w.Dropdown(options=list(memory.GPUS), value="A100 80GB"),
-        intra=w.Dropdown(options=list(links), value="NVLink 3 (A100 SXM)"),
-        inter=w.Dropdown(options=list(links), value="InfiniBand HDR 200 Gb/s"),
-        global_batch=w.Dropdown(options=[256, 512, 1024, 1536, 2048], value=1024),
-        seq_len=w.Dropdown(options=[1024, 2048, 4096, 8192, 32768, 131072], value=4096),
-        recipe=w.Dropdown(options=list(memory.RECIPES), value="mixed"),
-        recompute=w.Dropdown(options=[("none", "none"), ("full (chapter 06)", "full"),
-                                      ("selective (chapter 07)", "selective")], value="none"),
-        sequence_parallel=w.Checkbox(value=False, description="sequence parallel (chapter 07)"),
-        grad_reduce=w.Dropdown(options=[("fp32 (Megatron, torchtitan, Llama 3)", "fp32"),
-                                        ("bf16 (half the bytes)", "bf16")], value="fp32",
-                               description="gradient reduction"),
-        overlap_param_gather=w.Checkbox(value=False,
-                                        description="ZeRO-1/2 gather under the next forward"),
-        overlap=w.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05, description="overlap"),
-        margin=w.FloatSlider(value=0.10, min=0.0, max=0.3, step=0.01, description="memory margin"),
-        efficiency=w.FloatSlider(value=0.5, min=0.2, max=0.8, step=0.05,
-                                 description="kernel efficiency"),
-        mtbf_h=w.FloatLogSlider(value=P.LLAMA3_GPU_MTBF_H, base=10, min=3, max=6,
-                                description="GPU MTBF h"),
-        top=w.IntSlider(value=8, min=3, max=20))
+    return w.interactive(show, **build(CONTROLS))

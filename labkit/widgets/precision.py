@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from labkit.costs import precision as cp
+from labkit.widgets.controls import build, check, logrng, on_change, sel, values
 
 POWERS = {"exponentformat": "power", "showexponent": "all"}  # 10^-20 everywhere, never 1f or 1e-20
 LEGEND_BELOW = {"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0}
@@ -107,28 +108,29 @@ def bytes_text(n_params: float = 7e9, weights: str = "bf16", grads: str = "bf16"
             f"{n_params / 1e9:.3g}B params: {cp.model_bytes(n_params, r) / 1e9:,.0f} GB{note}")
 
 
+CONTROLS = [logrng("n_params", "params (B)", -1, 3, 0.05, 7),
+            sel("weights", "weights", ["bf16", "fp16", "fp8", "fp32"], "bf16"),
+            sel("grads", "grads", ["bf16", "fp16", "fp32"], "bf16"),
+            check("master", "fp32 master copy", True),
+            sel("moments", "Adam moments", ["fp32", "bf16"], "fp32")]   # n_params in billions
+
+
 def bytes_widget(n_params: float = 7e9):
     """Toggles: weights, gradients, master copy, moments, and a model-size slider; the recipe's
     bytes/param and the whole model's training state in GB (bytes_text)."""
     import ipywidgets as w
 
-    style = {"description_width": "110px"}  # "Adam moments" whole, not "Adam mo..."
-    size = w.FloatLogSlider(value=n_params / 1e9, base=10, min=-1, max=3, step=0.05,
-                            description="params (B)", style=style)
-    wt = w.Dropdown(options=["bf16", "fp16", "fp8", "fp32"], value="bf16", description="weights",
-                    style=style)
-    gr = w.Dropdown(options=["bf16", "fp16", "fp32"], value="bf16", description="grads",
-                    style=style)
-    ms = w.Checkbox(value=True, description="fp32 master copy", style=style)
-    mo = w.Dropdown(options=["fp32", "bf16"], value="fp32", description="Adam moments", style=style)
+    ctl = build(CONTROLS, style={"description_width": "110px"})  # "Adam moments" whole
+    ctl["n_params"].value = n_params / 1e9
     out = w.Output()
 
-    def show(*_):
-        ms.disabled = wt.value == "fp32"
+    def show():
+        ctl["master"].disabled = ctl["weights"].value == "fp32"
         out.clear_output()
         with out:
-            print(bytes_text(size.value * 1e9, wt.value, gr.value, ms.value, mo.value))
-    for c in (size, wt, gr, ms, mo):
-        c.observe(show, "value")
+            v = values(ctl)
+            print(bytes_text(**{**v, "n_params": v["n_params"] * 1e9}))
+    on_change(ctl, show)
     show()
-    return w.VBox([size, w.HBox([wt, gr]), w.HBox([ms, mo]), out])
+    return w.VBox([ctl["n_params"], w.HBox([ctl["weights"], ctl["grads"]]),
+                   w.HBox([ctl["master"], ctl["moments"]]), out])

@@ -10,6 +10,7 @@ Every number comes from labkit.costs.roofline, so the widget and the text can ne
 from __future__ import annotations
 
 from labkit.costs import roofline
+from labkit.widgets.controls import build, rng, sel
 
 GPUS = ("H100 SXM", "A100 SXM 80GB")
 LAYERS = ("MLP up (matmul)", "QKV projection (matmul)", "attention (unfused)",
@@ -87,17 +88,20 @@ def figure(measured=None, points=(), gpu_ops=(), dtype: str = "bf16", gpus=GPUS)
     return fig
 
 
+CONTROLS = [sel("layer", "layer", list(LAYERS), "MLP up (matmul)"),
+            sel("gpu", "GPU", list(roofline.CHIPS), "H100 SXM"),
+            sel("dtype", "dtype", ["bf16", "fp16", "fp32"], "bf16"),
+            rng("batch", "batch", 1, 64, 1, 1),
+            sel("seq", "sequence", [1, 128, 512, 2048, 4096, 8192], 512),
+            sel("width", "width", [1024, 2048, 4096, 8192, 12288], 4096)]
+
+
 def calculator():
     """A layer, a batch, a sequence length, a width and a GPU -> its intensity and bound."""
     import ipywidgets as w
     from IPython.display import display
 
-    controls = dict(layer=w.Dropdown(options=LAYERS, value="MLP up (matmul)"),
-                    batch=w.IntSlider(value=1, min=1, max=64, description="batch"),
-                    seq=w.Dropdown(options=[1, 128, 512, 2048, 4096, 8192], value=512),
-                    width=w.Dropdown(options=[1024, 2048, 4096, 8192, 12288], value=4096),
-                    gpu=w.Dropdown(options=list(roofline.CHIPS), value="H100 SXM"),
-                    dtype=w.Dropdown(options=["bf16", "fp16", "fp32"], value="bf16"))
+    controls = build(CONTROLS)
     out = w.interactive_output(lambda **kw: print(verdict(**kw)), controls)
     box = w.VBox([w.HBox([controls["layer"], controls["gpu"], controls["dtype"]]),
                   w.HBox([controls["batch"], controls["seq"], controls["width"]]), out])

@@ -13,6 +13,7 @@ import textwrap
 
 from labkit.costs import comm
 from labkit.costs import tensor_parallel as tpc
+from labkit.widgets.controls import build, on_change, rng, sel, values
 
 COLOURS = ["#4C78A8", "#F58518", "#54A24B", "#E45756"]
 
@@ -49,7 +50,7 @@ def bytes_figure(rows, title: str = "bytes of every TP all-reduce: logged vs for
 
     labels = [f"TP={r['tp']} {r['phase'][:3]} #{i}" for i, r in enumerate(rows)]
     fig = go.Figure([
-        go.Bar(x=labels, y=[r["measured_bytes"] for r in rows], name="logged (labkit.commlog)",
+        go.Bar(x=labels, y=[r["measured_bytes"] for r in rows], name="logged (observe.commlog)",
                marker_color=COLOURS[0]),
         go.Scatter(x=labels, y=[r["predicted_bytes"] for r in rows], mode="markers",
                    marker=dict(symbol="x", size=12, color=COLOURS[3]),
@@ -60,7 +61,7 @@ def bytes_figure(rows, title: str = "bytes of every TP all-reduce: logged vs for
 
 
 def wire_figure(rows, title: str = "bytes each rank sent in one TP forward + backward"):
-    """rows from labkit.tp.measure.count_wire: bars the kernel's count (labkit.netcount), markers
+    """rows from labkit.tp.measure.count_wire: bars the kernel's count (observe.netcount), markers
     labkit.costs' ring prediction n_layer * 4 * 2(tp-1)/tp * b*s*h*4."""
     import plotly.graph_objects as go
 
@@ -112,26 +113,27 @@ def summary(b: int, s: int, h: int, tp: int, link: str) -> str:
         f" ({100 * t['comm_fraction']:.0f}% of the layer)"])
 
 
+CONTROLS = [rng("b", "b", 1, 32, 1, 1),
+            rng("s", "s", 256, 32768, 256, 4096),
+            rng("h", "h", 1024, 16384, 1024, 8192),
+            sel("tp", "TP", [1, 2, 4, 8, 16], 8),
+            sel("link", "link", list(comm.LINKS), "NVLink 4 (H100 SXM)")]
+
+
 def calculator():
     """Sliders: b, s, h, TP, link -> bytes per all-reduce, per layer, and the time split."""
     import ipywidgets as w
     from IPython.display import display
 
     out = w.Output()
-    ctl = dict(b=w.IntSlider(1, min=1, max=32, description="b"),
-               s=w.IntSlider(4096, min=256, max=32768, step=256, description="s"),
-               h=w.IntSlider(8192, min=1024, max=16384, step=1024, description="h"),
-               tp=w.Dropdown(options=[1, 2, 4, 8, 16], value=8, description="TP"),
-               link=w.Dropdown(options=list(comm.LINKS), value="NVLink 4 (H100 SXM)",
-                               description="link"))
+    ctl = build(CONTROLS)
 
-    def show(**_):
+    def show():
         with out:
             out.clear_output(wait=True)
-            print(summary(**{k: c.value for k, c in ctl.items()}))
+            print(summary(**values(ctl)))
 
-    for c in ctl.values():
-        c.observe(lambda change: show(), names="value")
+    on_change(ctl, show)
     show()
     display(w.VBox([*ctl.values(), out]))
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from labkit import commlog
 from labkit.ddp.common import Timeline
 from labkit.ddp.crossover import batches, busy, rotated_rounds
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig
+from labkit.observe import commlog
 from labkit.timing import now
 from labkit.zero.zero3 import ZeRO3
 

@@ -153,8 +153,8 @@ def collective_bytes(numel: int = 2**20, repeats: int = 3) -> dict:
     import torch
     import torch.distributed as dist
 
-    from labkit import netcount
     from labkit.launch import device
+    from labkit.observe import netcount
     from labkit.zero.shard import all_gather_flat, reduce_scatter_sum
 
     n, dev = dist.get_world_size(), device()
@@ -221,9 +221,9 @@ def precision_traffic(cfg: GPTConfig = LAB_MODEL, param_dtypes=("float32", "bflo
     import torch
     import torch.distributed as dist
 
-    from labkit import netcount
     from labkit.launch import device
     from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
+    from labkit.observe import netcount
     from labkit.zero.precision import MixedPrecisionPolicy
     from labkit.zero.zero3 import ZeRO3
 

@@ -113,10 +113,10 @@ def prefetch_lab(cfg: GPTConfig = OVERLAP_MODEL, steps: int = 4, batch_size: int
     "gathers": all-gathers per step}; and "units": unit_bytes."""
     import torch.distributed as dist
 
-    from labkit import commlog
     from labkit.ddp.common import Timeline
     from labkit.launch import device
     from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
+    from labkit.observe import commlog
     from labkit.timing import now
     from labkit.zero.zero3 import ZeRO3
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from labkit import commlog, reference
+from labkit import reference
+from labkit.observe import commlog
 
 
 def param_groups(params) -> tuple[list, list]:

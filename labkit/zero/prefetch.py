@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
+from labkit.observe import commlog
 from labkit.timing import now
 
 

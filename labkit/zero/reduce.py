@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
+from labkit.observe import commlog
 
 
 def _payload(zero, params, grads, world: int, device) -> tuple:

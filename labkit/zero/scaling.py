@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
+from labkit.observe import commlog
 from labkit.precision.scaler import DynamicLossScaler
 
 

@@ -19,8 +19,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
 from labkit.collectives import ring_reduce_scatter
+from labkit.observe import commlog
 from labkit.observe.storage import storage_bytes  # noqa: F401 (labkit.check.ch03 imports it here)
 
 

@@ -157,8 +157,8 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     in the next forward (the last step's is completed inside its own byte count)."""
     import torch.distributed as dist
 
-    from labkit import commlog, netcount
     from labkit.launch import device, note
+    from labkit.observe import commlog, netcount
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     dev = device()  # this rank's GPU under NCCL, else the CPU

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import commlog
+from labkit.observe import commlog
 from labkit.observe.storage import storage_bytes
 from labkit.zero.params import clip_, flat_params, param_groups, require_grads, with_flags
 from labkit.zero.precision import resolve_model_policy

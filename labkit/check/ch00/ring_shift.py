@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit.check import Checker, fail, graded, tensors_close
-from labkit.check.guards import CollectiveLog
+from labkit.check import Checker, Refused, fail, graded, tensors_close
 from labkit.launch import device, note
+from labkit.observe.dispatch import CollectiveLog
 
 EXERCISE, TITLE, POINTS = "0.2", "a first send/recv: shift right around a ring", 2
 SHIFT_WORLDS = (2, 3, 4)            # 4: hidden
@@ -32,7 +32,8 @@ def _shift_job(fn, shapes):
         x = _rank_data(rank, shape, dev)
         before = x.clone()
         note(f"your shift_right of a tensor of shape {shape}")
-        with CollectiveLog(refuse=True, why="pass the tensor with send/recv (or isend/irecv)"):
+        with CollectiveLog(allow=(), error=Refused,
+                           why="pass the tensor with send/recv (or isend/irecv)"):
             got = fn(x)
         out.append({"got": got.cpu() if isinstance(got, torch.Tensor) else got,
                     "want": _rank_data((rank - 1) % n, shape, dev).cpu(),

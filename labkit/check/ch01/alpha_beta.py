@@ -16,12 +16,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from labkit import netcount
 from labkit.check import Checker, fail, graded
 from labkit.collectives import exchange, parameter_server_all_reduce, ring_all_reduce
 from labkit.costs import comm
 from labkit.costs.comm import fit_alpha_beta
 from labkit.launch import device
+from labkit.observe import netcount
 from labkit.shaped import Shaper
 
 EXERCISE, TITLE, POINTS = "1.4", "predict an all-reduce's bytes and time, then measure them", 3

@@ -8,8 +8,8 @@ With dist.send/recv (or isend/irecv) only. Both run on real processes at 2 and 3
 hidden 4, with awkward sizes (1 element, sizes that N does not divide, fewer elements than ranks)
 and one of 100,003 elements, and are compared with torch.distributed's built-in on the same data.
 Watched from outside the reader's code: the collectives called (a dispatch mode refuses any,
-labkit.check.guards; the source is also read, so the refusal comes before any launch), the bytes
-each rank sent (the kernel's socket counters, labkit.netcount) against the ring's optimum plus a
+observe.dispatch; the source is also read, so the refusal comes before any launch), the bytes
+each rank sent (the kernel's socket counters, observe.netcount) against the ring's optimum plus a
 small slack, and the use of labkit.collectives (the answer, already written). Each rank notes
 which call it is in (labkit.launch.note), so a hang report names it beside the stack line each
 rank was stuck on.
@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import netcount
-from labkit.check import Checker, Forbidden, collectives_refusal, fail, graded
-from labkit.check.guards import CollectiveLog
+from labkit.check import Checker, Forbidden, Refused, collectives_refusal, fail, graded
 from labkit.launch import device, note
+from labkit.observe import netcount
+from labkit.observe.dispatch import CollectiveLog
 
 EXERCISES = {"1.1": ("ring reduce-scatter", 3), "1.2": ("ring all-gather", 3)}
 # (world size, element counts): one launch each; the 4-rank case is hidden
@@ -61,7 +61,8 @@ def _one(kind, fn, numel):
     args = (total[lo:hi].clone(), [b - a for a, b in bounds]) if kind == "all_gather" else (mine,)
     dist.barrier()
     with netcount.socket_bytes() as net, \
-            CollectiveLog(refuse=True, why="build the ring from isend/irecv (or send/recv) only"):
+            CollectiveLog(allow=(), error=Refused,
+                          why="build the ring from isend/irecv (or send/recv) only"):
         got = fn(*args)
     want = total if kind != "reduce_scatter" else total[lo:hi]
     return {"got": got.cpu() if isinstance(got, torch.Tensor) else got, "want": want.cpu(),

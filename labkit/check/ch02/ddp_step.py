@@ -13,14 +13,14 @@ import contextlib
 
 import torch.distributed as dist
 
-from labkit import netcount
 from labkit.check import Checker, Forbidden, fail, graded
-from labkit.check.guards import CollectiveLog
 from labkit.costs.comm import ring_bytes_sent_per_rank
 from labkit.ddp import BucketedDDP
 from labkit.ddp.verify import build_model
 from labkit.launch import device
 from labkit.model import get_batch, shard_rows, tiny_corpus
+from labkit.observe import netcount
+from labkit.observe.dispatch import CollectiveLog
 
 EXERCISE, TITLE, POINTS = "2.3", "predict a DDP step's all-reduces and bytes, then measure them", 3
 DDP_TIMEOUT = 120.0         # seconds for a launch of several trainings on 2 busy cores

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from labkit import netcount
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.costs.comm import ring_bytes_sent_per_rank
 from labkit.ddp import assign_buckets as reference_buckets
@@ -28,6 +27,7 @@ from labkit.ddp.verify import (
     reference_train,
     train_on_rank,
 )
+from labkit.observe import netcount
 
 EXERCISE, TITLE, POINTS = "2.2", "bucketed DDP with overlap, the whole wrapper", 7
 FORBIDDEN = Forbidden(("labkit.ddp", "torch.nn.parallel"),

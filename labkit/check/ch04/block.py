@@ -6,9 +6,9 @@ One launch per world size (2 shown; 3 and 4 hidden, with grouped-query attention
 every rank: the one-process labkit.model.MLP / CausalSelfAttention and the reader's split of it on
 the same input and upstream gradient; the output, dL/dx and the gradient of every kept weight are
 compared with the matching rows or columns of the full ones. Every c10d op in forward and in
-backward is observed (labkit.check.guards, a TorchDispatchMode): Megatron's layout needs exactly
+backward is observed (labkit.observe.dispatch, a TorchDispatchMode): Megatron's layout needs exactly
 one all-reduce of (B, T, h) each way per module and nothing else; the bytes each rank sent are
-counted by the kernel (labkit.netcount) against 2 all-reduces' ring optimum plus Gloo's headers.
+counted by the kernel (observe.netcount) against 2 all-reduces' ring optimum plus Gloo's headers.
 A size tp does not divide must be refused with a ValueError that names it. labkit.tp (the book's
 answer) and torch's DTensor tensor parallelism are refused.
 """
@@ -19,12 +19,12 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from labkit import netcount
 from labkit.check import Checker, Forbidden, expect_tensor, fail, graded, tensors_close
 from labkit.check.ch04.common import off_by_one_vector
-from labkit.check.guards import CollectiveLog
 from labkit.launch import device, note
 from labkit.model import MLP, CausalSelfAttention, GPTConfig
+from labkit.observe import netcount
+from labkit.observe.dispatch import CollectiveLog
 
 EXERCISE, TITLE, POINTS = "4.3", "a tensor-parallel MLP and attention from your f and g", 6
 FORBIDDEN = Forbidden(("labkit.tp", "torch.distributed.tensor"),

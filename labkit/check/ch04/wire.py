@@ -2,7 +2,7 @@
 
     labkit.check.ch04.tp_bytes(predict_tp_bytes)   # (b, s, h, n_layer, tp, bytes_per_element)
 
-Graded against labkit.costs.tensor_parallel and against the kernel's count (labkit.netcount) of a
+Graded against labkit.costs.tensor_parallel and against the kernel's count (observe.netcount) of a
 forward + backward of labkit's TP GPT on real processes, always on Gloo: the kernel counts TCP,
 never NCCL's NVLink or InfiniBand.
 """

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from labkit.check import Checker, Forbidden, fail, graded
+from labkit.observe.saved import SavedTensors
 from labkit.pipeline import measure, schedules
-from labkit.pipeline.executor import GPT, ActivationMeter, build_chunks, make_batch
+from labkit.pipeline.executor import GPT, build_chunks, make_batch
 from labkit.pipeline.measure import DEFAULT_CFG
 from labkit.pipeline.simulate import simulate
 
@@ -48,7 +49,7 @@ def _measured_act_bytes(P: int, K: int, batch_size: int) -> list:
     out = []
     for p in range(P):
         chunk = build_chunks(model, s, p)[0]
-        meter = ActivationMeter(chunk.parameters())
+        meter = SavedTensors(chunk.parameters())
         inp = x[:rows] if chunk.first else h.clone().requires_grad_(True)
         meter.current = 0
         with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):

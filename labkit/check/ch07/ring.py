@@ -8,9 +8,9 @@ must give this rank's rows of causal attention and, through autograd, dq, dk and
 one-process F.scaled_dot_product_attention's. Per world size (2 shown; 3 and 4 hidden) three
 cases: values and gradients; what forward keeps for backward (saved-tensor hooks, plus the
 tensors left on the autograd node) at most the rank's own q, k, v, out and lse + 25%, so keeping
-every K/V chunk that passed by fails; the bytes each rank sent (kernel count, labkit.netcount) at
+every K/V chunk that passed by fails; the bytes each rank sent (kernel count, observe.netcount) at
 most labkit.costs.context.cp_ring_layer_bytes + Gloo's headers. Every c10d collective, in forward
-or backward, is refused on the ranks (labkit.check.guards): point-to-point only. labkit's own ring
+or backward, is refused on the ranks (observe.dispatch): point-to-point only. labkit's own ring
 and torch's context parallelism are refused by reading the code.
 """
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labkit import netcount
-from labkit.check import Checker, Forbidden, expect_tensor, fail, graded
-from labkit.check.guards import CollectiveLog
+from labkit.check import Checker, Forbidden, Refused, expect_tensor, fail, graded
 from labkit.context.layout import positions
 from labkit.costs.context import cp_ring_layer_bytes
 from labkit.launch import device, note
+from labkit.observe import netcount
+from labkit.observe.dispatch import CollectiveLog
 
 EXERCISE, TITLE, POINTS = ("7.3", "ring attention forward and backward from point-to-point "
                            "messages", 6)
@@ -92,7 +92,7 @@ def _ring_job(fn, T, B, H, Hk, d):
         return t
 
     dist.barrier()
-    with netcount.socket_bytes() as wire, CollectiveLog(refuse=True, why=WHY):
+    with netcount.socket_bytes() as wire, CollectiveLog(allow=(), why=WHY, error=Refused):
         note(f"your ring attention forward, cp={cp}")
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = fn(*mine, None, T)                                   # (B, H, T/cp, d)

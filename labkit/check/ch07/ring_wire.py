@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import netcount
 from labkit.check import Checker, fail, graded
 from labkit.check.mistakes import diagnose
 from labkit.context.layout import positions
 from labkit.context.ring_attention import ring_attention
 from labkit.costs.context import cp_ring_layer_bytes
 from labkit.launch import device, run
+from labkit.observe import netcount
 
 EXERCISE, TITLE, POINTS = "7.4", "predict ring attention's bytes per rank, then measure them", 3
 LAUNCH_TIMEOUT = 90.0     # seconds: a busy 2-core machine starts 4 ranks slowly

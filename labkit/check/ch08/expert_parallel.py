@@ -7,9 +7,9 @@ ep real processes and is compared, on outputs and on the gradients of the tokens
 every expert, with the one-process reference: plain loops over every rank's tokens written for
 the checker (never labkit.moe, so the checker cannot agree with a bug in it). Hidden case:
 ep = 4, top-3, heavy dropping and a rank that has no tokens. Enforced on the ranks: the layer
-moves rows with all-to-alls only (labkit.check.guards.CollectiveLog sees every c10d op its
+moves rows with all-to-alls only (labkit.observe.dispatch.CollectiveLog sees every c10d op its
 forward and backward run, and refuses any other collective), a rank runs only the experts it
-owns, the bytes each rank sends (labkit.netcount, the kernel's count) stay within SLACK of the
+owns, the bytes each rank sends (observe.netcount, the kernel's count) stay within SLACK of the
 optimum (its kept rows that leave and the rows that arrive for its experts, once each way in both
 passes; the leaving rows' expert ids; the counts), labkit.moe is neither imported nor named (no
 module of this package imports it, so the ranks' sys.modules shows the reader's), and E not
@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from labkit import netcount
-from labkit.check import Checker, Forbidden, fail, graded, tensors_close
+from labkit.check import Checker, Forbidden, Refused, fail, graded, tensors_close
 from labkit.check.ch08.common import kept_by_loops
-from labkit.check.guards import CollectiveLog
 from labkit.launch import note
+from labkit.observe import netcount
+from labkit.observe.dispatch import CollectiveLog
 
 EXERCISE, TITLE, POINTS = ("8.2", "an expert-parallel MoE layer: route, dispatch, experts, "
                            "combine", 6)
@@ -119,7 +119,7 @@ def _layer_job(cls, tokens: list, E: int, k: int, h: int, factor, seed: int, bad
     x = _tokens(tokens[rank], h, seed + 1 + rank).requires_grad_()
     note(f"your ExpertParallelMoE, rank {rank} of {ep}")
     layer = cls(router, experts, k, factor, None)
-    log = CollectiveLog(refuse=True, why=WHY, allow=ALLOWED)
+    log = CollectiveLog(allow=ALLOWED, why=WHY, error=Refused)
     with netcount.socket_bytes() as count, log:
         y = layer(x)
         note(f"your ExpertParallelMoE's backward, rank {rank} of {ep}")

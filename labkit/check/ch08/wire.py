@@ -5,7 +5,7 @@
 
 The reader predicts the bytes each rank sends in one MoE layer's forward and backward (the four
 row all-to-alls) for a given routing; the checker runs the all-to-alls on real processes and
-counts them with labkit.netcount; the prediction must be within TOLERANCE of the count. For a
+counts them with observe.netcount; the prediction must be within TOLERANCE of the count. For a
 balanced routing the count is also shown beside labkit.costs.moe's formula.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labkit import netcount
 from labkit.check import Checker, fail, graded
 from labkit.costs import moe
+from labkit.observe import netcount
 
 EXERCISE, TITLE, POINTS = "8.3", "predict the all-to-all bytes per rank, then measure them", 3
 TOLERANCE = 0.05      # prediction within 5% of the kernel's count, + FRAMING per message

@@ -4,7 +4,7 @@ per exercise:
 
     estimator    10.1  labkit.check.ch10.estimator(estimate)            pure arithmetic
     plan_search  10.2  labkit.check.ch10.search_plans(search, estimate) four clusters, one hidden
-    hybrid_wire  10.3  labkit.check.ch10.hybrid_bytes(predict)          labkit.netcount
+    hybrid_wire  10.3  labkit.check.ch10.hybrid_bytes(predict)          labkit.observe.netcount
     common             the scenarios, and what the reader's code may not use
 """
 from __future__ import annotations

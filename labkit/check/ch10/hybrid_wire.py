@@ -4,7 +4,7 @@
                                               #   -> bytes one rank sends in one step
 
 One training step of labkit.parallel's DP x TP GPT, measured by the kernel's TCP counters
-(labkit.netcount) on real processes, within BYTES_TOLERANCE, shown beside
+(labkit.observe.netcount) on real processes, within BYTES_TOLERANCE, shown beside
 labkit.costs.parallel.wire_bytes.
 """
 from __future__ import annotations

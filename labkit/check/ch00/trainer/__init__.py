@@ -19,7 +19,7 @@ rank 0 is global rank 1). Five cases per world, each one property:
       parameters' flat gradients (+ a few scalars: no frozen parameter's); and each rank sends,
       in __init__ and all steps together, at most one broadcast of the state plus the ring's
       2(N-1)/N of the gradients per step, plus 10% and Gloo's headers, counted by the kernel
-      (labkit.netcount);
+      (labkit.observe.netcount);
   global mean: the weights after the steps equal one process training group rank 0's initial
       model on the whole batches (to 1e-9), on every rank, and the losses are the whole batch's;
   clipping: the same with the gradient scaled by min(1, max_norm / (norm + 1e-6)) of the WHOLE

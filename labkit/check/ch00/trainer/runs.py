@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labkit import netcount
-from labkit.check.guards import CollectiveLog
 from labkit.launch import device, note
+from labkit.observe import netcount
+from labkit.observe.dispatch import CollectiveLog
 
 DP_IN, DP_HIDDEN, DP_OUT = 8, 512, 4   # an MLP of 6,660 parameters (53 kB in float64)
 # one launch per world: (world, label, [config, ...]); a config is one trainer's run

@@ -14,9 +14,9 @@ tensor's bytes, three cases per world size:
 
 - sums: every rank's x equals dist.all_reduce's result on the same integer-valued data, exactly;
 - messages: the sends each rank posts in one call, counted by the checker's dispatch-mode observer
-  around the reader's call (it also refuses every collective: labkit.check.guards.CollectiveLog),
+  around the reader's call (it also refuses every collective: observe.dispatch.CollectiveLog),
   at most 2*log2(P), plus 1 when N is not a power of two (the fold); a ring's 2(N-1) fails;
-- bytes: what each rank sent, by the kernel's count (labkit.netcount), at most the halving and
+- bytes: what each rank sent, by the kernel's count (observe.netcount), at most the halving and
   doubling's largest share (2 * sum_k ceil(n/2^k) elements, k = 1..log2 P) plus D for a rank in
   the fold, and the sum over ranks at most 2(P-1)*D + 2(N-P)*D, each +5% and Gloo's headers;
   recursive doubling of the whole vector (log2(P) * D per rank) fails from N = 4.

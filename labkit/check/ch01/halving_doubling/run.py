@@ -10,10 +10,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from labkit import netcount
 from labkit.check import Refused
-from labkit.check.guards import CollectiveLog
 from labkit.launch import device, note
+from labkit.observe import netcount
+from labkit.observe.dispatch import CollectiveLog
 
 WHY = "build the all-reduce from send/recv (or isend/irecv) only"
 
@@ -35,7 +35,7 @@ def observer(path: str, case: int, rank: int, members: list, group):
 
     class P2PObserver(CollectiveLog):
         def __init__(self):
-            super().__init__(refuse=True, why=WHY)
+            super().__init__(allow=(), why=WHY, error=Refused)
             self.sends = 0
             self._file = open(path, "a", encoding="utf-8")
 

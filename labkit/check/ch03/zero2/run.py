@@ -22,10 +22,10 @@ import io
 import torch
 import torch.distributed as dist
 
-from labkit import netcount
-from labkit.check.guards import CollectiveLog
 from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe import netcount
+from labkit.observe.dispatch import CollectiveLog
 from labkit.zero.shard import storage_bytes
 from labkit.zero.train import TINY
 

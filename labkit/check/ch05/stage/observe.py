@@ -12,9 +12,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labkit.check.guards import CollectiveLog
+from labkit.check import Refused
 from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, shard_rows
+from labkit.observe.dispatch import CollectiveLog
 from labkit.observe.saved import SavedTensors
 from labkit.pipeline import schedules
 from labkit.pipeline.executor import build_chunks, make_batch, owned_parameters
@@ -188,7 +189,8 @@ def stage_job(fn, specs, batch_size):
         before = set(sys.modules)
         dist.barrier()
         note(f"your run_stage: {name}, K={K}, stage {rank} of {P}")
-        log = CollectiveLog(refuse=True, why="pipeline stages send to their neighbours only")
+        log = CollectiveLog(allow=(), error=Refused,
+                            why="pipeline stages send to their neighbours only")
         try:
             with log:
                 loss = fn(list(s.stages[rank]), stage, xs, ys, dist.group.WORLD)

@@ -24,7 +24,7 @@ skip, the clip tames it). Seven cases per world size, graded on the one launch:
   tracking: the fp16 runs' masters within TRACK of fp32 SGD with the same clip that skips the same
       steps; a failure is compared with the same SGD made with a known mistake (clipping the
       scaled gradient, a sum for the mean, clip_grad_norm_'s epsilon, no clip) to name it;
-  wire: the bytes each rank sent during the steps, counted by the kernel (labkit.netcount), within
+  wire: the bytes each rank sent during the steps, counted by the kernel (observe.netcount), within
       the ring optimum of the reduce dtype (steps taken .. all steps, plus WIRE_SLACK and Gloo's
       headers): an fp32 all-reduce where fp16 was asked sends twice as much and fails;
   bf16: the gradient reaching the loss is 1 at every step (no loss scale), no step is skipped,

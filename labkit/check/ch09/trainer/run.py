@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from labkit import netcount
 from labkit.launch import note
+from labkit.observe import netcount
 from labkit.zero.shard import storage_bytes
 
 TINY = 2.0**-24        # the loss is this small: its fp16 gradients underflow unless scaled
