@@ -36,7 +36,7 @@ class Degrees:
     pp: int = 1       # pipeline stages
     cp: int = 1       # context-parallel shards of the sequence
     ep: int = 1       # expert parallelism: experts over groups of ep consecutive dp ranks
-    zero: int = 0     # ZeRO stage over dp: 0 (plain data parallelism), 1, 2, 3
+    zero: int = 0     # ZeRO stage over dp (x cp): 0 (plain data parallelism), 1, 2, 3
 
     @property
     def world(self) -> int:
@@ -56,7 +56,9 @@ class Degrees:
             out.append(self._world_problem(world))
         if self.zero not in ZERO_STAGES:
             out.append(f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
-        elif self.zero and self.dp == 1:
+        elif self.zero and self.dp * self.cp == 1:
+            # ZeRO shards over the data-parallel ranks and, with context parallelism, over dp x cp
+            # (labkit.parallel.parallelize's dp_cp group; torchtitan's FSDP over dp_shard x cp)
             out.append(f"ZeRO stage {self.zero} shards over the data-parallel dimension, but "
                        f"dp=1: nothing to shard over. Use zero=0 or dp > 1.")
         if self.dp % self.ep:

@@ -93,7 +93,7 @@ def test_3d_catches_a_skipped_dimension(dim):
 
 
 @pytest.mark.parametrize("plan,world,batch,words", [
-    (Plan(dp=2, tp=2), 3, 5, ["2 x 2 x 1 = 4", "3 ranks"]),
+    (Plan(dp=2, tp=2), 3, 5, ["1 x 2 x 2 = 4", "3 ranks"]),
     (Plan(tp=3), 3, 5, ["tp=3", "n_head=4", "MLP hidden"]),
     (Plan(pp=5), 5, 5, ["pp=5", "n_layer=4"]),
     (Plan(dp=2, pp=2, zero=2), 4, 8, ["ZeRO-2", "zero=1"]),

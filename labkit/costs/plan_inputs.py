@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.costs import memory, models
+from labkit.degrees import Degrees
 
 # Llama 3 405B: 419 unexpected interruptions in 54 days on 16,384 H100s (Dubey et al. 2024,
 # "The Llama 3 Herd of Models", section 3.3.4): one per 16,384 * 54 * 24 / 419 = 50,677 GPU-hours
@@ -138,8 +139,14 @@ class Config:
                                        # data-parallel ranks (ep divides dp, as parallel.Plan)
 
     @property
+    def degrees(self) -> Degrees:
+        """The degrees this configuration holds (labkit.degrees: the one record and its checks);
+        the fields keep the order tp, pp, dp of the exercises' Config(tp, pp, dp, zero, b)."""
+        return Degrees(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, zero=self.zero)
+
+    @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
+        return self.degrees.world
 
     def micro_batches(self, job: Job) -> int:
         return job.global_batch // (self.dp * self.micro_batch)

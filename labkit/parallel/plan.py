@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.context.layout import check_layout
+from labkit.degrees import Degrees
 from labkit.shard import even_sizes
-from labkit.topology import Topology, TopologyError, factorizations
+from labkit.topology import Topology, TopologyError
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -39,8 +40,13 @@ class Plan:
     schedule: str = "1f1b"         # pipeline schedule when pp > 1
 
     @property
+    def degrees(self) -> Degrees:
+        """The degrees this plan holds (labkit.degrees: the one record and its checks)."""
+        return Degrees(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, zero=self.zero)
+
+    @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.degrees.world
 
     @property
     def K(self) -> int:
@@ -70,23 +76,9 @@ class Plan:
 
 def check_plan(plan: Plan, cfg, world: int | None = None, batch_size: int | None = None) -> None:
     """Raise PlanError listing every way `plan` does not fit; return None when it fits."""
-    problems = []
-    for name in ("dp", "tp", "pp", "ep", "cp"):
-        v = getattr(plan, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            problems.append(f"{name} must be a positive integer, got {v!r}")
-    if problems:
-        raise PlanError("; ".join(problems))
-    if world is not None and plan.world != world:
-        rest = world // plan.cp if world % plan.cp == 0 else world
-        cp = f" cp={plan.cp}" if plan.cp > 1 else ""
-        near = [f"dp={d} tp={t} pp={p}{cp}" for p, d, t in factorizations(rest)
-                if t == plan.tp or p == plan.pp][:4]
-        names = "dp x tp x pp" + (" x cp" if plan.cp > 1 else "")
-        values = f"{plan.dp} x {plan.tp} x {plan.pp}" + (f" x {plan.cp}" if plan.cp > 1 else "")
-        problems.append(f"{names} = {values} = {plan.world}, but the world has {world} ranks: "
-                        f"choose factors that multiply to {world} (for example "
-                        f"{'; '.join(near)})")
+    problems = plan.degrees.problems(world)       # the degrees' own rules (labkit.degrees)
+    if any("positive integer" in p for p in problems):
+        raise PlanError("; ".join(problems))          # the rules below multiply and divide them
     if plan.tp > 1:
         sizes = {"n_head": cfg.n_head, "n_kv_head": cfg.kv_heads,
                  "MLP hidden (ffn_mult*n_embd)": cfg.ffn_mult * cfg.n_embd}
@@ -103,11 +95,7 @@ def check_plan(plan: Plan, cfg, world: int | None = None, batch_size: int | None
                         f"every stage needs at least one block; use pp <= {cfg.n_layer}")
     if plan.pp > 1 and plan.schedule not in SCHEDULES:
         problems.append(f"schedule {plan.schedule!r}: choose one of {SCHEDULES}")
-    if plan.zero not in (0, 1, 2, 3):
-        problems.append(f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {plan.zero!r}")
-    elif plan.zero and plan.dp == 1:
-        problems.append(f"ZeRO-{plan.zero} shards over dp, but dp=1: use zero=0 or dp > 1")
-    elif plan.zero >= 2 and plan.pp > 1:
+    if plan.zero in (2, 3) and plan.pp > 1:
         # DeepSpeed refuses the same: every micro-batch's backward would reduce-scatter its
         # gradients (ZeRO-2) or re-gather the parameters (ZeRO-3): K times the dp traffic.
         again = "reduce-scatter gradients" if plan.zero == 2 else "re-gather parameters"
@@ -115,9 +103,6 @@ def check_plan(plan: Plan, cfg, world: int | None = None, batch_size: int | None
                         f"per step, so ZeRO-{plan.zero} would {again}"
                         f" K times per step; use zero=1 (or 0) with pipeline parallelism")
     if plan.ep > 1:
-        if plan.dp % plan.ep:
-            problems.append(f"ep={plan.ep} must divide dp={plan.dp}: expert parallelism shards "
-                            f"the experts over groups of ep data-parallel ranks")
         if not cfg.n_expert:
             problems.append(f"ep={plan.ep} but the model has no experts (n_expert=0): set "
                             f"n_expert in GPTConfig or use ep=1")

@@ -99,15 +99,7 @@ def _hidden(traffic: float, window: float, overlap: float) -> float:
 def _check(c: Config, job: Job, cluster: Cluster) -> None:
     """Refuse a configuration that cannot describe a run, naming the factors and what to change."""
     spec = job.spec
-    for name in ("tp", "pp", "dp", "cp", "ep"):
-        v = getattr(c, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{c}: {name}={v!r} must be a positive integer")
-    if c.gpus != cluster.n_gpus:
-        names, vals = ("TP x PP x DP", f"{c.tp} x {c.pp} x {c.dp}") if c.cp == 1 else \
-            ("TP x PP x DP x CP", f"{c.tp} x {c.pp} x {c.dp} x {c.cp}")
-        raise ValueError(f"{names} = {vals} = {c.gpus}, but the cluster has {cluster.n_gpus} "
-                         f"GPUs: the product must match")
+    c.degrees.check(world=cluster.n_gpus)      # labkit.degrees: the rules every layer shares
     if job.global_batch % (c.dp * c.micro_batch):
         raise ValueError(f"global batch {job.global_batch} is not a whole number of micro-batches "
                          f"of {c.micro_batch} on each of DP={c.dp} replicas")
@@ -128,12 +120,6 @@ def _check(c: Config, job: Job, cluster: Cluster) -> None:
                          f"mixture-of-experts model")
     if spec.n_experts:
         moe.check(spec.n_experts, spec.top_k, c.ep)     # ep must divide the number of experts
-    if c.dp % c.ep:
-        raise ValueError(f"ep={c.ep} must divide dp={c.dp}: expert parallelism shards the experts "
-                         f"over groups of ep data-parallel ranks; use an ep that divides {c.dp}")
-    if c.ep > 1 and c.zero == 3:
-        raise ValueError(f"ZeRO-3 with ep={c.ep}: ZeRO-3 would shard the experts over dp as well "
-                         f"(as labkit.parallel.Plan refuses); use zero <= 2, or ep=1")
 
 
 def _weight_groups(c: Config, spec) -> list:
