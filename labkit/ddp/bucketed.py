@@ -71,6 +71,24 @@ class BucketedDDP(DDPBase):
         self._pending.append((i, flat, self._launch(flat, f"bucket {i}")))
 
     @torch.no_grad()
+    def synchronize_accumulated(self) -> None:
+        """After backward(s) run inside no_sync(): launch every bucket now, in order, and finish
+        (no overlap). labkit.parallel's pipeline path uses it: its executor runs K backward
+        passes per step and still edits gradients after the last one (the tied embedding's two
+        halves are summed over pp), so the buckets cannot be packed during backward."""
+        if not self._sync:
+            raise RuntimeError("synchronize_accumulated() inside no_sync(): call it after")
+        self._reset()
+        missing = [self._name(p) for p in self._params if p.grad is None]
+        if missing:
+            raise RuntimeError(f"parameters without a gradient: {missing[:5]}. Use every "
+                               "trainable parameter in forward, or freeze it")
+        for i in range(len(self.buckets)):
+            self._launch_bucket(i)
+        self._next = len(self.buckets)
+        self.finish_gradient_synchronization()
+
+    @torch.no_grad()
     def finish_gradient_synchronization(self) -> None:
         """Call after backward, before optimizer.step(): wait for every bucket, average, unpack."""
         if not self._sync:

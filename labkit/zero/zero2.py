@@ -103,6 +103,8 @@ class ZeRO2(DataParallel):
                     len(self._ready[self._next]) == len(self.buckets[self._next]):
                 self._flush(self._next)              # complete, and every earlier one is sent
                 self._next += 1
+            if self._next == len(self.buckets):      # all sent: another backward (accumulating
+                self._reset()                        # without no_sync) sends them all again
         return hook
 
     def _flush(self, b: int) -> None:
