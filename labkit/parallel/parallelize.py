@@ -270,7 +270,10 @@ class _ExpertDP:
 class _DDP:
     """dp with zero=0: chapter 02's BucketedDDP over this rank's own parameters, the optimizer
     on them. Without a pipeline its hooks all-reduce each bucket during backward; with one the
-    K backward passes run under no_sync() and step() sends every bucket afterwards."""
+    K backward passes run under no_sync() and step() sends every bucket afterwards. Measured
+    with the hooks left on (dp 2 x pp 2, 2 SGD steps): K=1 ends 0.047 away from one process (the
+    unpacked bucket overwrites the tied embedding's sum over pp), K=2 stops at the second
+    micro-batch ("gradient of 'wte.weight' became ready twice")."""
 
     def __init__(self, model, params, cls, kw, group, bucket_mb, pipelined: bool):
         self.params, self.pipelined = params, pipelined
