@@ -8,8 +8,10 @@
 A parallel run (any mesh: labkit.parallel) trains the same GPT (same seed) on the same global
 batches (labkit.model.get_batch is deterministic in the step) with the same optimizer from
 OPTIMIZERS, so its losses, gradients and parameters must equal these up to float rounding
-(labkit.testing.tensors_close says how close is close for each dtype). `reference_train` is the
-same with the options as keywords (the chapters call it).
+(labkit.testing.tensors_close says how close is close for each dtype). This is the one reference
+training entry: the DDP, ZeRO and pipeline runs build a TrainSpec for it (labkit.ddp.verify.spec,
+labkit.zero.train.real_reference); `reference_train` is the same with the options as keywords,
+kept for chapters 08 and 10 and the hybrid, context and MoE labs.
 """
 from __future__ import annotations
 
@@ -150,8 +152,9 @@ def train(model_or_cfg, spec: TrainSpec = TrainSpec()) -> Trace:
 def reference_train(cfg: GPTConfig | None, steps: int = 3, batch_size: int = 8,
                     optimizer: str = "adamw", seed: int = 0, capacity_rows=None, model=None,
                     **optimizer_overrides) -> dict:
-    """train() with the options as keywords: {"losses", "grads", "params"} (chapters 08, 10 and
-    labkit.zero.train call it). model: a GPT built by the caller instead of GPT(cfg, seed)."""
+    """train() with the options as keywords: {"losses", "grads", "params"} (chapters 08 and 10
+    and the hybrid, context and MoE labs call it). model: a GPT built by the caller instead of
+    GPT(cfg, seed)."""
     spec = TrainSpec(steps=steps, batch=batch_size, optimizer=optimizer, seed=seed,
                      optimizer_options=optimizer_overrides,
                      capacity_rows=None if capacity_rows is None else tuple(capacity_rows))

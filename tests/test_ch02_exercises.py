@@ -18,17 +18,18 @@ def _messages(result) -> str:
 
 
 # ----------------------------------------------------------------------------- 2.1
-def _buckets(params, bucket_mb, *, reverse=True, close_after=False, count="bytes"):
-    cap = float("inf") if bucket_mb is None else bucket_mb * 2**20
+def _buckets(params, bucket_mb, *, reverse=True, close_before=False, count="bytes"):
+    """The book's rule (labkit.buckets): a bucket closes once it holds the cap."""
+    cap = float("inf") if bucket_mb is None else int(bucket_mb * 2**20)
     buckets, current, size = [], [], 0
     for p in (reversed(list(params)) if reverse else list(params)):
         nbytes = p.numel() * (p.element_size() if count == "bytes" else 1)
-        if current and not close_after and size + nbytes > cap:
+        if close_before and current and size + nbytes > cap:   # before the one that would pass
             buckets.append(current)
             current, size = [], 0
         current.append(p)
         size += nbytes
-        if close_after and size > cap:                 # closes one parameter too late
+        if not close_before and size >= cap:
             buckets.append(current)
             current, size = [], 0
     if current:
@@ -43,10 +44,10 @@ def _labkit_buckets(params, bucket_mb):
 
 @pytest.mark.parametrize("fn, hint", [
     (lambda ps, mb: _buckets(ps, mb, reverse=False), "In which order does backward produce"),
-    (lambda ps, mb: _buckets(ps, mb, close_after=True), "When exactly does a bucket close"),
+    (lambda ps, mb: _buckets(ps, mb, close_before=True), "When exactly does a bucket close"),
     (lambda ps, mb: _buckets(ps, mb, count="elements"), "elements or bytes"),
     (_labkit_buckets, "labkit.ddp"),
-], ids=["registration order", "closes after passing the cap", "counts elements",
+], ids=["registration order", "closes before the cap is reached", "counts elements",
         "labkit's assign_buckets"])
 def test_assign_buckets_wrong_answers_fail_with_the_reason(fn, hint):
     result = ch02.assign_buckets(fn)
@@ -183,13 +184,13 @@ def test_bucketed_ddp_refuses_labkit_without_running_it():
 
 # ----------------------------------------------------------------------------- 2.3
 def _predict(param_bytes, bucket_mb, world, accum, no_sync, *, ring=True, honour=True):
-    cap = float("inf") if bucket_mb is None else bucket_mb * 2**20
+    cap = float("inf") if bucket_mb is None else int(bucket_mb * 2**20)
     buckets, size = 0, 0
     for b in reversed(param_bytes):
-        if size and size + b > cap:
-            buckets, size = buckets + 1, 0
         size += b
-    buckets += 1
+        if size >= cap:                                # the book's rule: closes at the cap
+            buckets, size = buckets + 1, 0
+    buckets += 1 if size else 0
     syncs = 1 if (no_sync and honour) else accum
     per = 2 * (world - 1) / world if ring else 1.0
     return {"all_reduces": syncs * buckets, "bytes_sent": syncs * per * sum(param_bytes)}

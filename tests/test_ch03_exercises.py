@@ -231,9 +231,10 @@ def test_zero2_answers_at_3_ranks_hidden_case(graded_at_3, name):
     _assert_fails_as_expected(graded_at_3[name], *AT_3[name][1:])
 
 
-def test_bucket_rule_is_chapter_02s():
-    # last parameter first; a bucket closes before it would pass the cap; a larger one alone
-    assert ch03_zero2.buckets([4, 4, 4, 100, 4], 10) == [[4], [3], [2, 1], [0]]
+def test_bucket_rule_is_the_books_one():
+    # last parameter first; a bucket closes once it holds the cap (PyTorch's reducer's >=)
+    assert ch03_zero2.buckets([4, 4, 4, 100, 4], 10) == [[4, 3], [2, 1, 0]]
+    assert ch03_zero2.buckets([4, 4, 4, 4], 8) == [[3, 2], [1, 0]]
     assert ch03_zero2.buckets([4, 4, 4], 0) == [[2], [1], [0]]
     assert ch03_zero2.buckets([4, 4, 4], math.inf) == [[2, 1, 0]]
 

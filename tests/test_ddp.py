@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from labkit.ddp import assign_buckets
-from labkit.ddp.verify import SMALL, assert_launches, assert_matches, build_model, reference_train
+from labkit.ddp.verify import SMALL, assert_launches, assert_matches, build_model, spec
 from labkit.launch import run
+from labkit.reference import train
 
 FROZEN = ("blocks.0.mlp.fc.weight", "blocks.0.attn.q_proj.bias")
 
@@ -74,7 +75,7 @@ def test_assign_buckets_sizes_and_order():
 @pytest.mark.parametrize("world", [2, 3])
 def test_matches_one_process_and_torch_ddp(results, world):
     batch, configs, per_rank = results[world]
-    refs = {opt: reference_train(optimizer=opt, batch=batch, frozen=FROZEN)
+    refs = {opt: train(*spec(optimizer=opt, batch=batch, frozen=FROZEN)).params
             for opt in ("sgd", "adamw")}
     torch_runs = {opt: i for i, (kind, opt, _) in enumerate(configs) if kind == "torch"}
     n_params = len(_trainable())
@@ -101,7 +102,7 @@ def test_matches_one_process_and_torch_ddp(results, world):
 
 def test_no_sync_accumulation_equals_large_batch(results):
     batch, _, per_rank = results[2]
-    ref = reference_train(batch=batch, frozen=FROZEN)
+    ref = train(*spec(batch=batch, frozen=FROZEN)).params
     n_buckets = len(assign_buckets(_trainable(), _mb_for(4)))
     for reports in per_rank:
         rep = reports[-1]

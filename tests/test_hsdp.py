@@ -10,8 +10,9 @@ from labkit.check import ch03
 from labkit.costs import zero as costs_zero
 from labkit.labs.hsdp import hsdp_train, predicted
 from labkit.launch import run
+from labkit.reference import TrainSpec, train
 from labkit.testing import compare_dicts
-from labkit.zero.train import TINY, reference_train
+from labkit.zero.train import TINY
 
 STEPS = 2
 BATCH = 12
@@ -34,7 +35,7 @@ SIX = [pytest.param(p, marks=pytest.mark.full) for p in ((6, 2), (6, 3))]   # --
 def runs(request):
     world, replicate = request.param
     per_rank = run(_everything, world, args=(replicate, world), timeout=240, echo=False)
-    refs = {opt: reference_train(TINY, opt, steps=STEPS, batch_size=BATCH)
+    refs = {opt: train(TINY, TrainSpec(steps=STEPS, batch=BATCH, optimizer=opt)).as_dict()
             for opt in ("sgd", "adamw")}
     return world, replicate, per_rank, refs
 

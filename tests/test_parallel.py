@@ -3,8 +3,9 @@ on the loss, the first step's gradients and the parameters after several steps; 
 dimension on purpose is caught; bytes per dimension equal labkit.costs.parallel."""
 import pytest
 
+from labkit.ddp import assign_buckets
 from labkit.launch import run
-from labkit.model import GPTConfig
+from labkit.model import GPT, GPTConfig
 from labkit.parallel import Plan, PlanError, check_plan
 from labkit.parallel.compare import bytes_rows, differences
 from labkit.parallel.job import train
@@ -74,15 +75,30 @@ def _broken(dim, plan, cfg, steps, batch, optim):
         operators._all_reduce = lambda x, group, where: (x if where == "g forward"
                                                          else reduce(x, group, where))
     elif dim == "dp":    # replicas step on their own gradients, never averaged
+        from labkit.ddp import BucketedDDP
         from labkit.zero import ZeRO1
-        from labkit.zero.zero1 import DataParallel
 
-        DataParallel.step = lambda self: self.optimizer.step()
+        BucketedDDP.finish_gradient_synchronization = lambda self: None
+        BucketedDDP.synchronize_accumulated = lambda self: None
         ZeRO1.step = lambda self: None
     elif dim == "pp":    # the tied embedding's two gradients are never summed
         from labkit.pipeline import executor
         executor._sum_tied_embedding = lambda *a, **k: None
     return train(plan, cfg, steps, batch, optim)
+
+
+def test_composed_dp_is_chapter_02s_bucketed_ddp():
+    """zero=0 is labkit.ddp.BucketedDDP: one logged all-reduce per bucket of the book's rule,
+    several buckets here, and the run still equals one process."""
+    plan, batch, mb = Plan(dp=2), 5, 0.05
+    results = run(train, plan.world, args=(plan, CFG, STEPS, batch, "adamw"),
+                  kwargs=dict(bucket_mb=mb), echo=False)
+    ref = reference_train(GPTConfig(**CFG), STEPS, batch, "adamw")
+    assert all(d["ok"] for d in differences(results, ref, "adamw"))
+    buckets = assign_buckets(list(GPT(GPTConfig(**CFG)).parameters()), mb)
+    assert len(buckets) >= 3
+    for r in results:
+        assert r["comm"]["dp"]["calls"] == len(buckets), r["comm"]
 
 
 @pytest.mark.parametrize("dim", ["tp", "dp", "pp"])

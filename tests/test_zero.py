@@ -10,9 +10,10 @@ import torch
 from labkit.check import ch03
 from labkit.launch import run
 from labkit.model import GPT
+from labkit.reference import TrainSpec, train
 from labkit.zero import chunk_size, padded_flat, shard_of
 from labkit.zero.measure import LAB_MODEL, moved_numel, predicted_sent
-from labkit.zero.train import TINY, make_stage, reference_train, sharded_train
+from labkit.zero.train import TINY, make_stage, sharded_train
 
 STEPS = 3
 
@@ -69,7 +70,8 @@ def _everything(world):
 def runs(request):
     world = request.param
     per_rank = run(_everything, world, args=(world,), timeout=180, echo=False)
-    refs = {opt: reference_train(TINY, opt, steps=STEPS) for opt in ("sgd", "adamw")}
+    refs = {opt: train(TINY, TrainSpec(steps=STEPS, batch=12, optimizer=opt)).as_dict()
+            for opt in ("sgd", "adamw")}
     return world, per_rank, refs
 
 
@@ -357,7 +359,8 @@ def test_overlapped_param_gather_equals_one_process(world):
     forward (Megatron's --overlap-param-gather): the same parameters as one process, the same
     gathers (one per module, posted asynchronously, not one blocking gather after the step)."""
     per_rank = run(_overlapped, world, args=(world,), timeout=180, echo=False)
-    refs = {opt: reference_train(TINY, opt, steps=STEPS) for opt in ("sgd", "adamw")}
+    refs = {opt: train(TINY, TrainSpec(steps=STEPS, batch=12, optimizer=opt)).as_dict()
+            for opt in ("sgd", "adamw")}
     for stage in (1, 2):
         for opt in ("sgd", "adamw"):
             results = [r[(stage, opt)] for r in per_rank]

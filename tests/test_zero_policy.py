@@ -11,9 +11,10 @@ import torch
 
 from labkit.check import ch03
 from labkit.launch import run
+from labkit.reference import TrainSpec, train
 from labkit.testing import tensors_close
 from labkit.zero.precision import MixedPrecisionPolicy, one_dimensional, resolve
-from labkit.zero.train import TINY, real_reference, reference_train, sharded_train
+from labkit.zero.train import TINY, real_reference, sharded_train
 
 STEPS = 3
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -209,7 +210,7 @@ def test_bf16_loss_is_close_to_the_fp32_reference_and_not_equal(runs):
     ~1e-2 relative at most (measured 6e-3 at step 0); a policy that silently did nothing would
     give the fp32 loss to ~1e-7."""
     world, per_rank = runs
-    ref = torch.tensor(reference_train(TINY, "adamw", steps=STEPS)["losses"])
+    ref = torch.tensor(train(TINY, TrainSpec(steps=STEPS, batch=12, optimizer="adamw")).losses)
     bf16 = _global_losses(per_rank, ("adamw", "tied", "labkit"))
     rel = ((bf16 - ref).abs() / ref).max().item()
     assert 1e-4 < rel < 2e-2, (world, rel, bf16.tolist(), ref.tolist())
@@ -271,7 +272,7 @@ def test_replicated_small_parameters_equal_one_process(runs, opt):
     """fp32, replicate=one_dimensional: the same tolerance as every other stage (labkit.check.
     ch03, the chapter's own), and bitwise the same parameters on every rank."""
     world, per_rank = runs
-    ref = reference_train(TINY, opt, steps=STEPS)
+    ref = train(TINY, TrainSpec(steps=STEPS, batch=12, optimizer=opt)).as_dict()
     results = [r[(opt, "replicate")] for r in per_rank]
     ch03.assert_matches_reference(results, ref, what=f"ZeRO-3 replicate 1-D, {opt}, {world} ranks")
     ch03.assert_ranks_agree(results)
@@ -299,7 +300,7 @@ def test_accumulation_with_replication_and_with_bf16(runs):
     differs from reducing each micro-batch only by fp32 rounding (measured max |diff| 0 at 2
     ranks, 1.5e-8 at 3; we allow 1e-5, fp32's tolerance at these magnitudes)."""
     world, per_rank = runs
-    ref = reference_train(TINY, "sgd", steps=STEPS)
+    ref = train(TINY, TrainSpec(steps=STEPS, batch=12, optimizer="sgd")).as_dict()
     for mode in ("every", "no_sync"):
         results = [r[("accumulate", mode, "replicate")] for r in per_rank]
         ch03.assert_matches_reference(results, ref, what=f"replicate, {mode}, {world} ranks")

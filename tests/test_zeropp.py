@@ -9,8 +9,8 @@ from labkit.check import ch03
 from labkit.costs import zero as costs_zero
 from labkit.labs.zeropp import CONFIGS, drift, predicted, tolerances, zeropp_train
 from labkit.launch import run
+from labkit.reference import TrainSpec, train
 from labkit.zero.measure import LAB_MODEL
-from labkit.zero.train import reference_train
 from labkit.zero.zeropp import dequantize, quantize
 
 STEPS = 2
@@ -35,7 +35,7 @@ def runs(request):
     world = request.param
     hpz = 2 if world % 2 == 0 else world
     got = run(zeropp_train, world, args=(hpz, STEPS, 2 * world), timeout=300, echo=False)
-    ref = reference_train(LAB_MODEL, "adamw", steps=STEPS, batch_size=2 * world)
+    ref = train(LAB_MODEL, TrainSpec(steps=STEPS, batch=2 * world, optimizer="adamw")).as_dict()
     return world, hpz, got, ref
 
 

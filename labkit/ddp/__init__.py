@@ -8,10 +8,11 @@
 1. `NaiveDDP`    after backward, all-reduce every gradient one at a time (nothing overlaps).
 2. `OverlapDDP`  a hook per parameter launches an async all-reduce as soon as that gradient is
                  accumulated, while backward goes on (one message per parameter).
-3. `BucketedDDP` gradients grouped into buckets of `bucket_mb` (MiB, as PyTorch's
-                 `bucket_cap_mb`), in reverse registration order; a bucket's all-reduce starts
-                 when all of its gradients are ready (Li et al. 2020, "PyTorch Distributed",
-                 VLDB; the design of `torch.nn.parallel.DistributedDataParallel`).
+3. `BucketedDDP` gradients grouped, in reverse registration order, into buckets that close
+                 once they hold `bucket_mb` MiB (PyTorch's `bucket_cap_mb`; the rule, in bytes,
+                 is labkit.buckets, the reducer's); a bucket's all-reduce starts when all of its
+                 gradients are ready (Li et al. 2020, "PyTorch Distributed", VLDB; the design of
+                 `torch.nn.parallel.DistributedDataParallel`).
 
 All three broadcast rank 0's parameters and buffers when they wrap, skip frozen parameters,
 synchronise a tied (shared) parameter once, support `no_sync()` for gradient accumulation, and

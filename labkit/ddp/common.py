@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
+from labkit.observe import commlog
 from labkit.timing import now
 
 
@@ -42,9 +43,15 @@ class Timeline:
 @torch.no_grad()
 def broadcast_module(module: nn.Module, group=None) -> None:
     """Copy the group's rank 0's parameters and buffers to every rank (one message per dtype)."""
+    broadcast_tensors(list(module.parameters()) + list(module.buffers()), group)  # tied: once
+
+
+@torch.no_grad()
+def broadcast_tensors(tensors, group=None) -> None:
+    """Copy the group's rank 0's `tensors` to every rank, in place (one message per dtype)."""
     group = group or dist.group.WORLD
     src = dist.get_global_rank(group, 0)
-    tensors = list(module.parameters()) + list(module.buffers())  # tied tensors appear once
+    tensors = list(tensors)
     for dtype in dict.fromkeys(t.dtype for t in tensors):
         same = [t for t in tensors if t.dtype == dtype]
         flat = torch.cat([t.reshape(-1) for t in same])                      # (sum numel,)
@@ -66,9 +73,14 @@ def sync_paused(wrapper):
 
 class DDPBase(nn.Module):
     """The wrapper: `.module`, forward, `no_sync()`, launch records; subclasses decide when to
-    all-reduce. parameters() and state_dict() are the wrapped model's (same order and names)."""
+    all-reduce. parameters() and state_dict() are the wrapped model's (same order and names).
 
-    def __init__(self, module: nn.Module, group=None, *, timeline: Timeline | None = None):
+    params: the parameters to synchronise (default: every trainable one of `module`); given, only
+    they are broadcast, not the module's other parameters or buffers (labkit.parallel passes a
+    pipeline stage's own parameters, without the experts, which differ between dp ranks)."""
+
+    def __init__(self, module: nn.Module, group=None, *, timeline: Timeline | None = None,
+                 params=None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: run this inside "
@@ -83,9 +95,13 @@ class DDPBase(nn.Module):
         self.steps = 0                  # finished synchronisations
         self._sync = True
         # module.parameters() yields a shared (tied) tensor once, so it is synchronised once
-        self._params = [p for p in module.parameters() if p.requires_grad]
+        chosen = module.parameters() if params is None else params
+        self._params = list({id(p): p for p in chosen if p.requires_grad}.values())
         self._names = {id(p): n for n, p in module.named_parameters()}
-        broadcast_module(module, self.group)
+        if params is None:
+            broadcast_module(module, self.group)
+        else:
+            broadcast_tensors(self._params, self.group)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -114,18 +130,22 @@ class DDPBase(nn.Module):
     # -- communication, recorded
     def _launch(self, flat: torch.Tensor, name: str):
         """Start an async all-reduce (sum) of `flat`; return a future that completes when it is
-        done and its end time is recorded."""
+        done and its end time is recorded (in .launches, and in an open labkit.observe.commlog
+        log: labkit.parallel counts the dp bytes there)."""
         record = {"name": name, "lane": "comm", "step": self.steps, "bytes":
                   flat.nbytes, "start": self.timeline.now(), "end": None}
         self.launches.append(record)
+        event = commlog.posted("all_reduce", flat, group=self.group, where=f"DDP {name}")
         with record_function(f"all_reduce {name}"):  # a span in profiler traces (queues it)
             work = dist.all_reduce(flat, group=self.group, async_op=True)
 
         def done(fut):
             record["end"] = self.timeline.now()
+            if event is not None:
+                event.end = now(flat.device)
             return None
 
-        return work.get_future().then(done)
+        return _Launched(work.get_future().then(done), event, flat.device)
 
     def _span(self, name: str, **info):
         """A span on the given timeline; nothing recorded when none was given (long runs)."""
@@ -133,3 +153,18 @@ class DDPBase(nn.Module):
 
     def _name(self, p) -> str:
         return self._names.get(id(p), "?")
+
+
+class _Launched:
+    """A launched all-reduce: wait() waits for it and adds the time waited to its log event."""
+
+    def __init__(self, future, event, device):
+        self.future, self.event, self.device = future, event, device
+
+    def wait(self):
+        if self.event is None:            # no log open: no clock read (it syncs a GPU)
+            return self.future.wait()
+        start = now(self.device)
+        out = self.future.wait()
+        self.event.blocked += now(self.device) - start
+        return out

@@ -112,11 +112,9 @@ def _slowest(seconds: float) -> float:
 
 def message_sizes(kind: str, params, bucket_mb) -> list:
     """Elements of each all-reduce one step sends: one per parameter (naive, overlap) or one per
-    bucket (bucketed; torch's reducer packs this model into one bucket, counted above)."""
+    bucket (bucketed, and torch's reducer: the same rule, labkit.buckets)."""
     if kind in ("naive", "overlap"):
         return [p.numel() for p in params]
-    if kind == "torch":
-        return [sum(p.numel() for p in params)]
     return [sum(p.numel() for p in b) for b in assign_buckets(params, bucket_mb)]
 
 

@@ -2,9 +2,9 @@
 exercise checker, the lab and the benchmark (so a checker can never test something else).
 
 Inside a rank (labkit.launch.run):  report = train_on_rank("bucketed", steps=3, bucket_mb=0.01)
-In the parent:                      assert_matches(report, reference_train(steps=3))
+In the parent:                      assert_matches(report, train(*spec(steps=3)).params)
 
-The reference is labkit.reference.train (spec() gives its options); the comparison is
+The reference is labkit.reference.train (spec() gives its model and TrainSpec); the comparison is
 labkit.testing.compare_dicts, after a check of the parameters' names that says what to fix.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from labkit.ddp.overlap import OverlapDDP
 from labkit.launch import device
 from labkit.model import GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe.dispatch import CollectiveLog
-from labkit.reference import TrainSpec, build, make_optimizer, train
+from labkit.reference import TrainSpec, build, make_optimizer
 from labkit.testing import compare_dicts
 
 SMALL = dict(n_layer=1, n_embd=16, n_head=2, block_size=16)  # fast enough for tests on 2 cores
@@ -118,15 +118,6 @@ def train_on_rank(kind="bucketed", cfg: dict = SMALL, *, steps: int = 3, batch: 
             "params": {n: p.detach().clone() for n, p in module.named_parameters()},
             "param_names": [n for n, _ in ddp.named_parameters()],
             "state_keys": list(ddp.state_dict().keys())}
-
-
-def reference_train(cfg: dict = SMALL, *, steps: int = 3, batch: int = 6, optimizer: str = "sgd",
-                    frozen=(), dtype: str = "float64") -> dict:
-    """One process, the whole global batch each step (labkit.reference.train): the parameters
-    every DDP rank must end up with."""
-    gpt, how = spec(cfg, steps=steps, batch=batch, optimizer=optimizer, frozen=frozen,
-                    dtype=dtype)
-    return train(gpt, how).params
 
 
 # ----------------------------------------------------------------------------- assertions

@@ -32,9 +32,10 @@ def _train(kind, steps, batch, bucket_mb):
 
 
 def main(argv=()):
-    from labkit.ddp.verify import reference_train
+    from labkit.ddp.verify import spec
     from labkit.launch import run
     from labkit.progress import Progress
+    from labkit.reference import train
 
     p = lab_parser("ddp", nproc=2)
     p.add_argument("--steps", type=count, default=3, help="SGD steps")
@@ -47,7 +48,7 @@ def main(argv=()):
                    help="also write a torch.profiler trace of one step per version and rank here")
     args = p.parse_args(list(argv))
     prog = Progress("ddp", total=len(args.versions) + 1)
-    ref = reference_train(steps=args.steps, batch=args.batch, frozen=FROZEN)
+    ref = train(*spec(steps=args.steps, batch=args.batch, frozen=FROZEN)).params
     prog.done(f"one process, whole batch: {args.steps} steps")
     per_rank = [{} for _ in range(args.nproc)]
     for kind in args.versions:  # one launch per version: a line as each one finishes

@@ -121,8 +121,8 @@ def main(argv=()):
     # here, not at the top: `labkit list` and bad options import no torch
     from labkit.launch import run
     from labkit.progress import Progress
+    from labkit.reference import TrainSpec, train
     from labkit.zero.measure import LAB_MODEL
-    from labkit.zero.train import reference_train
 
     p = lab_parser("hsdp", nproc=4)
     p.add_argument("--replicate", type=count, default=2,
@@ -137,7 +137,7 @@ def main(argv=()):
                             "" if n >= 2 else f" with --nproc 4 (now {n})"))
     batch = 2 * n
     prog = Progress("hsdp", total=2)
-    ref = reference_train(LAB_MODEL, "adamw", steps=args.steps, batch_size=batch)
+    ref = train(LAB_MODEL, TrainSpec(steps=args.steps, batch=batch, optimizer="adamw"))
     prog.done(f"one process, whole batch: {args.steps} AdamW steps")
     got = run(hsdp_train, n, args=(r, args.steps, batch))
     prog.done(f"HSDP {r} replicas x {n // r} shards on {n} ranks, and ZeRO-3 over all {n}")

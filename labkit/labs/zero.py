@@ -33,8 +33,8 @@ def _lab(stage, steps, batch):
 def main(argv=()):
     from labkit.launch import run
     from labkit.progress import Progress
+    from labkit.reference import TrainSpec, train
     from labkit.zero.measure import LAB_MODEL, rows, table
-    from labkit.zero.train import reference_train
 
     p = lab_parser("zero", nproc=2)
     p.add_argument("--steps", type=count, default=3, help="AdamW steps")
@@ -51,7 +51,7 @@ def main(argv=()):
                         f"use --stages {stages} 3")
     batch = args.batch or 2 * args.nproc
     prog = Progress("zero", total=len(args.stages) + 1)
-    ref = reference_train(LAB_MODEL, "adamw", steps=args.steps, batch_size=batch)["params"]
+    ref = train(LAB_MODEL, TrainSpec(steps=args.steps, batch=batch, optimizer="adamw")).params
     prog.done(f"one process, whole batch: {args.steps} AdamW steps")
     per_rank = [{} for _ in range(args.nproc)]
     for st in args.stages:  # one launch per stage: a line as each one finishes

@@ -1,10 +1,11 @@
 """The same few training steps for every ZeRO stage, and the one-process reference they must equal.
 
     from labkit.launch import run
-    from labkit.zero.train import TINY, reference_train, sharded_train
-    ref = reference_train(TINY, "adamw", steps=3)
+    from labkit.reference import TrainSpec, train
+    from labkit.zero.train import TINY, sharded_train
+    ref = train(TINY, TrainSpec(steps=3, batch=12, optimizer="adamw"))   # the one reference
     out = run(sharded_train, 3, args=(2, TINY, "adamw"), kwargs=dict(steps=3))
-    # out[r]["params"] equals ref["params"]; out[r]["held"] is what rank r kept
+    # out[r]["params"] equals ref.params; out[r]["held"] is what rank r kept
 
 Data: every rank builds the same global batch (labkit.model.get_batch) and takes its own rows;
 the global batch divides by the world size, so the mean over ranks of each rank's mean loss is
@@ -27,14 +28,6 @@ from labkit.zero.params import weight_decay_groups
 # n_embd 25, 5 heads: most parameters (625, 25, 2400, 400 elements ...) split unevenly in 2 or 3
 TINY = GPTConfig(vocab_size=96, block_size=16, n_layer=2, n_head=5, n_embd=25)
 
-
-
-def reference_train(cfg: GPTConfig, optimizer: str, steps: int = 3, batch_size: int = 12,
-                    seed: int = 0, model=None) -> dict:
-    """One process, the whole global batch (labkit.reference.reference_train):
-    {"params": {name: tensor}, "losses": [...], "grads": first step's}."""
-    return _reference.reference_train(cfg, steps=steps, batch_size=batch_size,
-                                      optimizer=optimizer, seed=seed, model=model)
 
 
 def real_model(cfg: GPTConfig, seed: int = 0, freeze=(), unused: bool = False):

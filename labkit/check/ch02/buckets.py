@@ -2,8 +2,10 @@
 
     labkit.check.ch02.assign_buckets(assign_buckets)   # (params, bucket_mb) -> [[param, ...], ...]
 
-Last-registered parameter first, a new bucket when the next parameter would pass bucket_mb MiB
-(None: one bucket); checked against those rules and against labkit.ddp's, on the same input.
+Last-registered parameter first; a bucket closes as soon as it holds bucket_mb MiB or more
+(int(bucket_mb * 2**20) bytes, as PyTorch's bucket_cap_mb; None: one bucket): the book's one rule,
+labkit.buckets, PyTorch's reducer's. Checked against those rules and against labkit.ddp's, on
+the same input.
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from labkit.check import Checker, Forbidden, fail, graded
 from labkit.ddp.verify import SMALL, build_model
 
 EXERCISE, TITLE, POINTS = "2.1", "assign gradients to buckets", 2
-FORBIDDEN = Forbidden(("labkit.ddp", "torch.nn.parallel"),
-                      frozenset({"DistributedDataParallel", "BucketedDDP"}),
+FORBIDDEN = Forbidden(("labkit.ddp", "labkit.buckets", "torch.nn.parallel"),
+                      frozenset({"DistributedDataParallel", "BucketedDDP",
+                                 "_compute_bucket_assignment_by_size"}),
                       why="that is the exercise done for you. Write it with torch.distributed "
                           "calls (and your own functions) only.")
 FROZEN = ("blocks.0.mlp.fc.weight", "blocks.0.attn.q_proj.bias")
@@ -34,7 +37,7 @@ def assign_buckets(fn):
     c = Checker(EXERCISE, TITLE, POINTS)
     c.refuse(FORBIDDEN.refusal(fn))
     params = trainable_params()
-    total = sum(p.numel() * p.element_size() for p in params) / 2**20
+    total = sum(p.numel() * p.element_size() for p in params)   # bytes
     with c.case("bucket_mb=None: one bucket, last-registered parameter first"):
         got = fn(params, None)
         if len(got) != 1:
@@ -48,17 +51,17 @@ def assign_buckets(fn):
             fail(f"got {len(got)} buckets for bucket_mb=1e-6, expected {len(params)}: a "
                  "parameter bigger than the cap still gets a bucket of its own")
     for frac in (0.3, 0.55):
-        mb = total * frac
+        mb = int(total * frac) / 2**20     # a whole number of bytes: mb * 2**20 is exact
         with c.case(f"bucket_mb={mb:.4f} ({frac:.0%} of all gradients)"):
             got, want = fn(params, mb), ddp.assign_buckets(params, mb)
             if _ids(got) != _ids(want):
                 fail(f"got buckets of sizes {[len(b) for b in got]} parameters, expected "
-                     f"{[len(b) for b in want]}. When exactly does a bucket close: when it has "
-                     "passed the cap, or when the next parameter WOULD pass it? Is a MiB 1e6 "
-                     "or 2**20 bytes?")
+                     f"{[len(b) for b in want]}. When exactly does a bucket close: before the next "
+                     "parameter would pass the cap, or as soon as it holds the cap or more "
+                     "(PyTorch's reducer)? Is a MiB 1e6 or 2**20 bytes?")
     with c.case("sizes are counted in bytes (float32 packs twice the elements of float64)"):
         p32 = [p.detach().float() for p in params]
-        mb = sum(p.numel() * 4 for p in p32) / 2**20 * 0.3
+        mb = int(sum(p.numel() * 4 for p in p32) * 0.3) / 2**20
         got, want = fn(p32, mb), ddp.assign_buckets(p32, mb)
         if _ids(got) != _ids(want):
             fail("with float32 tensors the buckets differ: do you count elements or bytes?")

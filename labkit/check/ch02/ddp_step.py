@@ -13,6 +13,7 @@ import contextlib
 
 import torch.distributed as dist
 
+from labkit.buckets import assign_buckets, cap_bytes
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.costs.comm import ring_bytes_sent_per_rank
 from labkit.ddp import BucketedDDP
@@ -64,23 +65,18 @@ def _predict_job(runs):
     return out
 
 
-# the checker's own answer (labkit.costs' ring bytes over labkit.ddp's bucket rule): a prediction
+# the checker's own answer (labkit.costs' ring bytes over labkit.buckets' rule): a prediction
 # that calls it predicts nothing (refused when read, and at run time under the grader)
-ORACLE = Forbidden(("labkit.costs", "labkit.ddp"), why="predict it yourself: labkit.costs and "
-                   "labkit.ddp are the checker's own answer")
+ORACLE = Forbidden(("labkit.costs", "labkit.ddp", "labkit.buckets"),
+                   why="predict it yourself: labkit.costs, labkit.ddp and labkit.buckets are the "
+                       "checker's own answer")
 
 
 def costs_prediction(param_bytes, bucket_mb, world, accum, no_sync) -> dict:
-    """labkit.costs' answer over labkit's bucket rule: ring bytes of every bucket, per sync."""
-
-    sizes, cur = [], 0
-    cap = float("inf") if bucket_mb is None else bucket_mb * 2**20
-    for b in reversed(param_bytes):
-        if cur and cur + b > cap:
-            sizes.append(cur)
-            cur = 0
-        cur += b
-    sizes.append(cur)
+    """labkit.costs' answer over the book's bucket rule (labkit.buckets, last parameter first):
+    ring bytes of every bucket, per sync."""
+    order = list(reversed(param_bytes))
+    sizes = [sum(order[i] for i in b) for b in assign_buckets(order, cap_bytes(bucket_mb))]
     syncs = 1 if no_sync else accum
     return {"all_reduces": syncs * len(sizes),
             "bytes_sent": syncs * sum(ring_bytes_sent_per_rank("all_reduce", b, world)

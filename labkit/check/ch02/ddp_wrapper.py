@@ -24,10 +24,11 @@ from labkit.ddp.verify import (
     assert_launches,
     assert_matches,
     build_model,
-    reference_train,
+    spec,
     train_on_rank,
 )
 from labkit.observe import netcount
+from labkit.reference import train
 
 EXERCISE, TITLE, POINTS = "2.2", "bucketed DDP with overlap, the whole wrapper", 7
 FORBIDDEN = Forbidden(("labkit.ddp", "torch.nn.parallel"),
@@ -122,7 +123,7 @@ def bucketed_ddp(cls, cases=DDP_CASES, configs=None):
                 if reports is None:
                     fail("did not run (see the first case of this world size)")
                 if opt not in refs:
-                    refs[opt] = reference_train(optimizer=opt, batch=batch, frozen=FROZEN)
+                    refs[opt] = train(*spec(optimizer=opt, batch=batch, frozen=FROZEN)).params
                 _assert_same_everywhere([r[i] for r in reports])
                 for rank_reports in reports:
                     assert_matches(rank_reports[i], refs[opt])

@@ -28,7 +28,8 @@ Seven cases per launch, all graded on its one set of results:
       (which all-reduces), sends about 1.5x and fails;
   buckets: the reductions each synchronising backward ran, observed by the dispatcher
       (labkit.check.guards.CollectiveLog: a collective is one, a ring is N-1 sends), equal the
-      number of buckets chapter 02's rule gives for `bucket_bytes`;
+      number of buckets the book's one rule gives for `bucket_bytes` (labkit.buckets: chapter
+      02's DDP, labkit's ZeRO-2 and PyTorch's reducer: a bucket closes once it holds the cap);
   no_sync: the backward under no_sync() dispatches no collective and no send, and its rank's
       sockets send no byte (kernel count);
   state_dict: the saved state is at most 12 bytes per element of this rank's shards (Adam's two
@@ -41,6 +42,7 @@ from __future__ import annotations
 import math
 from functools import partial
 
+from labkit.buckets import assign_buckets
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.check.ch03.common import HEADER_BYTES, assert_matches_reference, assert_ranks_agree
 from labkit.check.ch03.zero2.run import config, reference, zero2_job
@@ -70,16 +72,11 @@ _REFERENCES: dict = {}    # (model config, max_grad_norm) -> the one-process run
 
 
 def buckets(nbytes, cap) -> list:
-    """Chapter 02's rule over parameter sizes in registration order: [[index, ...], ...], last
-    parameter first; a bucket closes before it would pass `cap`, a larger parameter alone."""
-    out, current, size = [], [], 0
-    for i in reversed(range(len(nbytes))):
-        if current and size + nbytes[i] > cap:
-            out.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += nbytes[i]
-    return out + ([current] if current else [])
+    """The book's one rule (labkit.buckets, as labkit's DDP and ZeRO-2 use it) over parameter
+    sizes in registration order: [[index, ...], ...], last parameter first; a bucket closes as
+    soon as it holds `cap` bytes or more, so a parameter as large as the cap closes one alone."""
+    order = list(reversed(range(len(nbytes))))
+    return [[order[j] for j in b] for b in assign_buckets([nbytes[i] for i in order], cap)]
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -147,13 +144,14 @@ def _assert_buckets(results, nbytes, cap) -> None:
             why = ("one per parameter: put several small gradients into one bucket"
                    if got >= len(nbytes) else
                    "fewer than the buckets: is a bucket sent as soon as its last gradient is "
-                   "ready, and does it close BEFORE it would pass bucket_bytes?"
+                   "ready, and does it close as soon as it holds bucket_bytes or more?"
                    if got < len(want) else
-                   "more than the buckets: does a bucket close only before it would pass "
-                   "bucket_bytes, and is each one sent once?")
+                   "more than the buckets: does a bucket close only once it holds "
+                   "bucket_bytes or more (not before it would pass them), and is each one "
+                   "sent once?")
             fail(f"rank {rank}, step {s['step']}: your backward ran {got:g} reductions "
                  f"(collectives, or rings of N-1 sends, seen by the dispatcher); bucket_bytes="
-                 f"{cap} gives {len(want)} buckets (chapter 02's rule, last parameter first; "
+                 f"{cap} gives {len(want)} buckets (the book's rule, last parameter first; "
                  f"bytes: {sizes}): {why}")
 
 
