@@ -25,7 +25,6 @@ import functools
 import io
 import os
 import pickle
-import resource
 import select
 import signal
 import socket
@@ -39,11 +38,11 @@ import psutil
 import torch
 
 from labkit.grade import copy as grader_copy
+from labkit.grade.isolate import CPU_LIMIT, ENV, prepare
 from labkit.grade.link import STARTUP, Link, _load, _Pickler, _signal
 from labkit.grade.plain import HEADER, MAGIC
 
 MEMORY_LIMIT = 16 << 30     # bytes of address space per sandbox process
-CPU_LIMIT = 3600            # CPU seconds per sandbox process
 REPLY_LIMIT = 512 << 20     # bytes of one message from the sandbox read at most
 TAIL = 4096                 # bytes of the log kept for a death's reason
 LAUNCHER = ("labkit/launch/zygote.py", "labkit.launch")   # the sandbox's own ranks: not reported
@@ -56,11 +55,7 @@ def adopt_orphans(on: bool = True) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 
 
-def _limits(memory: int | None) -> None:
-    if memory:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT, CPU_LIMIT))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+_NETWORK: list = []         # how sandboxes are cut off from the network here, once known
 
 
 class Sandbox:
@@ -77,11 +72,21 @@ class Sandbox:
         if torch.cuda.is_available():
             memory = None
         self.started = time.time() - 1
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", str(self.root / "labkit" / "grade" / "child.py"),
-             str(theirs.fileno())], cwd=str(folder), env=env, stdin=subprocess.DEVNULL,
-            stdout=self.log, stderr=self.log, pass_fds=(theirs.fileno(),),
-            start_new_session=True, preexec_fn=functools.partial(_limits, memory))
+        command = [sys.executable, "-P", str(self.root / "labkit" / "grade" / "child.py"),
+                   str(theirs.fileno())]
+        for network in ([] if _NETWORK == ["audit"] else ["namespace"]) + ["audit"]:
+            env[ENV] = network
+            try:
+                self.proc = subprocess.Popen(
+                    command, cwd=str(folder), env=env, stdin=subprocess.DEVNULL,
+                    stdout=self.log, stderr=self.log, pass_fds=(theirs.fileno(),),
+                    start_new_session=True,
+                    preexec_fn=functools.partial(prepare, memory, network == "namespace"))
+            except subprocess.SubprocessError:   # unshare refused: Python's audit hooks instead
+                continue
+            _NETWORK[:] = [network]
+            break
+        self.network = _NETWORK[0]
         theirs.close()
         self.buffer = bytearray()
         self.folder = folder
