@@ -20,6 +20,7 @@ from pathlib import Path
 import nbformat
 
 from labkit import nbfile
+from labkit.exercises import exercise_name
 
 NAME = "START_HERE.ipynb"
 FOLDERS = ("chapters", "exercises", "solutions")
@@ -53,13 +54,13 @@ HOW = """\
 
 ## How grading works
 
-Each exercise in `exercises/NN_*.ipynb` is a `raise NotImplementedError("Exercise N.M: ...")`
+Each exercise in `exercises/NN_*_exercises.ipynb` is a `raise NotImplementedError(...)`
 for you to replace, followed by a **checker cell** (`labkit.check.chNN...`): it runs your code
 on real processes, compares it with a one-process reference, and prints a score for that
 exercise. Grade a whole notebook (it runs every cell headless) from a terminal:
 
 ```
-labkit grade exercises/01_collectives.ipynb           # one notebook: a score table
+labkit grade exercises/01_collectives_exercises.ipynb # one notebook: a score table
 labkit grade submissions/ --csv scores.csv            # a folder of students' notebooks
 ```
 
@@ -95,7 +96,9 @@ def chapters(root: Path) -> list:
     for path in sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb")):
         row = {"number": path.name[:2], "stem": path.stem, "title": chapter_title(path)}
         for folder in FOLDERS:
-            row[folder] = f"{folder}/{path.name}" if (root / folder / path.name).exists() else None
+            # an exercise notebook's file says so (exercise_name: JupyterLab's tab titles)
+            name = exercise_name(path.name) if folder == "exercises" else path.name
+            row[folder] = f"{folder}/{name}" if (root / folder / name).exists() else None
         rows.append(row)
     return rows
 

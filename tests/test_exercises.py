@@ -51,5 +51,5 @@ def test_solution_scores_full_marks(path):
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_untouched_exercise_scores_zero(path):
-    row = grade_notebook(ROOT / "exercises" / path.name)
+    row = grade_notebook(ROOT / "exercises" / exercises.exercise_name(path.name))
     assert row["scores"] and all(score == 0 for score in row["scores"].values()), row["scores"]
