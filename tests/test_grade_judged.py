@@ -1,0 +1,88 @@
+"""What a case's answer should be is computed by the checker (under `labkit grade`: the judge,
+where no student code runs), never taken from the ranks, which run beside the student's code: a
+rank job that comes back with a forged "expected" value (equal to a wrong answer) still fails.
+No process is started: Checker.launch is replaced by the forged replies."""
+import pytest
+import torch
+
+from labkit.check import Checker, ch00, ch01, ch04
+from labkit.check.ch01 import rings
+
+
+def _forged(monkeypatch, reply):
+    """Every launch of a checker returns reply(job, nprocs, args)."""
+    monkeypatch.setattr(Checker, "launch", lambda self, job, nprocs, args=(), kwargs=None,
+                        timeout=30.0: reply(job, nprocs, args))
+
+
+def _no_case_passes(result):
+    assert result.cases and not any(c["passed"] for c in result.cases), result.cases
+    return [c["message"] for c in result.cases]
+
+
+def mine(x):      # an answer whose source names no collective: the checks run
+    return x
+
+
+def mine_group(x, group=None):
+    return x
+
+
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
+def test_rings_ignore_a_ranks_own_expected_value(monkeypatch, kind):
+    def reply(job, n, args):
+        _, _, numels = args
+        zeros = [torch.zeros(numel) for numel in numels]   # a wrong answer, and a "want" to match
+        return [[{"got": z, "want": z, "input": z, "rank": r, "sent": None} for z in zeros]
+                for r in range(n)]
+
+    _forged(monkeypatch, reply)
+    check = ch01.ring_reduce_scatter if kind == "reduce_scatter" else ch01.ring_all_gather
+    said = _no_case_passes(check(mine))
+    assert "values wrong" in said[0] or "elements, expected" in said[0], said
+
+
+def test_rings_expected_is_the_sum_of_the_ranks_draws():
+    n, numel = 3, 10
+    total = sum(rings.rank_input(numel, r) for r in range(n))
+    lo, hi = rings.chunk_bounds(numel, n)[1]
+    assert torch.equal(rings.expected("reduce_scatter", numel, n, 1), total[lo:hi])
+    assert torch.equal(rings.expected("all_gather", numel, n, 1), total)
+
+
+def test_halving_doubling_recomputes_the_sums(monkeypatch):
+    def reply(job, n, args):
+        _, vectors, _ = args
+        return [[{"rank": r, "members": list(range(n)), "sends": 0, "sent": None,
+                  "x": torch.zeros(shape, dtype=getattr(torch, dtype)), "got": None, "ok": True,
+                  "bytes": 4} for dtype, shape, _ in vectors] for r in range(n)]
+
+    _forged(monkeypatch, reply)
+    result = ch01.halving_doubling_all_reduce(mine_group, worlds=[(4, True)],
+                                              vectors=[("float32", (5,), False)])
+    assert not result.cases[0]["passed"], result.cases
+    assert "wrong" in result.cases[0]["message"], result.cases[0]["message"]
+
+
+def test_shift_right_recomputes_the_neighbours_tensor(monkeypatch):
+    def reply(job, n, args):
+        _, shapes = args
+        return [[{"got": torch.zeros(s), "want": torch.zeros(s), "unchanged": True,
+                  "wrong_way": torch.ones(s), "x": torch.zeros(s)} for s in shapes]
+                for _ in range(n)]
+
+    _forged(monkeypatch, reply)
+    said = _no_case_passes(ch00.shift_right(mine, worlds=(2,)))
+    assert "overwritten" in said[0] or "differs" in said[0], said
+
+
+@pytest.mark.parametrize("check", [ch04.f_operator, ch04.g_operator])
+def test_f_and_g_recompute_their_definitions(monkeypatch, check):
+    def reply(job, n, args):   # (actual, expected) pairs that agree, on wrong values
+        quantities = ch04.operators.expected("4.1" if check is ch04.f_operator else "4.2", n, 0)
+        return [{k: (torch.zeros(3, 5), torch.zeros(3, 5)) for k in quantities}
+                for _ in range(n)]
+
+    _forged(monkeypatch, reply)
+    said = _no_case_passes(check(mine_group))
+    assert "differs" in said[0], said
