@@ -28,6 +28,10 @@ def mine_group(x, group=None):
     return x
 
 
+def mine_attention(q, k, v, group, T):
+    return q
+
+
 @pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
 def test_rings_ignore_a_ranks_own_expected_value(monkeypatch, kind):
     def reply(job, n, args):
@@ -86,3 +90,62 @@ def test_f_and_g_recompute_their_definitions(monkeypatch, check):
     _forged(monkeypatch, reply)
     said = _no_case_passes(check(mine_group))
     assert "differs" in said[0], said
+
+
+def _zeros_like_all(obj):
+    """Every tensor in obj as zeros: an answer and its forged "expected" value that agree."""
+    if isinstance(obj, torch.Tensor):
+        return torch.zeros_like(obj)
+    if isinstance(obj, dict):
+        return {k: _zeros_like_all(v) for k, v in obj.items()}
+    return obj
+
+
+def test_tp_block_recomputes_the_full_modules(monkeypatch):
+    def reply(job, n, args):
+        pairs = {"output": (torch.zeros(2, 5, 12), torch.zeros(2, 5, 12))}
+        side = {"pairs": pairs, "got": {}, "missing": [], "fwd": [], "bwd": [], "sent": None,
+                "elements": 120}
+        return [{"refused": "ValueError: tp=2", "mlp": dict(side), "attention": dict(side)}
+                for _ in range(n)]
+
+    _forged(monkeypatch, reply)
+    monkeypatch.setattr(ch04.block, "BLOCK_CASES", {2: ch04.block.BLOCK_CASES[2]})
+    result = ch04.tp_block(mine, mine)
+    assert not result.cases[0]["passed"] and not result.cases[1]["passed"], result.cases
+
+
+def test_sp_pair_and_ring_attention_recompute_one_process(monkeypatch):
+    from labkit.check import ch07
+
+    def reply(job, n, args):
+        if job.__name__ == "_sp_job":
+            _, _, T, B, h = args
+            want = _zeros_like_all(ch07.sequence_parallel.expected(T, B, h, n, 0))
+            return [{**want, "want": want, "rank": r} for r in range(n)]
+        T, B, H, Hk, d = args[1:]
+        want = _zeros_like_all(ch07.ring.expected(T, B, H, Hk, d, n)[0])
+        return [{"rank": r, "bad": None, "out": want["out"], "want": want["out"],
+                 "grads": want["grads"], "saved": 0, "saved_limit": 1, "own": 0, "sent": None}
+                for r in range(n)]
+
+    _forged(monkeypatch, reply)
+    assert "is wrong" in _no_case_passes(ch07.sp_pair(mine_group, mine_group))[0]
+    result = ch07.ring_attention(mine_attention)
+    assert not result.cases[0]["passed"], result.cases
+    assert "wrong output" in result.cases[0]["message"], result.cases[0]["message"]
+
+
+def test_expert_parallel_recomputes_the_reference_layer(monkeypatch):
+    from labkit.check import ch08
+
+    def reply(job, n, args):
+        return [{"rank": r, "forbidden": [], "c10d": [], "foreign": [], "sent": None,
+                 "optimum": 0, "compare": {"output": (torch.zeros(1), torch.zeros(1))},
+                 "got": {}, "bad_E": f"ValueError: 5 experts on {n} ranks"} for r in range(n)]
+
+    _forged(monkeypatch, reply)
+    result = ch08.expert_parallel_layer(mine)
+    layer = [c for c in result.cases if "a ValueError" not in c["name"]]
+    assert len(layer) == 3 and not any(c["passed"] for c in layer), result.cases
+    assert "no output" in layer[0]["message"], layer[0]["message"]
