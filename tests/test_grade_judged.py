@@ -149,3 +149,28 @@ def test_expert_parallel_recomputes_the_reference_layer(monkeypatch):
     layer = [c for c in result.cases if "a ValueError" not in c["name"]]
     assert len(layer) == 3 and not any(c["passed"] for c in layer), result.cases
     assert "no output" in layer[0]["message"], layer[0]["message"]
+
+
+def test_a_measurement_that_needs_no_answer_runs_in_the_judge(monkeypatch):
+    """Checker.measure never goes to the sandbox (the link), launch does; both stop once the
+    checker has stopped."""
+    import labkit.check as check
+    from labkit.check.answers import checking
+
+    class Link:
+        judge_only = True
+        sent = []
+
+        def launch(self, job, nprocs, args, kwargs, timeout):
+            self.sent.append(job)
+            return "from the sandbox"
+
+    monkeypatch.setattr(check, "run", lambda job, n, args, kwargs, timeout, echo: "from here")
+    c = Checker("0.0", "measure", 1)
+    with checking(Link()) as link:
+        assert c.measure(mine, 2) == "from here" and link.sent == []
+        assert c.launch(mine, 2) == "from the sandbox" and link.sent == [mine]
+        c.refuse("refused")
+        with c.case("stopped"):
+            c.measure(mine, 2)
+    assert not c.cases[0]["passed"] and c.cases[0]["message"] == "refused", c.cases

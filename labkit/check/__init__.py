@@ -145,6 +145,14 @@ class Checker:
             return link.launch(fn, nprocs, args, kwargs, timeout=timeout)
         return run(fn, nprocs, args, kwargs, timeout=timeout, echo=False)
 
+    def measure(self, job, nprocs: int, args=(), kwargs=None, timeout: float = CHECK_TIMEOUT):
+        """A job of the checker's own that needs none of the answer (a measurement, a reference
+        run): on processes this process starts, so under labkit grade the judge's, never the
+        sandbox's, where the student's code could tamper with it."""
+        if self._stop_reason:
+            raise _Skip(self._stop_reason)
+        return run(job, nprocs, args, kwargs, timeout=timeout, echo=False)
+
     def here(self, job, *args, **kwargs):
         """job(*args, **kwargs) where the answer lives: in this process, or under the grader in
         the sandbox (labkit.grade), which sends back plain data. For a check that must call the
