@@ -13,6 +13,8 @@ stdout and stderr (a log file the judge reads only as a dying process's last wor
 end of a socket pair (a socket, unlike a pipe, cannot be opened again through /proc/PID/fd), with
 an address-space limit (MEMORY_LIMIT, not where CUDA runs: its driver reserves more), a CPU-time
 limit (CPU_LIMIT, per process) and the judge's wall-clock timeouts per cell and per exercise.
+It has no network (labkit.grade.isolate: a user and network namespace of its own where Linux
+allows one, else Python's audit hooks refusing sockets; self.network says which).
 What comes back is read with torch.load(weights_only=True): data, never a pickle that runs code.
 The judge process adopts orphans (PR_SET_CHILD_SUBREAPER on Linux), so a process the submission
 double-forked is found among the judge's children or in the sandbox's session, and killed.
