@@ -38,7 +38,9 @@ Each checker is registered under its exercise id (`@graded("1.3")`, labkit.check
 `labkit grade` the notebook runs in a sandbox where a checker cell only hands its answer in, and
 the grader runs the checker in its own process with handles on the answer (labkit.grade): a call
 of the answer, `launch()` and `here()` run in the sandbox and return plain data; the cases are
-judged here.
+judged here. What a case's answer should be is computed here too, never taken from the ranks, and
+a run of the checker's own that needs no answer (a measurement, a reference run) goes through
+`measure()`, on processes this process starts, never the sandbox's.
 """
 from __future__ import annotations
 
