@@ -21,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FOLDERS = ("chapters", "exercises", "solutions")   # where each chapter's three notebooks live
+# The exercise notebook's file names itself: JupyterLab titles a tab with the file's name, so a
+# chapter and its exercises open as "02_data_parallel.ipynb" and "02_data_parallel_exercises.ipynb"
+EXERCISE_SUFFIX = "_exercises"
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,8 @@ class Chapter:
     @property
     def notebooks(self) -> tuple:
         """Its three notebooks, relative to the book's root: chapter, exercises, solutions."""
-        return tuple(f"{folder}/{self.stem}.ipynb" for folder in FOLDERS)
+        return tuple(f"{folder}/{self.stem}{EXERCISE_SUFFIX if folder == 'exercises' else ''}.ipynb"
+                     for folder in FOLDERS)
 
     @property
     def checker(self) -> str:

@@ -13,7 +13,9 @@ is replaced, at the marker's indentation, by
 where N.M is the exercise the region belongs to: the last "Exercise N.M" that a markdown cell
 introduced before it (a heading `## Exercise 6.2 ...` or a bold `**Exercise 6.2.**`), so two
 regions of one exercise share its number; with no such markdown, M counts regions.
-Outputs and execution counts are dropped. `labkit exercises` writes the files;
+Outputs and execution counts are dropped. solutions/NN_x.ipynb becomes
+exercises/NN_x_exercises.ipynb (exercise_name: JupyterLab names a tab after its file, so a chapter
+and its exercises open as two tabs that read differently). `labkit exercises` writes the files;
 `labkit exercises --check` (and the tests) fail when exercises/ is out of date.
 
 exercises/ is also where the reader writes their answers, so the reader's work is never
@@ -35,12 +37,33 @@ from pathlib import Path
 
 import nbformat
 
+from labkit import chapters
+
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\b[ :]*(?P<hint>.*)$")
 END = re.compile(r"^[ \t]*### END SOLUTION\b")
 
 
 class ExerciseError(ValueError):
     pass
+
+
+# JupyterLab names a notebook's tab after its file (the notebook's metadata title does not rename
+# it): an exercise notebook's name says "exercises", so that it and its chapter, open side by
+# side, are two tabs that read differently (01_collectives.ipynb, 01_collectives_exercises.ipynb)
+SUFFIX = chapters.EXERCISE_SUFFIX  # one name rule: labkit.chapters
+
+
+def exercise_name(solution_name: str) -> str:
+    """'01_collectives.ipynb' -> '01_collectives_exercises.ipynb' (the exercise notebook's file)."""
+    path = Path(solution_name)
+    return f"{path.stem}{SUFFIX}{path.suffix}"
+
+
+def solution_name(exercise_name: str) -> str:
+    """'01_collectives_exercises.ipynb' -> '01_collectives.ipynb' (its chapter's and solution's)."""
+    path = Path(exercise_name)
+    stem = path.stem[:-len(SUFFIX)] if path.stem.endswith(SUFFIX) else path.stem
+    return f"{stem}{path.suffix}"
 
 
 def chapter_of(path: Path) -> int:
@@ -100,7 +123,8 @@ def exercise_notebook(solution_path: Path):
         cell.get("metadata", {}).pop("execution", None)
     if counter[0] == 0:
         raise ExerciseError(f"{solution_path}: no ### BEGIN SOLUTION region found")
-    where = nbformat.v4.new_markdown_cell(WHERE_YOU_WORK.format(name=solution_path.name))
+    where = nbformat.v4.new_markdown_cell(WHERE_YOU_WORK.format(
+        name=exercise_name(solution_path.name), solution=solution_path.name))
     where["id"] = "where-you-work"   # fixed: an unchanged solution gives an identical file
     out.cells.insert(1 if out.cells and out.cells[0].cell_type == "markdown" else 0, where)
     out.metadata.pop("widgets", None)
@@ -115,7 +139,7 @@ WHERE_YOU_WORK = """\
 **This is where you work:** `exercises/{name}`. Replace each `raise NotImplementedError(...)`
 with your code and run the checker cell after it. Nothing in the book overwrites this notebook
 once you have edited it (an updated version arrives beside it, in `exercises/fresh/`); the worked
-answers are in `solutions/{name}`."""
+answers are in `solutions/{solution}`."""
 
 
 def cells_hash(nb) -> str:
@@ -168,14 +192,14 @@ def generate(solutions: Path = Path("solutions"), exercises: Path = Path("exerci
     exercises.mkdir(parents=True, exist_ok=True)
     written = []
     for src in sources:
-        dst = exercises / src.name
+        dst = exercises / exercise_name(src.name)
         nb = exercise_notebook(src)
         have = nbformat.read(str(dst), as_version=4) if dst.exists() else None
         if have is not None and cells_hash(have) == cells_hash(nb):
             if have.metadata.get("labkit", {}).get("generated") == cells_hash(nb):
                 continue   # already what we would write (keep the reader's outputs, if any)
         elif have is not None and edited_by_reader(dst):
-            fresh = fresh_path(exercises, src.name, nb)
+            fresh = fresh_path(exercises, dst.name, nb)
             fresh.parent.mkdir(parents=True, exist_ok=True)
             write_notebook(nb, fresh)
             echo(f"kept {dst}: it has your edits, and labkit never overwrites them. A freshly "
@@ -190,10 +214,12 @@ def generate(solutions: Path = Path("solutions"), exercises: Path = Path("exerci
 def out_of_sync(solutions: Path = Path("solutions"), exercises: Path = Path("exercises")) -> list:
     """Problems, one line each: a missing, stale or extra exercise notebook."""
     problems = []
-    sol = {p.name: p for p in Path(solutions).glob("*.ipynb")}
+    sol = {exercise_name(p.name): p for p in Path(solutions).glob("*.ipynb")}
     ex = {p.name: p for p in Path(exercises).glob("*.ipynb")}
     for name in sorted(set(ex) - set(sol)):
-        problems.append(f"exercises/{name} has no solution notebook")
+        problems.append(f"exercises/{name} has no solution notebook"
+                        + (f" (exercise notebooks are named {exercise_name(name)} now)"
+                           if exercise_name(name) in sol else ""))
     for name, src in sorted(sol.items()):
         if name not in ex:
             problems.append(f"exercises/{name} is missing: run `labkit exercises`")
@@ -206,6 +232,6 @@ def out_of_sync(solutions: Path = Path("solutions"), exercises: Path = Path("exe
             problems.append(f"exercises/{name} has edits (a reader's answers?): labkit exercises "
                             f"keeps them and writes a fresh copy to exercises/{FRESH}/{name}")
         else:
-            problems.append(f"exercises/{name} is older than solutions/{name}: run "
+            problems.append(f"exercises/{name} is older than solutions/{src.name}: run "
                             f"`labkit exercises` (it replaces only notebooks nobody edited)")
     return problems

@@ -55,13 +55,13 @@ HOW = """\
 
 ## How grading works
 
-Each exercise in `exercises/NN_*.ipynb` is a `raise NotImplementedError("Exercise N.M: ...")`
+Each exercise in `exercises/NN_*_exercises.ipynb` is a `raise NotImplementedError(...)`
 for you to replace, followed by a **checker cell** (`labkit.check.chNN...`): it runs your code
 on real processes, compares it with a one-process reference, and prints a score for that
 exercise. Grade a whole notebook (it runs every cell headless) from a terminal:
 
 ```
-labkit grade exercises/01_collectives.ipynb           # one notebook: a score table
+labkit grade exercises/01_collectives_exercises.ipynb # one notebook: a score table
 labkit grade submissions/ --csv scores.csv            # a folder of students' notebooks
 ```
 

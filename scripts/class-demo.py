@@ -12,6 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from labkit.exercises import exercise_name
+
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "00_why_distribute.ipynb"
 
@@ -35,7 +37,7 @@ def main(out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     solution = json.loads((ROOT / "solutions" / NAME).read_text())
-    untouched = json.loads((ROOT / "exercises" / NAME).read_text())
+    untouched = json.loads((ROOT / "exercises" / exercise_name(NAME)).read_text())
     shard_mean = ("part = self.loss_fn(self.model(xm), ym) * ((b - a) / B)",
                   "part = self.loss_fn(self.model(xm), ym) * ((b - a) / (hi - lo) / self.world)")
     loop = ("    out = torch.empty_like(x)",

@@ -51,5 +51,21 @@ def test_solution_scores_full_marks(path):
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_untouched_exercise_scores_zero(path):
-    row = grade_notebook(ROOT / "exercises" / path.name)
+    row = grade_notebook(ROOT / "exercises" / exercises.exercise_name(path.name))
     assert row["scores"] and all(score == 0 for score in row["scores"].values()), row["scores"]
+
+
+def test_an_exercise_notebooks_file_says_exercises(tmp_path):
+    """JupyterLab names a tab after its file: a chapter and its exercises must not share one. A
+    notebook under the old name is pointed to the new one."""
+    assert exercises.exercise_name("01_collectives.ipynb") == "01_collectives_exercises.ipynb"
+    assert exercises.solution_name("01_collectives_exercises.ipynb") == "01_collectives.ipynb"
+    for sol in SOLUTIONS:
+        assert (ROOT / "exercises" / exercises.exercise_name(sol.name)).exists(), sol.name
+        assert not (ROOT / "exercises" / sol.name).exists(), sol.name
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "solutions" / SOLUTIONS[0].name).write_bytes(SOLUTIONS[0].read_bytes())
+    (tmp_path / "exercises" / SOLUTIONS[0].name).write_text("{}")
+    said = exercises.out_of_sync(tmp_path / "solutions", tmp_path / "exercises")
+    assert any("named " + exercises.exercise_name(SOLUTIONS[0].name) in s for s in said), said

@@ -11,7 +11,8 @@ from labkit import exercises
 from labkit.profiling.folder import beside  # the trace folder chapter 02 uses
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ["00_why_distribute.ipynb", "08_mixture_of_experts.ipynb"]
+SOLUTIONS = ["00_why_distribute.ipynb", "08_mixture_of_experts.ipynb"]
+NAMES = [exercises.exercise_name(name) for name in SOLUTIONS]   # the exercise notebooks' files
 
 
 def _labkit(*args, cwd):
@@ -20,9 +21,9 @@ def _labkit(*args, cwd):
 
 
 def _tree(tmp_path):
-    for d in ("solutions", "exercises"):
+    for d, names in (("solutions", SOLUTIONS), ("exercises", NAMES)):
         (tmp_path / d).mkdir()
-        for name in NAMES:
+        for name in names:
             shutil.copy(ROOT / d / name, tmp_path / d / name)
     return tmp_path
 
@@ -53,7 +54,7 @@ def test_an_edited_exercise_is_kept_and_a_fresh_copy_is_written(tmp_path):
 
 def test_an_untouched_exercise_follows_its_solution(tmp_path):
     root = _tree(tmp_path)
-    sol = root / "solutions" / NAMES[0]
+    sol = root / "solutions" / SOLUTIONS[0]
     nb = nbformat.read(str(sol), as_version=4)
     nb.cells.append(nbformat.v4.new_markdown_cell("A new closing remark by the author."))
     nbformat.write(nb, str(sol))

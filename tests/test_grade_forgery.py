@@ -3,11 +3,16 @@ a small fixture notebook (tests/fixtures/grading/make.py writes them), scores 0 
 in the CSV. The judge runs no student code: the notebook runs again in a sandbox, the checker's
 comparisons and case records stay in the judge, and what comes back is plain data."""
 import csv
+import json
+import socket
+import socketserver
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from labkit.grade import grade
+from labkit.grade import grade, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "grading"
@@ -109,3 +114,37 @@ def test_patches_env_vars_and_exits_are_named(tmp_path):
     row, line = graded["00_daemon"]
     assert row["scores"]["0.1"] == 3, row     # an honest answer, and a process left behind
     assert "the notebook left 1 process behind, killed: pid" in line["error"], line["error"]
+
+
+class _Oracle(socketserver.StreamRequestHandler):
+    """A service on the grading machine's localhost that tells the right numbers."""
+
+    def handle(self):
+        n, w, g, master, optimizer = json.loads(self.rfile.readline())
+        states = {"sgd": 0, "momentum": 1, "adam": 2}[optimizer] + (1 if master else 0)
+        out = {"weights": n * w, "grads": n * g, "optimizer": n * 4 * states}
+        out["total"] = sum(out.values())
+        self.wfile.write(json.dumps(out).encode() + b"\n")
+
+
+@pytest.mark.parametrize("network", ["namespace", "audit"])
+def test_a_service_on_localhost_is_out_of_reach(tmp_path, monkeypatch, network):
+    """An answer that asks a service on the grader's 127.0.0.1 for the right numbers scores 0,
+    whether the sandbox has a network namespace of its own or (where Linux refuses one) Python's
+    audit hooks refuse its sockets; the same service answers the test's own process."""
+    if network == "namespace" and subprocess.run(["unshare", "-rn", "true"]).returncode != 0:
+        pytest.skip("this kernel refuses unprivileged network namespaces (unshare -rn true)")
+    monkeypatch.setattr(sandbox, "_NETWORK", [] if network == "namespace" else ["audit"])
+    with socketserver.TCPServer(("127.0.0.1", 0), _Oracle) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.server_address[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:   # reachable here
+            s.sendall(b'[10, 4, 4, true, "adam"]\n')
+            assert json.loads(s.makefile().readline())["total"] == 10 * 4 * 5
+        (tmp_path / "port.txt").write_text(str(port))
+        graded = _grade(tmp_path, "00_network")
+        server.shutdown()
+    row, line = graded["00_network"]
+    assert row["scores"] == ZERO, row
+    why = {"namespace": "ConnectionRefusedError", "audit": "the grader's sandbox has no network"}
+    assert why[network] in _said(line), _said(line)

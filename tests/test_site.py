@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import chapters, landing, site
+from labkit import chapters, exercises, landing, site
 from labkit.widgets import web
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +38,10 @@ def test_landing_lists_every_chapter_with_its_exercises_and_solutions():
     text = "".join(c.source for c in landing.landing_notebook(ROOT).cells)
     for nb in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
         assert f"(chapters/{nb.name})" in text
-        for folder in ("exercises", "solutions"):
-            if (ROOT / folder / nb.name).exists():
-                assert f"({folder}/{nb.name})" in text
+        assert f"(solutions/{nb.name})" in text
+        # the exercises' file says so: its JupyterLab tab reads differently from the chapter's
+        assert f"(exercises/{exercises.exercise_name(nb.name)})" in text
+        assert (ROOT / "exercises" / exercises.exercise_name(nb.name)).exists()
     assert "labkit grade" in text and "How grading works" in text
 
 
@@ -207,8 +208,9 @@ def test_inputs_as_the_browser_sends_them():
 
 def test_chapter_pages_link_exercises_solutions_and_the_next_chapter(tiny_manifest, tmp_path):
     book = tmp_path / "book"
-    for folder in ("chapters", "exercises", "solutions"):
-        _chapter(book, folder, "00_a.ipynb", "First")
+    for folder, name in (("chapters", "00_a.ipynb"), ("exercises", "00_a_exercises.ipynb"),
+                         ("solutions", "00_a.ipynb")):
+        _chapter(book, folder, name, "First")
     _chapter(book, "chapters", "01_b.ipynb", "Second")
     site.build(book, tmp_path / "site", runtime=None)
     for folder in ("chapters", "exercises", "solutions"):

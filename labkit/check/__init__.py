@@ -41,7 +41,9 @@ Each checker is registered under its exercise id (`@graded("1.3")`, labkit.check
 `labkit grade` the notebook runs in a sandbox where a checker cell only hands its answer in, and
 the grader runs the checker in its own process with handles on the answer (labkit.grade): a call
 of the answer, `launch()` and `here()` run in the sandbox and return plain data; the cases are
-judged here.
+judged here. What a case's answer should be is computed here too, never taken from the ranks, and
+a run of the checker's own that needs no answer (a measurement, a reference run) goes through
+`measure()`, on processes this process starts, never the sandbox's.
 """
 from __future__ import annotations
 
@@ -147,6 +149,14 @@ class Checker:
         if link is not None:   # under the grader: on the sandbox's ranks, plain data back
             return link.launch(fn, nprocs, args, kwargs, timeout=timeout)
         return run(fn, nprocs, args, kwargs, timeout=timeout, echo=False)
+
+    def measure(self, job, nprocs: int, args=(), kwargs=None, timeout: float = CHECK_TIMEOUT):
+        """A job of the checker's own that needs none of the answer (a measurement, a reference
+        run): on processes this process starts, so under labkit grade the judge's, never the
+        sandbox's, where the student's code could tamper with it."""
+        if self._stop_reason:
+            raise _Skip(self._stop_reason)
+        return run(job, nprocs, args, kwargs, timeout=timeout, echo=False)
 
     def here(self, job, *args, **kwargs):
         """job(*args, **kwargs) where the answer lives: in this process, or under the grader in

@@ -1,7 +1,7 @@
 """Grade exercise notebooks where no student code runs in the process that decides the score.
 
-    labkit grade exercises/01_collectives.ipynb          # one notebook
-    labkit grade submissions/ --csv scores.csv           # a folder of students' notebooks
+    labkit grade exercises/01_collectives_exercises.ipynb   # one notebook
+    labkit grade submissions/ --csv scores.csv              # a folder of students' notebooks
 
     folder    the rows, the table, the CSV; a folder searched recursively
     judge     one notebook: its cells run in a sandbox, its answers checked here

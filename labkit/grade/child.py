@@ -33,6 +33,7 @@ import sys
 import traceback
 import types
 
+from labkit.grade import isolate
 from labkit.grade.plain import HEADER, MAGIC, exactly, objects_in, plain, send
 
 ANSWERS: dict = {}      # exercise id -> {"given": {name: object}, "cell": k, "ignored": [...]}
@@ -257,6 +258,8 @@ def share_zygote() -> None:
 
 def main(fd: int) -> None:
     sock = socket.socket(fileno=fd)
+    if os.environ.get(isolate.ENV) != "namespace":   # the judge's network: refused from Python
+        isolate.install_fallback()
     first = receive(sock)
     os.chdir(first["cwd"])
     sys.path.insert(0, first["cwd"])   # helper modules beside the notebook, as a kernel has

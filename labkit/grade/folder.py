@@ -1,11 +1,11 @@
 """Grade notebooks and folders of them: one row per file, a table, a CSV.
 
-    labkit grade exercises/01_collectives.ipynb          # one notebook
-    labkit grade submissions/ --csv scores.csv           # a folder of students' notebooks
+    labkit grade exercises/01_collectives_exercises.ipynb   # one notebook
+    labkit grade submissions/ --csv scores.csv              # a folder of students' notebooks
 
-A folder is searched recursively (submissions/alice/01_collectives.ipynb, or flat files named
-alice_01_collectives.ipynb); the chapter comes from the file name, else from the checker the
-notebook imports. Each notebook is graded by labkit.grade.judge.
+A folder is searched recursively (submissions/alice/01_collectives_exercises.ipynb, or flat files
+named alice_01_collectives_exercises.ipynb); the chapter comes from the file name, else from the
+checker the notebook imports. Each notebook is graded by labkit.grade.judge.
 """
 from __future__ import annotations
 

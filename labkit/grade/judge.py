@@ -1,6 +1,6 @@
 """The judge: one notebook's row of scores, made in a process where no student code runs.
 
-    grade_notebook("submissions/alice/01_collectives.ipynb")   # {"scores", "failures", ...}
+    grade_notebook("submissions/alice/01_collectives_exercises.ipynb")  # {"scores", ...}
 
 The notebook's code cells run again in a sandbox (labkit.grade.sandbox); each checker call there
 hands its answer in. For each exercise of the grader's own table (imported here before any

@@ -13,6 +13,8 @@ stdout and stderr (a log file the judge reads only as a dying process's last wor
 end of a socket pair (a socket, unlike a pipe, cannot be opened again through /proc/PID/fd), with
 an address-space limit (MEMORY_LIMIT, not where CUDA runs: its driver reserves more), a CPU-time
 limit (CPU_LIMIT, per process) and the judge's wall-clock timeouts per cell and per exercise.
+It has no network (labkit.grade.isolate: a user and network namespace of its own where Linux
+allows one, else Python's audit hooks refusing sockets; self.network says which).
 What comes back is read with torch.load(weights_only=True): data, never a pickle that runs code.
 The judge process adopts orphans (PR_SET_CHILD_SUBREAPER on Linux), so a process the submission
 double-forked is found among the judge's children or in the sandbox's session, and killed.
@@ -25,7 +27,6 @@ import functools
 import io
 import os
 import pickle
-import resource
 import select
 import signal
 import socket
@@ -39,11 +40,11 @@ import psutil
 import torch
 
 from labkit.grade import copy as grader_copy
+from labkit.grade.isolate import CPU_LIMIT, ENV, prepare
 from labkit.grade.link import STARTUP, Link, _load, _Pickler, _signal
 from labkit.grade.plain import HEADER, MAGIC
 
 MEMORY_LIMIT = 16 << 30     # bytes of address space per sandbox process
-CPU_LIMIT = 3600            # CPU seconds per sandbox process
 REPLY_LIMIT = 512 << 20     # bytes of one message from the sandbox read at most
 TAIL = 4096                 # bytes of the log kept for a death's reason
 LAUNCHER = ("labkit/launch/zygote.py", "labkit.launch")   # the sandbox's own ranks: not reported
@@ -56,11 +57,7 @@ def adopt_orphans(on: bool = True) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 
 
-def _limits(memory: int | None) -> None:
-    if memory:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT, CPU_LIMIT))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+_NETWORK: list = []         # how sandboxes are cut off from the network here, once known
 
 
 class Sandbox:
@@ -77,11 +74,21 @@ class Sandbox:
         if torch.cuda.is_available():
             memory = None
         self.started = time.time() - 1
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", str(self.root / "labkit" / "grade" / "child.py"),
-             str(theirs.fileno())], cwd=str(folder), env=env, stdin=subprocess.DEVNULL,
-            stdout=self.log, stderr=self.log, pass_fds=(theirs.fileno(),),
-            start_new_session=True, preexec_fn=functools.partial(_limits, memory))
+        command = [sys.executable, "-P", str(self.root / "labkit" / "grade" / "child.py"),
+                   str(theirs.fileno())]
+        for network in ([] if _NETWORK == ["audit"] else ["namespace"]) + ["audit"]:
+            env[ENV] = network
+            try:
+                self.proc = subprocess.Popen(
+                    command, cwd=str(folder), env=env, stdin=subprocess.DEVNULL,
+                    stdout=self.log, stderr=self.log, pass_fds=(theirs.fileno(),),
+                    start_new_session=True,
+                    preexec_fn=functools.partial(prepare, memory, network == "namespace"))
+            except subprocess.SubprocessError:   # unshare refused: Python's audit hooks instead
+                continue
+            _NETWORK[:] = [network]
+            break
+        self.network = _NETWORK[0]
         theirs.close()
         self.buffer = bytearray()
         self.folder = folder

@@ -13,6 +13,8 @@ answers and the checkers can never disagree.
 """
 from __future__ import annotations
 
+import textwrap
+
 from labkit.costs import memory, models
 from labkit.widgets.controls import build, check, rng, sel, values
 
@@ -140,7 +142,10 @@ def prefetch_figure(events_by_mode):
     fig, seen, rows = go.Figure(), set(), []
     for mode, events in events_by_mode.items():
         for e in events:
-            row = f"{mode}: {'comm' if e['lane'] == 'comm' else 'compute'}"
+            # a row's name on lines of at most 18 characters: at 390 px (a phone) the plot keeps
+            # the width
+            row = "<br>".join(textwrap.wrap(
+                f"{mode}: {'comm' if e['lane'] == 'comm' else 'compute'}", 18))
             rows.append(row)
             fig.add_trace(go.Bar(
                 y=[row], x=[max(e["end"] - e["start"], 1e-3)], base=[e["start"]],
@@ -150,10 +155,10 @@ def prefetch_figure(events_by_mode):
                 hovertext=f"{e['name']} {e.get('unit', '')}: {e['start']:.1f}-{e['end']:.1f} ms"))
             seen.add(e["name"])
     rows = list(dict.fromkeys(rows))
-    fig.update_layout(barmode="overlay", height=140 + 40 * len(rows),
+    fig.update_layout(barmode="overlay", height=160 + 48 * len(rows),
                       xaxis_title="ms since the step began", title="One ZeRO-3 step, rank 0",
                       yaxis=dict(categoryorder="array", categoryarray=rows[::-1]),
-                      legend_orientation="h", legend_y=-0.3)
+                      legend_orientation="h", legend_y=-0.3, margin=dict(l=10, r=10, t=50))
     return fig
 
 

@@ -32,7 +32,9 @@ def ranked_figure(estimates, cluster: P.Cluster, title: str = ""):
     """Left: the step time of each configuration split into its parts. Right: memory per GPU."""
     from plotly.subplots import make_subplots
 
-    labels = [str(e.config) for e in estimates][::-1]
+    # "TP8 x PP4 x DP8<br>ZeRO-2, b=1": a plan's name on two lines, so that at 390 px (a phone)
+    # the bars keep the width
+    labels = [str(e.config).replace(", ", "<br>", 1) for e in estimates][::-1]
     ests = list(estimates)[::-1]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.6, 0.4],
                         subplot_titles=("seconds per step", "GB per GPU"))
@@ -43,8 +45,8 @@ def ranked_figure(estimates, cluster: P.Cluster, title: str = ""):
         fig.add_bar(y=labels, x=[getattr(e.memory, comp) / GB for e in ests], orientation="h",
                     name=memory.MemoryPlan.LABELS[comp], row=1, col=2)
     fig.add_vline(x=cluster.usable / GB, line_dash="dot", row=1, col=2)   # capacity less margin
-    fig.update_layout(barmode="stack", height=120 + 28 * len(labels), title=title,
-                      legend_orientation="h", legend_y=-0.15, margin_l=10)
+    fig.update_layout(barmode="stack", height=140 + 36 * len(labels), title=title,
+                      legend_orientation="h", legend_y=-0.15, margin_l=10, margin_r=10)
     return fig
 
 

@@ -50,7 +50,11 @@ def ring_figure(n: int = 4, step: int = 0):
     fig = go.Figure(go.Heatmap(
         z=z, text=text, texttemplate="%{text}", zmin=1, zmax=n, colorscale="Blues",
         x=[f"chunk {c}" for c in range(n)], y=[f"rank {r}" for r in range(n)],
-        colorbar=dict(title="ranks summed"), hovertemplate="%{y}, %{x}: sum of ranks %{text}"))
+        # the colour bar under the heatmap, not beside it: at 390 px (a phone) the plot keeps
+        # the width
+        colorbar=dict(title=dict(text="ranks summed", side="top"), orientation="h", y=-0.12,
+                      yanchor="top", thickness=12, len=0.6),
+        hovertemplate="%{y}, %{x}: sum of ranks %{text}"))
     if step > 0:  # arrows: which chunk each rank sent to reach this frame
         phase = "reduce_scatter" if step <= n - 1 else "all_gather"
         plan = ring_schedule(n, phase)[(step - 1) % (n - 1)]
@@ -59,7 +63,8 @@ def ring_figure(n: int = 4, step: int = 0):
                                ax=f"chunk {plan[r][0]}", ay=f"rank {r}", xref="x", yref="y",
                                axref="x", ayref="y", showarrow=True, arrowhead=2, opacity=0.5)
     fig.update_layout(title=f"Ring all-reduce, {n} ranks — {step_label(n, step)}",
-                      yaxis=dict(autorange="reversed"), height=320 + 20 * n, width=620)
+                      yaxis=dict(autorange="reversed"), height=380 + 20 * n, width=620,
+                      margin=dict(l=60, r=20, t=60, b=40))
     return fig
 
 

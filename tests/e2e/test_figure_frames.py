@@ -190,10 +190,6 @@ def test_crossover_figures_fit_a_phone(pages, browser):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=False, reason="book.js moves legends under the plot and drops fixed "
-                   "widths on narrow screens; 5 figures still leave under 200 px of plot at 390 px "
-                   "(chapter 01's three ring frames, 03's ZeRO-3 step, 10's plan bars: long "
-                   "labels beside the plot), 2026-11-27")
 def test_every_figure_fits_a_phone(pages, browser):
     out, paths = pages
     figs = _read(browser, out, paths, 390)

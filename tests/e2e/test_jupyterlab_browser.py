@@ -31,6 +31,7 @@ import pytest
 from e2e_common import ROOT, Dialogs, api, chromium, serve_book, serve_jupyter
 from nbval.plugin import coalesce_streams, transform_streams_for_comparison
 
+from labkit.exercises import exercise_name
 from labkit.widgets.intro import state_rows
 
 CHAPTERS = sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
@@ -435,8 +436,9 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
         shown = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
         shown.first.wait_for(timeout=60_000)
 
-    for folder in ("exercises", "solutions", "chapters"):  # the chapter last: its cell runs next
-        follow(f"{folder}/{FIRST}", FIRST)
+    exercise = exercise_name(FIRST)    # its own file name: a tab that reads "exercises"
+    for folder, name in (("exercises", exercise), ("solutions", FIRST), ("chapters", FIRST)):
+        follow(f"{folder}/{name}", name)   # the chapter last: its cell runs next
     # Run the chapter's first code cell (its imports) and wait for its execution count.
     nb = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
     if nb.locator(".jp-Notebook-ExecutionIndicator").count():
@@ -477,5 +479,6 @@ def test_book_sh_opens_the_landing_page_which_leads_to_every_notebook(browser, b
     tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").all_inner_texts()
     context.close()
     dialogs.check()
-    assert sum(FIRST in t for t in tabs) == 3, tabs  # chapter, exercises and solutions all opened
+    # chapter, exercises and solutions all opened, and the exercises' tab says so
+    assert sum(FIRST in t for t in tabs) == 2 and sum(exercise in t for t in tabs) == 1, tabs
     assert not outside, f"requests off this machine: {sorted(set(outside))[:5]}"

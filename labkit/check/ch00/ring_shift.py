@@ -25,20 +25,17 @@ def _rank_data(r, shape, dev):
 
 
 def _shift_job(fn, shapes):
-    """Rank side: the reader's function on rank-dependent data, collectives refused."""
-    rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
+    """Rank side: the reader's function on rank-dependent data, collectives refused; its result
+    and x after the call go back (what they should be is computed by the checker)."""
+    rank, dev = dist.get_rank(), device()
     out = []
     for shape in shapes:
-        x = _rank_data(rank, shape, dev)
-        before = x.clone()
+        x = _rank_data(rank, shape, dev)   # shape
         note(f"your shift_right of a tensor of shape {shape}")
         with CollectiveLog(allow=(), error=Refused,
                            why="pass the tensor with send/recv (or isend/irecv)"):
             got = fn(x)
-        out.append({"got": got.cpu() if isinstance(got, torch.Tensor) else got,
-                    "want": _rank_data((rank - 1) % n, shape, dev).cpu(),
-                    "unchanged": torch.equal(x, before),
-                    "wrong_way": _rank_data((rank + 1) % n, shape, dev).cpu()})
+        out.append({"got": got.cpu() if isinstance(got, torch.Tensor) else got, "x": x.cpu()})
     return out
 
 
@@ -53,16 +50,19 @@ def shift_right(fn, worlds=SHIFT_WORLDS):
             for rank, per_shape in enumerate(rows):
                 for shape, row in zip(SHIFT_SHAPES, per_shape):
                     what = f"rank {rank} of {world}, shape {shape}"
-                    got = row["got"]
-                    if not isinstance(got, torch.Tensor) or got.shape != row["want"].shape:
+                    got, x = row["got"], row["x"]
+                    # what rank r should hold, computed here (under labkit grade: the judge)
+                    want = _rank_data((rank - 1) % world, shape, "cpu")   # shape
+                    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                         fail(f"{what}: return a tensor of the input's shape, got "
                              f"{getattr(got, 'shape', type(got).__name__)}")
-                    if world > 2 and torch.equal(got, row["wrong_way"]):
+                    if world > 2 and torch.equal(got, _rank_data((rank + 1) % world, shape, "cpu")):
                         fail(f"{what}: you returned the RIGHT neighbour's tensor; whose tensor "
                              f"should rank r hold after a shift to the right?")
-                    if not row["unchanged"]:
+                    if not (isinstance(x, torch.Tensor) and torch.equal(x, _rank_data(rank, shape,
+                                                                                      "cpu"))):
                         fail(f"{what}: the input x was overwritten; where should the incoming "
                              f"tensor land so that the caller keeps its data?")
-                    tensors_close(got, row["want"], rtol=0, atol=0,
+                    tensors_close(got, want, rtol=0, atol=0,
                                   what=f"{what} (did you wait for the receive to complete?)")
     return c.finish()

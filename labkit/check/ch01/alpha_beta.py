@@ -115,7 +115,7 @@ def predict_all_reduce(fn, cases=PREDICT_CASES):
                         f"{algorithm}, {nbytes:,} bytes, {world} ranks"):
                 if not tried:
                     tried = True
-                    res = c.launch(_predict_job, world, args=(runs, LINK_BANDWIDTH), timeout=60)
+                    res = c.measure(_predict_job, world, args=(runs, LINK_BANDWIDTH), timeout=60)
                 if res is None:
                     fail("did not run (see the first case of this world size)")
                 try:

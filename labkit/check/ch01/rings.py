@@ -43,30 +43,41 @@ def _job(kind, fn, numels):
     return out
 
 
-def _one(kind, fn, numel):
-    """Rank side: the reader's function and the built-in on the same integer-valued data, on this
-    rank's device (drawn on the CPU, the same numbers anywhere); results come back on the CPU.
-    The reader's call runs inside the kernel's byte counter and a dispatch mode that refuses
-    collectives."""
-
-
-    rank, n = dist.get_rank(), dist.get_world_size()
+def rank_input(numel: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s integer-valued data (CPU): drawn the same on the ranks and in the checker."""
     g = torch.Generator().manual_seed(17 * numel + rank)
-    x = torch.randint(-9, 10, (numel,), generator=g, device="cpu").float().to(device())
-    total = x.clone()
-    dist.all_reduce(total)
+    return torch.randint(-9, 10, (numel,), generator=g, device="cpu").float()   # (numel,)
+
+
+def expected(kind: str, numel: int, n: int, rank: int) -> torch.Tensor:
+    """What rank `rank` must return, computed where the checker runs (under labkit grade: the
+    judge, where no student code runs), from the same data the ranks drew."""
+    total = sum(rank_input(numel, r) for r in range(n))   # (numel,) the sum over ranks, exact
+    lo, hi = chunk_bounds(numel, n)[rank]
+    return total if kind != "reduce_scatter" else total[lo:hi]
+
+
+def _one(kind, fn, numel):
+    """Rank side: the reader's function on integer-valued data, on this rank's device (drawn on
+    the CPU, the same numbers anywhere); its result comes back on the CPU. The reader's call runs
+    inside the kernel's byte counter and a dispatch mode that refuses collectives. What it should
+    return is computed by the checker (expected), not here beside the reader's code."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = rank_input(numel, rank).to(device())   # (numel,)
     bounds = chunk_bounds(numel, n)
     lo, hi = bounds[rank]
-    mine = x.clone()
-    args = (total[lo:hi].clone(), [b - a for a, b in bounds]) if kind == "all_gather" else (mine,)
+    if kind == "all_gather":   # the input: this rank's chunk of the sum, made from the same data
+        total = sum(rank_input(numel, r) for r in range(n)).to(device())   # (numel,)
+        args = (total[lo:hi].clone(), [b - a for a, b in bounds])
+    else:
+        args = (x.clone(),)
     dist.barrier()
     with netcount.socket_bytes() as net, \
             CollectiveLog(allow=(), error=Refused,
                           why="build the ring from isend/irecv (or send/recv) only"):
         got = fn(*args)
-    want = total if kind != "reduce_scatter" else total[lo:hi]
-    return {"got": got.cpu() if isinstance(got, torch.Tensor) else got, "want": want.cpu(),
-            "input": x.cpu(), "rank": rank, "sent": net.sent}
+    return {"got": got.cpu() if isinstance(got, torch.Tensor) else got, "rank": rank,
+            "sent": net.sent}
 
 
 def chunk_bounds(numel: int, n: int) -> list:
@@ -83,8 +94,10 @@ def optimal_sent(kind: str, numel: int, n: int, itemsize: int = 4) -> float:
 
 
 def _compare(kind, results, n, numel):
-    for r in results:
-        got, want = r["got"], r["want"]
+    for rank, r in enumerate(results):
+        if r.get("rank") != rank:
+            fail(f"rank {rank}'s result came back as rank {r.get('rank')!r}'s")
+        got, want = r["got"], expected(kind, numel, n, rank)
         if not isinstance(got, torch.Tensor):
             fail(f"rank {r['rank']} returned {type(got).__name__}; return a tensor")
         if got.numel() != want.numel():
@@ -96,7 +109,7 @@ def _compare(kind, results, n, numel):
             fail(f"rank {r['rank']}: got {got.numel()} elements, expected {want.numel()}. {hint}")
         got = got.reshape(-1).to(want.dtype)
         if not torch.equal(got, want):
-            if kind != "all_gather" and torch.equal(got, r["input"].reshape(-1)[:got.numel()]):
+            if kind != "all_gather" and torch.equal(got, rank_input(numel, rank)[:got.numel()]):
                 fail(f"rank {r['rank']}: the result is still this rank's own input: add each "
                      f"received chunk into your copy")
             bad = (got != want).nonzero().reshape(-1)

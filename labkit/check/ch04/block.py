@@ -3,9 +3,10 @@
     labkit.check.ch04.tp_block(MyTensorParallelMLP, MyTensorParallelAttention)
 
 One launch per world size (2 shown; 3 and 4 hidden, with grouped-query attention at 3) runs, on
-every rank: the one-process labkit.model.MLP / CausalSelfAttention and the reader's split of it on
-the same input and upstream gradient; the output, dL/dx and the gradient of every kept weight are
-compared with the matching rows or columns of the full ones. Every c10d op in forward and in
+every rank, the reader's split of the one-process labkit.model.MLP / CausalSelfAttention; the
+output, dL/dx and the gradient of every kept weight are compared with the full module's on the
+same input and upstream gradient (the matching rows or columns), computed by the checker (under
+labkit grade: the judge), not on the ranks. Every c10d op in forward and in
 backward is observed (labkit.observe.dispatch, a TorchDispatchMode): Megatron's layout needs exactly
 one all-reduce of (B, T, h) each way per module and nothing else; the bytes each rank sent are
 counted by the kernel (observe.netcount) against 2 all-reduces' ring optimum plus Gloo's headers.
@@ -60,22 +61,41 @@ def _expected_grads(kind, ref, rank, tp) -> dict:
     return out
 
 
-def _module_run(cls, kind, cfg_kwargs, B, T, seed):
-    """Rank side: one forward + backward of the full module and of the reader's split."""
-
-
-
-    rank, tp, dev = dist.get_rank(), dist.get_world_size(), device()
+def _inputs(kind, cfg_kwargs, B, T, seed):
+    """The full module, the input and the upstream gradient, the same on the ranks and in the
+    checker (drawn on the CPU; the module from its own seed, the caller's random state kept)."""
     cfg = GPTConfig(**cfg_kwargs)
-    torch.manual_seed(seed)
-    ref = (MLP(cfg) if kind == "mlp" else CausalSelfAttention(cfg)).to(dev)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        ref = MLP(cfg) if kind == "mlp" else CausalSelfAttention(cfg)
     g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(B, T, cfg.n_embd, generator=g).to(dev).requires_grad_()  # (B, T, h) all ranks
-    up = torch.randn(B, T, cfg.n_embd, generator=g).to(dev)                   # upstream gradient
-    (ref(x) * up).sum().backward()
+    x = torch.randn(B, T, cfg.n_embd, generator=g)                            # (B, T, h)
+    up = torch.randn(B, T, cfg.n_embd, generator=g)                           # (B, T, h)
+    return ref, x, up
+
+
+def expected_run(kind, cfg_kwargs, B, T, seed, rank, tp) -> dict:
+    """{quantity: what rank `rank` must get}: one forward and backward of the full module, computed
+    where the checker runs (under labkit grade: the judge, where no student code runs)."""
+    ref, x, up = _inputs(kind, cfg_kwargs, B, T, seed)
+    x.requires_grad_()
+    y = ref(x)                                                                 # (B, T, h)
+    (y * up).sum().backward()
+    want = {"output": y.detach(), "dL/dx": x.grad}
+    for name, grad in _expected_grads(kind, ref, rank, tp).items():
+        want[f"{name} gradient"] = grad
+    return {k: v.detach().cpu() for k, v in want.items()}
+
+
+def _module_run(cls, kind, cfg_kwargs, B, T, seed):
+    """Rank side: one forward + backward of the reader's split; its output and gradients go back
+    (what they should be: expected_run, in the checker)."""
+    tp, dev = dist.get_world_size(), device()
+    ref, x, up = _inputs(kind, cfg_kwargs, B, T, seed)
+    ref, up = ref.to(dev), up.to(dev)
     note(f"your {kind} constructor, tp={tp}")
     mine = cls(ref, None)
-    xt = x.detach().clone().requires_grad_()
+    xt = x.to(dev).requires_grad_()                                            # (B, T, h) all ranks
     dist.barrier()
     with netcount.socket_bytes() as wire:
         with CollectiveLog() as fwd:
@@ -86,14 +106,28 @@ def _module_run(cls, kind, cfg_kwargs, B, T, seed):
             (y * up).sum().backward()
     names = MLP_PARAMS if kind == "mlp" else ATTN_PARAMS
     params = dict(mine.named_parameters())
-    pairs = {"output": (y.detach(), ref(x).detach()), "dL/dx": (xt.grad, x.grad)}
-    for name, want in _expected_grads(kind, ref, rank, tp).items():
+    got = {"output": y, "dL/dx": xt.grad}
+    for name in names:
         p = params.get(name)
-        pairs[f"{name} gradient"] = (None if p is None else p.grad, want)
-    return {"pairs": {k: (None if a is None else a.detach().cpu(), b.detach().cpu())
-                      for k, (a, b) in pairs.items()},
+        got[f"{name} gradient"] = None if p is None else p.grad
+    return {"got": {k: None if v is None else v.detach().cpu() for k, v in got.items()},
             "missing": [n for n in names if n not in params], "fwd": fwd.sized(),
-            "bwd": bwd.sized(), "sent": wire.sent, "elements": B * T * cfg.n_embd}
+            "bwd": bwd.sized(), "sent": wire.sent, "elements": xt.numel()}
+
+
+def _judged_launch(c, mlp_cls, attn_cls, tp, cases):
+    """One world's launch; each rank's results paired with what it should have got, computed
+    here (expected_run), never on the ranks."""
+    results = c.launch(block_job, tp, args=(mlp_cls, attn_cls, cases), timeout=LAUNCH_TIMEOUT)
+    (h, B, T), (ha, nh, nkv, Ba, Ta), _ = cases
+    specs = {"mlp": (dict(n_embd=h, n_head=1), B, T, 3),
+             "attention": (dict(n_embd=ha, n_head=nh, n_kv_head=nkv), Ba, Ta, 5)}
+    for rank, res in enumerate(results):
+        for kind, (cfg_kwargs, b, t, seed) in specs.items():
+            got = res[kind]["got"] if isinstance(res[kind].get("got"), dict) else {}
+            want = expected_run(kind, cfg_kwargs, b, t, seed, rank, tp)
+            res[kind]["pairs"] = {k: (got.get(k), w) for k, w in want.items()}
+    return results
 
 
 def _refused(cls, kind, cfg_kwargs):
@@ -203,6 +237,6 @@ def tp_block(mlp_cls, attn_cls):
                    "module; bytes counted by the kernel", partial(assert_communication, tp=tp)),
                   ("a size tp does not divide is refused with a ValueError",
                    partial(assert_refused, world_cases=cases, tp=tp)))
-        c.cases_on_one_launch(label, checks, partial(
-            c.launch, block_job, tp, args=(mlp_cls, attn_cls, cases), timeout=LAUNCH_TIMEOUT))
+        c.cases_on_one_launch(label, checks, partial(_judged_launch, c, mlp_cls, attn_cls, tp,
+                                                     cases))
     return c.finish()

@@ -5,13 +5,15 @@ and g (all-reduce forward, identity backward); one module, as the two mirror eac
     labkit.check.ch04.g_operator(g)     # 4.2
 
 Each runs at 2 and 3 real ranks against its definition; f_job and g_job are also the tests'.
+The jobs return (actual, expected) pairs; the checker keeps only the actual values and computes
+the expected ones itself (expected), so that nothing beside the reader's code decides a case.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from labkit.check import Checker, graded
+from labkit.check import Checker, fail, graded
 from labkit.check.ch04.common import assert_pairs, data
 from labkit.launch import device
 
@@ -59,12 +61,47 @@ def f_job(f):
     return out
 
 
+def _cpu(shape, seed):
+    """common.data's numbers, on the CPU: the checker's own copy of what the ranks drew."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))   # shape
+
+
+def expected(exercise: str, n: int, rank: int) -> dict:
+    """{quantity: what rank `rank` must hold}, computed where the checker runs (under labkit
+    grade: the judge, where no student code runs), never taken from the ranks."""
+    ws = [_cpu((3, 5), 20 + r) for r in range(n)]            # every rank's upstream gradient
+    if exercise == "4.1":
+        return {"f forward (identity)": _cpu((3, 5), 10),
+                "f backward (sum of the ranks' gradients)": sum(ws)}
+    xs = [_cpu((3, 5), 10 + r) for r in range(n)]
+    return {"g forward (sum over ranks)": sum(xs), "g backward (identity)": ws[rank],
+            "g's input x (must not be changed in place)": xs[rank]}
+
+
+def _judged(exercise: str, results: list) -> list:
+    """The ranks' (actual, expected) pairs with the expected values replaced by the checker's;
+    a rank that returned other quantities (the graph check's failure) fails."""
+    out = []
+    for rank, pairs in enumerate(results):
+        want = expected(exercise, len(results), rank)
+        if not isinstance(pairs, dict) or set(pairs) != set(want):
+            graph = [k for k in pairs if "autograd graph" in str(k)] \
+                if isinstance(pairs, dict) else []
+            if graph:
+                fail(f"rank {rank}: {graph[0]}: it is not (was the tensor cut out of the "
+                     f"autograd graph, e.g. by .detach(), .data or torch.no_grad()?)")
+            fail(f"rank {rank} returned {pairs!r:.200}; expected the quantities {sorted(want)}")
+        out.append({k: (pairs[k][0] if isinstance(pairs[k], (tuple, list)) else None, w)
+                    for k, w in want.items()})
+    return out
+
+
 def _grade(exercise, job, fn, case):
     """One operator of the pair against its definition at 2 and 3 real ranks."""
     c = Checker(exercise, *EXERCISES[exercise])
     for n in (2, 3):
         with c.case(f"{n} ranks: {case}"):
-            assert_pairs(c.launch(job, n, args=(fn,)))
+            assert_pairs(_judged(exercise, c.launch(job, n, args=(fn,))))
     return c.finish()
 
 

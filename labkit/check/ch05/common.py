@@ -36,7 +36,9 @@ def run_on_processes(c: Checker, s, bubble_floor: bool) -> None:
     against the one-process reference, and a causal timeline (and, with bubble_floor, no stage
     idle less than the schedule allows)."""
     cfg = GPTConfig(n_layer=s.P, n_embd=16, n_head=2, block_size=16)
-    merged = executor.merge(c.launch(_run_job, s.P, args=(s, cfg, 7), timeout=RUN_TIMEOUT))
+    # the schedule is data (Actions): labkit's executor runs it on processes the checker starts
+    # (under labkit grade: the judge's), with no student code beside it
+    merged = executor.merge(c.measure(_run_job, s.P, args=(s, cfg, 7), timeout=RUN_TIMEOUT))
     executor.compare_to_reference(merged, executor.reference_step(cfg, 7))
     bad = causality.check_causality(s, merged["timeline"])
     if bubble_floor:

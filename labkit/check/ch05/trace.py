@@ -93,7 +93,7 @@ def exposed_communication(fn, run: bool = True):
         return c.finish()
     with tempfile.TemporaryDirectory(prefix="labkit-5.5-") as folder:
         with c.case("a real DDP step (bucketed, 2 ranks, Gloo), each rank's trace file"):
-            c.launch(_ddp_job, 2, args=(folder,), timeout=120)
+            c.measure(_ddp_job, 2, args=(folder,), timeout=120)
             for tr in read.load_folder(folder):
                 want = read.breakdown(tr)["exposed_s"]
                 got = check(tr.events, want)

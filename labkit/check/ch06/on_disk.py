@@ -124,7 +124,7 @@ def checkpoint_size(fn):
                                                   for k in ("total", "largest_file"))):
                 fail('return {"total": bytes, "largest_file": bytes}, numbers')
             with tempfile.TemporaryDirectory(prefix="labkit-ch06-size-") as root:
-                c.launch(_size_job, world, args=(recipe, stage, root))
+                c.measure(_size_job, world, args=(recipe, stage, root))
                 measured = measure_on_disk(f"{root}/step_00000001")
             want = costs_prediction(n, recipe, stage, world)
             if not hidden:                # predicted beside measured, in the table

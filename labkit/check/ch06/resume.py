@@ -6,7 +6,8 @@ The checker trains the chapter's tiny run (dropout on, data reshuffled by NumPy,
 by Python's `random`, torch drawing dropout masks), interrupts it on real processes, saves a full
 checkpoint whose random state comes from YOUR capture function, starts fresh processes, restores
 with YOUR restore function, and compares the final weights bit for bit with a run that was never
-interrupted, at 1 and 2 ranks.
+interrupted (started by the checker itself, under labkit grade the judge, not beside the answer),
+at 1 and 2 ranks.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import tempfile
 import numpy as np
 import torch
 
-from labkit.check import Checker, fail, graded
+from labkit.check import CHECK_TIMEOUT, Checker, fail, graded
+from labkit.launch import run
 
 EXERCISE, TITLE, POINTS = "6.1", "save and restore the random state for an exact resume", 4
 
@@ -95,9 +97,23 @@ def exact_resume(capture, restore, worlds=(1, 2)):
         with c.case(f"{world} rank(s): stopped at step 3, resumed in fresh processes, "
                     f"bitwise equal at step 8"):
             with tempfile.TemporaryDirectory(prefix="labkit-ch06-") as root:
-                first = c.launch(resume_jobs, world,
-                                 args=(cfg, 8, 3, root, ("straight", "first"), capture, restore))
+                c.launch(resume_jobs, world, args=(cfg, 8, 3, root, ("first",), capture, restore))
                 later = c.launch(resume_jobs, world,
                                  args=(cfg, 8, 3, root, ("resume",), capture, restore))
-            assert_resume_matches(first, later, world)
+            assert_resume_matches(straight_run(cfg, world, resume_jobs), later, world)
     return c.finish()
+
+
+_STRAIGHT: dict = {}   # (world, config) -> the uninterrupted run's results: the same for everyone
+
+
+def straight_run(cfg, world: int, jobs) -> list:
+    """The run that was never interrupted, [[(flat params, losses)] per rank], on processes this
+    process starts (under labkit grade: the judge's, where no student code runs; it needs none
+    of the answer), once per world size and config."""
+    key = (world, repr(cfg))
+    if key not in _STRAIGHT:
+        with tempfile.TemporaryDirectory(prefix="labkit-ch06-") as root:
+            _STRAIGHT[key] = run(jobs, world, args=(cfg, 8, 3, root, ("straight",)),
+                                 timeout=CHECK_TIMEOUT * 4, echo=False)
+    return _STRAIGHT[key]

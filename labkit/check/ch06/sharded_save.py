@@ -102,8 +102,8 @@ def _load_job(fn, folder):
 def _assert_loaded(results: list, seed: int, world: int, saved_world: int) -> None:
     """Every rank got its runs of the state saved with `seed`: names, lengths, dtypes, values."""
     full = full_state(seed)
-    for res in results:
-        r, got = res["rank"], res["got"]
+    for r, res in enumerate(results):     # the rank is its place in the launch, not what it says
+        got = res["got"]
         if not isinstance(got, dict) or set(got) != set(full):
             have = sorted(got) if isinstance(got, dict) else type(got).__name__
             fail(f"rank {r} of {world}: load_resharded returned {have}; expected a dict with "

@@ -5,7 +5,8 @@
 my_ring_attention(q, k, v, group, T) on cp real processes, each holding its zig-zag chunks
 (B, H, T/cp, d) of q and (B, Hk, T/cp, d) of k and v (Hk < H in a hidden grouped-query case),
 must give this rank's rows of causal attention and, through autograd, dq, dk and dv equal to the
-one-process F.scaled_dot_product_attention's. Per world size (2 shown; 3 and 4 hidden) three
+one-process F.scaled_dot_product_attention's (computed by the checker, under labkit grade the
+judge, not on the ranks). Per world size (2 shown; 3 and 4 hidden) three
 cases: values and gradients; what forward keeps for backward (saved-tensor hooks, plus the
 tensors left on the autograd node) at most the rank's own q, k, v, out and lse + 25%, so keeping
 every K/V chunk that passed by fails; the bytes each rank sent (kernel count, observe.netcount) at
@@ -73,15 +74,35 @@ def _node_tensors(node) -> list:
     return out
 
 
+def _inputs(T, B, H, Hk, d, cp):
+    """q, k, v and the upstream gradient, whole: the same numbers on every rank and in the
+    checker (a seeded CPU generator)."""
+    g = torch.Generator().manual_seed(11 * T + cp)
+    q = torch.randn(B, H, T, d, generator=g)                           # (B, H, T, d)
+    k, v = (torch.randn(B, Hk, T, d, generator=g) for _ in range(2))   # (B, Hk, T, d)
+    up = torch.randn(B, H, T, d, generator=g)                          # (B, H, T, d)
+    return q, k, v, up
+
+
+def expected(T, B, H, Hk, d, cp) -> list:
+    """[{"out", "grads": {"dq", "dk", "dv"}} per rank]: this rank's rows of one process's causal
+    attention and of its gradients, computed where the checker runs (under labkit grade: the
+    judge, where no student code runs)."""
+    q, k, v, up = _inputs(T, B, H, Hk, d, cp)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=Hk != H)  # (B,H,T,d)
+    want.backward(up)
+    out = []
+    for rank in range(cp):
+        pos = positions(T, rank, cp, "zigzag")
+        out.append({"out": want.detach()[:, :, pos],
+                    "grads": {n: w.grad[:, :, pos] for n, w in zip(("dq", "dk", "dv"), full)}})
+    return out
+
+
 def _ring_job(fn, T, B, H, Hk, d):
     rank, cp, dev = dist.get_rank(), dist.get_world_size(), device()
-    g = torch.Generator().manual_seed(11 * T + cp)
-    q = torch.randn(B, H, T, d, generator=g)  # cpu: the same numbers on every rank, moved below
-    k, v = (torch.randn(B, Hk, T, d, generator=g) for _ in range(2))  # cpu: as above
-    up = torch.randn(B, H, T, d, generator=g)  # cpu: as above; the upstream gradient
-    full = [t.clone().to(dev).requires_grad_() for t in (q, k, v)]
-    want = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=Hk != H)
-    want.backward(up.to(dev))
+    q, k, v, up = _inputs(T, B, H, Hk, d, cp)    # cpu: the same numbers on every rank
     pos = positions(T, rank, cp, "zigzag")
     mine = [t[:, :, pos].contiguous().to(dev).requires_grad_()      # (B, *, T/cp, d)
             for t in (q, k, v)]
@@ -106,19 +127,21 @@ def _ring_job(fn, T, B, H, Hk, d):
     own = [*mine, out]
     limit = SAVED_SLACK * (_storage_bytes(own) + B * H * len(pos) * 4)   # + lse (fp32)
     cpu = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
-    return {"rank": rank, "bad": None, "out": cpu(out), "want": want.detach()[:, :, pos].cpu(),
-            "grads": {n: (cpu(m.grad), w.grad[:, :, pos].cpu())
-                      for n, m, w in zip(("dq", "dk", "dv"), mine, full)},
+    return {"rank": rank, "bad": None, "out": cpu(out),
+            "grads": {n: cpu(m.grad) for n, m in zip(("dq", "dk", "dv"), mine)},
             "saved": _storage_bytes(kept), "saved_limit": limit, "own": _storage_bytes(own),
             "sent": wire.sent}
 
 
-def _assert_values(results) -> None:
-    for r in results:
+def _assert_values(results, case) -> None:
+    wants = expected(*case)
+    for rank, r in enumerate(results):
+        if r["rank"] != rank:
+            fail(f"rank {rank}'s result came back as rank {r['rank']!r}'s")
         if r["bad"]:
             fail(f"rank {r['rank']}: your function {r['bad']}; return this rank's rows as a "
                  "tensor made by your torch.autograd.Function (apply), so backward can run")
-        got, want = r["out"], r["want"]
+        got, want = r["out"], wants[rank]["out"]
         if got.shape != want.shape:
             fail(f"rank {r['rank']}: output shape {tuple(got.shape)}, expected "
                  f"{tuple(want.shape)} (this rank's rows)")
@@ -128,7 +151,8 @@ def _assert_values(results) -> None:
         if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
             fail(f"rank {r['rank']}: wrong output. Are the keys masked by their GLOBAL positions "
                  "(whose chunk is this at step s?), and blocks merged by log-sum-exp?")
-        for name, (g, w) in r["grads"].items():
+        for name, w in wants[rank]["grads"].items():
+            g = r["grads"].get(name) if isinstance(r["grads"], dict) else None
             expect_tensor(g, w, f"rank {r['rank']}: {name}",
                           if_none="does backward return a gradient for each of q, k, v (and "
                                   "None for group and T)?",
@@ -178,7 +202,8 @@ def ring_attention(fn):
     for i, (cp, T, B, H, Hk, d) in enumerate(RING_CASES):
         label = f"cp={cp}, T={T}" if i == 0 else f"hidden case {i}"
         # partial binds this case's sizes now (cases_on_one_launch runs them at once)
-        checks = (("output, dq, dk, dv equal one process (point-to-point only)", _assert_values),
+        checks = (("output, dq, dk, dv equal one process (point-to-point only)",
+                   partial(_assert_values, case=(T, B, H, Hk, d, cp))),
                   ("saved for backward: only this rank's own chunks",
                    partial(_assert_saved, cp=cp)),
                   ("bytes sent: the ring's, counted by the kernel",

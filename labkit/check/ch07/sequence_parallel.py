@@ -18,27 +18,41 @@ EXERCISE, TITLE, POINTS = "7.2", "sequence parallelism's all-gather / reduce-sca
 HANG_TIMEOUT = 30.0
 
 
+def _draws(T, B, h, tp):
+    """The whole sequence, every rank's dy, partial sums and dz: the same numbers on the ranks and
+    in the checker (a seeded CPU generator, drawn in this order)."""
+    g = torch.Generator().manual_seed(T)
+    full = torch.randn(B, T, h, generator=g)                  # (B, T, h)
+    up = torch.randn(tp, B, T, h, generator=g)                # a dy per rank
+    parts = torch.randn(tp, B, T, h, generator=g)             # rank r's partial sums
+    up2 = torch.randn(tp, B, T // tp, h, generator=g)         # a dz per rank
+    return full, up, parts, up2
+
+
+def expected(T, B, h, tp, rank) -> dict:
+    """What rank `rank` must get, computed where the checker runs (under labkit grade: the
+    judge, where no student code runs)."""
+    full, up, parts, up2 = _draws(T, B, h, tp)
+    n = T // tp
+    return {"gather": full, "gather_grad": up.sum(0)[:, rank * n:(rank + 1) * n],
+            "scatter": parts.sum(0)[:, rank * n:(rank + 1) * n],
+            "scatter_grad": torch.cat(list(up2), dim=1)}
+
+
 def _sp_job(gather_fn, scatter_fn, T, B, h):
     rank, tp, dev = dist.get_rank(), dist.get_world_size(), device()
-    g = torch.Generator().manual_seed(T)
-    full = torch.randn(B, T, h, generator=g)  # cpu: same numbers on any device; (B, T, h)
+    full, up, parts, up2 = _draws(T, B, h, tp)   # cpu: the same numbers on any device
     n = T // tp
     mine = full[:, rank * n:(rank + 1) * n].clone().to(dev).requires_grad_()  # (B, T/tp, h)
-    up = torch.randn(tp, B, T, h, generator=g)  # cpu: moved below; a dy per rank
     note("your sp_gather")
     y = gather_fn(mine, None)
     y.backward(up[rank].to(dev))
     out = {"gather": y.detach().cpu(), "gather_grad": mine.grad.cpu(), "rank": rank}
-    parts = torch.randn(tp, B, T, h, generator=g)  # cpu: moved below; rank r's partial sums
     x = parts[rank].clone().to(dev).requires_grad_()          # (B, T, h)
-    up2 = torch.randn(tp, B, n, h, generator=g)  # cpu: moved below
     note("your sp_reduce_scatter")
     z = scatter_fn(x, None)
     z.backward(up2[rank].to(dev))
     out.update(scatter=z.detach().cpu(), scatter_grad=x.grad.cpu())
-    out["want"] = {"gather": full, "gather_grad": up.sum(0)[:, rank * n:(rank + 1) * n],
-                   "scatter": parts.sum(0)[:, rank * n:(rank + 1) * n],
-                   "scatter_grad": torch.cat(list(up2), dim=1)}
     return out
 
 
@@ -65,9 +79,10 @@ def sp_pair(gather_fn, scatter_fn=None):
         with c.case(f"tp={tp}, T={T}"):
             res = c.launch(_sp_job, tp, args=(gather_fn, scatter_fn, T, B, h),
                            timeout=HANG_TIMEOUT)
-            for r in res:
+            for rank, r in enumerate(res):
+                wants = expected(T, B, h, tp, rank)
                 for key, hint in SP_HINTS.items():
-                    got, want = r[key], r["want"][key]
+                    got, want = r[key], wants[key]
                     if got.shape != want.shape:
                         fail(f"rank {r['rank']}: {key} has shape {tuple(got.shape)}, expected "
                              f"{tuple(want.shape)}. {hint}")

@@ -4,7 +4,8 @@
 
 The reader's whole layer (router, top-k, capacity, all-to-all dispatch, experts, combine) runs on
 ep real processes and is compared, on outputs and on the gradients of the tokens, the router and
-every expert, with the one-process reference: plain loops over every rank's tokens written for
+every expert, with the one-process reference (computed by the checker, under labkit grade the
+judge, not on the ranks): plain loops over every rank's tokens written for
 the checker (never labkit.moe, so the checker cannot agree with a bug in it). Hidden case:
 ep = 4, top-3, heavy dropping and a rank that has no tokens. Enforced on the ranks: the layer
 moves rows with all-to-alls only (labkit.observe.dispatch.CollectiveLog sees every c10d op its
@@ -92,55 +93,70 @@ def _optimum_sent(routing: list, rank: int, ep: int, per: int, h: int) -> int:
     return 2 * (remote + back) * h * 4 + remote * 8 + (ep - 1) * 8
 
 
+def expected_layer(tokens: list, E: int, k: int, h: int, factor, seed: int) -> list:
+    """[{"want": {quantity: tensor}, "optimum": bytes} per rank]: every rank's tokens through one
+    copy of the experts by plain loops (a router copy per rank, since each rank's router gradient
+    comes from its own tokens only), computed where the checker runs (under labkit grade: the
+    judge, where no student code runs), never on the ranks."""
+    ep = len(tokens)
+    per = E // ep
+    with torch.random.fork_rng(devices=[]):   # _modules seeds torch: the caller's state kept
+        _, full = _modules(E, h, seed)
+        routers = [_modules(E, h, seed)[0] for _ in range(ep)]
+    ups, routing, runs = {}, [], []
+    total = 0.0
+    for r in range(ep):
+        x_r = _tokens(tokens[r], h, seed + 1 + r).requires_grad_()         # (n_r, h)
+        y_r, e_r, kept_r = _reference_layer(routers[r], full, x_r, k, factor)
+        ups[r] = _tokens(tokens[r], h, seed + 100 + r)                     # (n_r, h)
+        total = total + (y_r * ups[r]).sum()
+        routing.append((e_r.tolist(), kept_r))
+        runs.append((x_r, y_r.detach()))
+    total.backward()
+    zero = lambda t, like: torch.zeros_like(like) if t is None else t  # noqa: E731 (no tokens)
+    out = []
+    for rank, (x_r, y_r) in enumerate(runs):
+        want = {"output": y_r, "input gradient": zero(x_r.grad, x_r),
+                "router gradient": zero(routers[rank].weight.grad, routers[rank].weight)}
+        for i in range(rank * per, (rank + 1) * per):
+            for name, q in full[i].named_parameters():
+                want[f"expert {i} {name} gradient"] = zero(q.grad, q)
+        out.append({"want": {n: t.detach() for n, t in want.items()},
+                    "optimum": _optimum_sent(routing, rank, ep, per, h)})
+    return out
+
+
 def _layer_job(cls, tokens: list, E: int, k: int, h: int, factor, seed: int, bad_E: int = 0):
-    """Rank side of 8.2: the reader's layer against the reference, on this rank's tokens."""
+    """Rank side of 8.2: the reader's layer on this rank's tokens; its output and gradients go
+    back (what they should be: expected_layer, in the checker)."""
     torch.set_num_threads(1)
     rank, ep = dist.get_rank(), dist.get_world_size()
     per = E // ep
     out = {"rank": rank}
-    # the reference: every rank's tokens through one copy of the experts; a router copy per
-    # rank, since each rank's router gradient comes from its own tokens only
-    _, full = _modules(E, h, seed)
-    ups, routing = {}, []
-    total = 0.0
-    for r in range(ep):
-        router_r, _ = _modules(E, h, seed)
-        x_r = _tokens(tokens[r], h, seed + 1 + r).requires_grad_()
-        y_r, e_r, kept_r = _reference_layer(router_r, full, x_r, k, factor)
-        ups[r] = _tokens(tokens[r], h, seed + 100 + r)
-        total = total + (y_r * ups[r]).sum()
-        routing.append((e_r.tolist(), kept_r))
-        if r == rank:
-            mine = (x_r, y_r.detach(), router_r)
-    total.backward()
-    x_ref, y_ref, router_ref = mine
-    # the reader's layer, on fresh copies of the same modules
     router, experts = _modules(E, h, seed)
-    x = _tokens(tokens[rank], h, seed + 1 + rank).requires_grad_()
+    x = _tokens(tokens[rank], h, seed + 1 + rank).requires_grad_()           # (n, h)
+    up = _tokens(tokens[rank], h, seed + 100 + rank)                          # (n, h)
     note(f"your ExpertParallelMoE, rank {rank} of {ep}")
     layer = cls(router, experts, k, factor, None)
     log = CollectiveLog(allow=ALLOWED, why=WHY, error=Refused)
     with netcount.socket_bytes() as count, log:
         y = layer(x)
         note(f"your ExpertParallelMoE's backward, rank {rank} of {ep}")
-        (y * ups[rank]).sum().backward()
-    out["sent"], out["optimum"] = count.sent, _optimum_sent(routing, rank, ep, per, h)
+        (y * up).sum().backward()
+    out["sent"] = count.sent
     out["c10d"] = sorted(set(log.calls))
     out["forbidden"] = sorted(m for m in sys.modules if m.startswith(FORBIDDEN.modules))
-    zero = lambda t, like: torch.zeros_like(like) if t is None else t  # noqa: E731 (no tokens)
-    out["compare"] = {"output": (y.detach(), y_ref),
-                      "input gradient": (x.grad, zero(x_ref.grad, x)),
-                      "router gradient": (router.weight.grad,
-                                          zero(router_ref.weight.grad, router.weight))}
+    got = {"output": y.detach(), "input gradient": x.grad,
+           "router gradient": router.weight.grad}
     ran_foreign = []
-    for i, (m, ref) in enumerate(zip(experts, full)):
+    for i, m in enumerate(experts):
         owned = i // per == rank
-        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        for name, p in m.named_parameters():
             if owned:
-                want = q.grad if q.grad is not None else torch.zeros_like(q)
-                out["compare"][f"expert {i} {name} gradient"] = (p.grad, want)
+                got[f"expert {i} {name} gradient"] = p.grad
             elif p.grad is not None and p.grad.abs().sum() > 0:
                 ran_foreign.append(i)
+    out["got"] = got
     out["foreign"] = sorted(set(ran_foreign))
     if bad_E:
         router_b, experts_b = _modules(bad_E, h, seed)
@@ -163,7 +179,13 @@ LAYER_CASES = [  # (ep, tokens per rank, E, k, capacity factor, hidden)
 LAYER_H = 128
 
 
-def _judge_layer(res: list, ep: int) -> None:
+def _judge_layer(res: list, ep: int, wants: list) -> None:
+    for rank, r in enumerate(res):
+        if r["rank"] != rank:
+            fail(f"rank {rank}'s result came back as rank {r['rank']!r}'s")
+        got = r["got"] if isinstance(r.get("got"), dict) else {}
+        r["compare"] = {what: (got.get(what), want) for what, want in wants[rank]["want"].items()}
+        r["optimum"] = wants[rank]["optimum"]
     for r in res:
         rank = r["rank"]
         if r["forbidden"]:
@@ -219,7 +241,7 @@ def expert_parallel_layer(cls):
         with c.case(name):
             res = c.launch(_layer_job, ep, args=(cls, tokens, E, k, LAYER_H, factor, 4, bad_E),
                            timeout=60)
-            _judge_layer(res, ep)
+            _judge_layer(res, ep, expected_layer(tokens, E, k, LAYER_H, factor, 4))
         if first:
             with c.case(f"{bad_E} experts on {ep} ranks: a ValueError naming both"):
                 if res is None:

@@ -166,7 +166,7 @@ def alltoall_bytes(predict):
                     and all(isinstance(v, (int, float)) for v in got)):
                 fail(f"return a list of {ep} numbers: the bytes each rank sends")
             if name not in _MEASURED:      # the checker's own all-to-alls: once per process
-                _MEASURED[name] = c.launch(_bytes_job, ep, args=(routing, E, h, dtype))
+                _MEASURED[name] = c.measure(_bytes_job, ep, args=(routing, E, h, dtype))
             res = _MEASURED[name]
             if res[0]["sent"] is None:
                 fail(f"the kernel's counter cannot count here: {res[0]['reason']}")

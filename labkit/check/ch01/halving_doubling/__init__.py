@@ -37,7 +37,7 @@ import shutil
 import tempfile
 
 from labkit.check import Checker, Forbidden, collectives_refusal, fail, graded, reason_in
-from labkit.check.ch01.halving_doubling.run import job, power_of_two_core, read_logs
+from labkit.check.ch01.halving_doubling.run import job, power_of_two_core, read_logs, verdict
 from labkit.launch import RankError
 
 EXERCISE, TITLE, POINTS = ("1.3", "all-reduce in O(log N) rounds: recursive halving, then "
@@ -102,6 +102,13 @@ def _launch(c: Checker, fn, n: int, vectors: list):
     logdir = tempfile.mkdtemp(prefix="labkit-ch01-")
     try:
         results = c.launch(job, n, args=(fn, vectors, logdir), timeout=HANG_TIMEOUT)
+        for rank, per_vector in enumerate(results):    # the sums, computed here
+            for i, r in enumerate(per_vector):
+                if r is not None:
+                    if r.get("rank") != rank:
+                        fail(f"rank {rank}'s result came back as rank {r.get('rank')!r}'s")
+                    r["members"] = list(range(1, n)) if vectors[i][2] else list(range(n))
+                    r.update(verdict(r, i, *vectors[i][:2]))
         return {"ranks": results, "logs": read_logs(logdir, n), "vectors": vectors}
     except RankError as err:
         trace = err.remote_traceback

@@ -78,12 +78,10 @@ def inputs(i: int, rank: int, dtype: str, shape: tuple):
 
 
 def job(fn, vectors, logdir):
-    """Rank side: the reader's all-reduce on each vector, beside dist.all_reduce's result on the
-    same data; compared here (only a summary goes back), with the kernel's byte count and the
-    observer's send count around the reader's call. A rank outside a case's group returns None."""
-
-
-
+    """Rank side: the reader's all-reduce on each vector, with the kernel's byte count and the
+    observer's send count around the reader's call; x after the call (and what the call returned,
+    if a tensor) goes back, and the checker computes the sum itself (verdict). A rank outside a
+    case's group returns None."""
     rank, n, dev = dist.get_rank(), dist.get_world_size(), device()
     sub = dist.new_group(list(range(1, n)))            # every rank takes part in making it
     out = []
@@ -96,29 +94,40 @@ def job(fn, vectors, logdir):
         where = f"over ranks {members[0]}..{members[-1]}" if on_sub else "over all ranks"
         note(f"your all-reduce of a {dtype} tensor of shape {shape} {where} (call {i + 1} of "
              f"{len(vectors)})")
-        x = inputs(i, rank, dtype, shape).to(dev)
-        given, want = x.clone(), x.clone()
-        dist.all_reduce(want, group=group)
-        dist.barrier(group=group)                      # its bytes acknowledged before we count
+        x = inputs(i, rank, dtype, shape).to(dev)       # shape
+        dist.barrier(group=group)
         watch = observer(os.path.join(logdir, f"rank{rank}.txt"), i, rank, members, group)
         with netcount.socket_bytes() as net, watch:
             got = fn(x, group=sub) if on_sub else fn(x)
-        x, want, given = x.cpu(), want.cpu(), given.cpu()
-        r = {"rank": rank, "members": members, "sends": watch.sends, "sent": net.sent,
-             "ok": torch.equal(x, want), "bytes": x.numel() * x.element_size(),
-             "returned_ok": False, "unchanged": False, "missing": None, "first_bad": None}
-        if not r["ok"]:
-            r["returned_ok"] = isinstance(got, torch.Tensor) and got.shape == want.shape and \
-                torch.equal(got.cpu(), want)
-            r["unchanged"] = torch.equal(x, given)
-            diff = want - x
-            r["missing"] = next((j for j in members if j != rank and torch.equal(
-                diff, inputs(i, j, dtype, shape))), None)
-            bad = (x != want).reshape(-1).nonzero().reshape(-1)
-            if len(bad):
-                k = bad[0].item()
-                r["first_bad"] = (k, len(bad), x.reshape(-1)[k].item(), want.reshape(-1)[k].item())
-        out.append(r)
+        out.append({"rank": rank, "members": members, "sends": watch.sends, "sent": net.sent,
+                    "x": x.cpu(), "got": got.cpu() if isinstance(got, torch.Tensor) else None})
+    return out
+
+
+def verdict(r: dict, i: int, dtype: str, shape: tuple) -> dict:
+    """Checker side (under labkit grade: the judge, where no student code runs): rank r's x
+    against the sum of every member's input, computed here from the same draws; the fields the
+    hints read ("ok", "returned_ok", "unchanged", "missing", "first_bad", "bytes")."""
+    x, got, rank, members = r["x"], r.get("got"), r["rank"], r["members"]
+    given = inputs(i, rank, dtype, shape)                           # shape
+    want = sum(inputs(i, j, dtype, shape) for j in members)         # shape, exact (integers)
+    ok = isinstance(x, torch.Tensor) and x.shape == want.shape and x.dtype == want.dtype and \
+        torch.equal(x, want)
+    out = {"ok": ok, "bytes": want.numel() * want.element_size(), "returned_ok": False,
+           "unchanged": False, "missing": None, "first_bad": None}
+    if ok or not isinstance(x, torch.Tensor) or x.shape != want.shape:
+        return out
+    out["returned_ok"] = isinstance(got, torch.Tensor) and got.shape == want.shape and \
+        torch.equal(got.to(want.dtype), want)
+    x = x.to(want.dtype)
+    out["unchanged"] = torch.equal(x, given)
+    diff = want - x
+    out["missing"] = next((j for j in members if j != rank and torch.equal(
+        diff, inputs(i, j, dtype, shape))), None)
+    bad = (x != want).reshape(-1).nonzero().reshape(-1)
+    if len(bad):
+        k = bad[0].item()
+        out["first_bad"] = (k, len(bad), x.reshape(-1)[k].item(), want.reshape(-1)[k].item())
     return out
 
 
