@@ -42,9 +42,11 @@ class Degrees:
     def world(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
-    def problems(self, world: int | None = None) -> list:
+    def problems(self, world: int | None = None, *, launch: bool = True) -> list:
         """Every way these degrees cannot describe a run (on `world` ranks, if given), each
-        message naming the factors and a value that works; [] when they fit."""
+        message naming the factors and a value that works; [] when they fit. launch=False (a
+        cost model, whose searches try every stage on every dp): a ZeRO stage over one rank is
+        allowed, and costs what stage 0 costs; a launched run refuses it as a mistake."""
         out = []
         for f in fields(self):
             v = getattr(self, f.name)
@@ -56,7 +58,7 @@ class Degrees:
             out.append(self._world_problem(world))
         if self.zero not in ZERO_STAGES:
             out.append(f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
-        elif self.zero and self.dp * self.cp == 1:
+        elif self.zero and self.dp * self.cp == 1 and launch:
             # ZeRO shards over the data-parallel ranks and, with context parallelism, over dp x cp
             # (labkit.parallel.parallelize's dp_cp group; torchtitan's FSDP over dp_shard x cp)
             out.append(f"ZeRO stage {self.zero} shards over the data-parallel dimension, but "
@@ -82,8 +84,8 @@ class Degrees:
                 f"factors must multiply to {world}. "
                 f"For example: {'; '.join(near) or f'pp=1 x dp={world} x tp=1'}.")
 
-    def check(self, world: int | None = None, error=ValueError) -> None:
+    def check(self, world: int | None = None, error=ValueError, *, launch: bool = True) -> None:
         """Raise `error` with every problem, in one message."""
-        found = self.problems(world)
+        found = self.problems(world, launch=launch)
         if found:
             raise error("; ".join(found))

@@ -99,7 +99,8 @@ def _hidden(traffic: float, window: float, overlap: float) -> float:
 def _check(c: Config, job: Job, cluster: Cluster) -> None:
     """Refuse a configuration that cannot describe a run, naming the factors and what to change."""
     spec = job.spec
-    c.degrees.check(world=cluster.n_gpus)      # labkit.degrees: the rules every layer shares
+    # labkit.degrees: the rules every layer shares (a ZeRO stage over one rank is a no-op here)
+    c.degrees.check(world=cluster.n_gpus, launch=False)
     if job.global_batch % (c.dp * c.micro_batch):
         raise ValueError(f"global batch {job.global_batch} is not a whole number of micro-batches "
                          f"of {c.micro_batch} on each of DP={c.dp} replicas")
