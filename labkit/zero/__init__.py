@@ -6,7 +6,7 @@ Toward Training Trillion Parameter Models"), each checked against one process.
     zero = ZeRO2(model.parameters(), torch.optim.AdamW, lr=1e-3)
     loss = model(x, y)[1]; loss.backward(); zero.step(); zero.zero_grad()
     zero.held_bytes()      # {"params": ..., "grads": ..., "optimizer": ...} on this rank
-    # bytes sent: counted by the kernel around the step (labkit.netcount), see zero.train
+    # bytes sent: counted by the kernel around the step (labkit.observe.netcount), see zero.train
 
     shard       per-parameter padded chunks, reduce-scatter / all-gather (one tensor or many in
                 one message; a ring reduce-scatter where the backend's is not one), what a

@@ -9,7 +9,7 @@ Used by chapter 03's lab, `labkit run zero` and `labkit bench zero`. Everything 
 CPU with AdamW: 4 bytes of weights, 4 of gradients and 8 of optimizer state (momentum, variance)
 per parameter, the calculator's Precision("fp32 Adam", 4, 4, 8). The bytes held are the tensors
 each rank keeps after a step (before zero_grad). The bytes sent are counted by the kernel
-(labkit.netcount: the payload this rank's TCP sockets moved in one step), not by labkit; the
+(labkit.observe.netcount: the payload this rank's TCP sockets moved in one step), not by labkit; the
 prediction is labkit.costs.zero.comm_per_rank of the Ψ the stage moves (`moved_numel`).
 `collective_bytes` is chapter 03's myth vs measurement: the backend's own reduce-scatter beside
 labkit's ring, counted the same way. `precision_traffic`: bf16 gathers counted by the kernel;

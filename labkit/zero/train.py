@@ -134,8 +134,8 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
 
     Returns {"params", "losses" (this rank's local losses), "held" (bytes kept after the last
     step, before zero_grad), "sent"/"received" (bytes this rank's sockets moved in the last step,
-    counted by the kernel: labkit.netcount; None where it cannot count, "wire_reason" says why),
-    "logged" ({op: [calls, payload bytes]} of the last step, labkit.commlog), "numel"}.
+    counted by the kernel: labkit.observe.netcount; None where it cannot count, "wire_reason" says why),
+    "logged" ({op: [calls, payload bytes]} of the last step, labkit.observe.commlog), "numel"}.
     step_fn(params, shards, optimizer, group) replaces ZeRO-1's step (the exercise).
     accumulate: split this rank's rows into that many micro-batches, one backward each, before
     the step (gradient accumulation; the losses are scaled so the sum is the mean); no_sync: all

@@ -22,12 +22,12 @@ Seven cases per launch, all graded on its one set of results:
       bucketed reduce-scatter in backward never holds more than half of them (plain steps only:
       under no_sync every full gradient is kept on purpose);
   traffic: the bytes each rank sent in a plain step (forward, backward, step), counted by the
-      kernel (labkit.netcount), at most a reduce-scatter + an all-gather of every padded bucket,
+      kernel (labkit.observe.netcount), at most a reduce-scatter + an all-gather of every padded bucket,
       fp32, plus Gloo's headers (HEADER_BYTES per ring step of each collective the dispatcher saw
       in that step: measured about 220). An all-reduce, or Gloo's own reduce_scatter_tensor
       (which all-reduces), sends about 1.5x and fails;
   buckets: the reductions each synchronising backward ran, observed by the dispatcher
-      (labkit.check.guards.CollectiveLog: a collective is one, a ring is N-1 sends), equal the
+      (labkit.observe.dispatch.CollectiveLog: a collective is one, a ring is N-1 sends), equal the
       number of buckets the book's one rule gives for `bucket_bytes` (labkit.buckets: chapter
       02's DDP, labkit's ZeRO-2 and PyTorch's reducer: a bucket closes once it holds the cap);
   no_sync: the backward under no_sync() dispatches no collective and no send, and its rank's

@@ -11,8 +11,8 @@ by ACCUM), then the state_dict round trip: before the last step the reader's sta
 saved with torch.save; afterwards a second model and optimizer load the weights and that state
 (torch.load(weights_only=True)) and replay the last step. On the way it observes, with counters
 the reader's code does not write: full gradients alive (its own post-accumulate-grad hooks, after
-the reader's), the collectives dispatched (labkit.check.guards.CollectiveLog), the bytes the
-sockets sent (labkit.netcount), the storage of the optimizer's state, the saved bytes.
+the reader's), the collectives dispatched (labkit.observe.dispatch.CollectiveLog), the bytes the
+sockets sent (labkit.observe.netcount), the storage of the optimizer's state, the saved bytes.
 """
 from __future__ import annotations
 
