@@ -12,12 +12,20 @@ import shutil
 import tempfile
 import time
 
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+
+from labkit.checkpoint import sharded as sh
+from labkit.checkpoint.async_save import measure_stall
+from labkit.checkpoint.dcp_compare import to_dtensors
 from labkit.cliargs import bench_parser, positive
+from labkit.launch import run
 from labkit.table import table
 
 
 def _state(mbytes: float, n: int = 8) -> dict:
-    import torch
 
     g = torch.Generator().manual_seed(0)
     per = int(mbytes * 1e6 / 4 / n)
@@ -26,13 +34,7 @@ def _state(mbytes: float, n: int = 8) -> dict:
 
 def _job(root: str, mbytes: float, load_from: str | None):
     """Sharded save (labkit, DCP) of the state at this world size, then loads of the N=4 save."""
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from labkit.checkpoint import sharded as sh
-    from labkit.checkpoint.dcp_compare import to_dtensors
 
     rank, world = dist.get_rank(), dist.get_world_size()
     state = _state(mbytes)
@@ -69,8 +71,6 @@ def options(argv=()):
 
 
 def main(argv=None) -> dict:
-    from labkit.checkpoint.async_save import measure_stall
-    from labkit.launch import run
 
     a, _ = options(argv)
     root = tempfile.mkdtemp(prefix="labkit-bench-ckpt-", dir=a.folder)

@@ -8,10 +8,15 @@ notebook of chapter 01 calls `measure` directly.
 """
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
+
 from labkit.cliargs import bench_parser, positive
+from labkit.collectives import Traffic, parameter_server_all_reduce, ring_all_reduce
 from labkit.costs import comm
-from labkit.launch import run
+from labkit.launch import device, run
 from labkit.table import table as format_table
+from labkit.timing import now
 
 ALGORITHMS = ("builtin", "ring", "parameter_server")
 
@@ -19,12 +24,7 @@ ALGORITHMS = ("builtin", "ring", "parameter_server")
 def _time_on_ranks(sizes_bytes, algorithms, repeats, dtype_name="float32"):
     """Rank side: min-of-repeats seconds per (size, algorithm), plus bytes this rank moved.
     The buffer lives on labkit.launch.device() (this rank's GPU under NCCL, else the CPU)."""
-    import torch
-    import torch.distributed as dist
 
-    from labkit.collectives import Traffic, parameter_server_all_reduce, ring_all_reduce
-    from labkit.launch import device
-    from labkit.timing import now
 
     fns = {"builtin": lambda x, t: dist.all_reduce(x),
            "ring": lambda x, t: ring_all_reduce(x, traffic=t),

@@ -37,8 +37,17 @@ import os
 import statistics
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 from labkit.cliargs import BadOption, bench_parser, count
+from labkit.collectives import exchange
+from labkit.context import ring_attention, split_sequence, tiled_attention
+from labkit.costs.context import cp_ring_layer_bytes
+from labkit.launch import device, run
+from labkit.observe import commlog, netcount
+from labkit.table import table
+from labkit.timing import now
 
 LAYOUT = "zigzag"
 FORWARD_WHERE = "ring attention k/v"                       # labkit.context.ring_attention's labels
@@ -77,14 +86,12 @@ def _fwd_bwd(attn, q, k, v, dout):
 
 def _sdpa(q, k, v):
     """torch's fused attention, causal. (B, H, T, d) -> (B, H, T, d)"""
-    import torch.nn.functional as F
 
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def _call_times(fn, repeats: int, dev) -> list:
     """Seconds of each of `repeats` calls of fn, after one warm-up call."""
-    from labkit.timing import now
 
     times = []
     for i in range(repeats + 1):                             # the first call is the warm-up
@@ -97,8 +104,6 @@ def _call_times(fn, repeats: int, dev) -> list:
 
 def one_process_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
     """On one rank: seconds per forward + backward of tiled attention and of torch's SDPA."""
-    from labkit.context import tiled_attention
-    from labkit.launch import device
 
     torch.set_num_threads(1)
     dev = device()
@@ -112,9 +117,7 @@ def transfer_only(k, v, group=None) -> None:
     each posted with a dK/dV hop, then the last dK/dV hop home. Each step's messages are posted
     as one batch (labkit.collectives.exchange) and waited for at once. k, v: (B, Hk, T/cp, d).
     The messages are labelled ALONE_FORWARD and ALONE_BACKWARD in labkit.observe.commlog."""
-    import torch.distributed as dist
 
-    from labkit.collectives import exchange
 
     rank, cp = dist.get_rank(group), dist.get_world_size(group)
     right, left = (rank + 1) % cp, (rank - 1) % cp
@@ -140,14 +143,12 @@ def transfer_only(k, v, group=None) -> None:
 
 
 def _ring_call(q, k, v, dout, group=None):
-    from labkit.context import ring_attention
 
     return _fwd_bwd(lambda q, k, v: ring_attention(q, k, v, group, layout=LAYOUT), q, k, v, dout)
 
 
 def _reference(q, k, v, dout, rank: int, cp: int):
     """SDPA on the whole sequence, then this rank's zig-zag rows of out, dq, dk, dv."""
-    from labkit.context import split_sequence
 
     out, grads = _fwd_bwd(_sdpa, q, k, v, dout)              # (1, H, T, d) each
     return [split_sequence(t, rank, cp, LAYOUT) for t in (out, *grads)]  # (1, H, T/cp, d) each
@@ -157,11 +158,7 @@ def ring_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
     """On each rank of a cp group (the world): how far the result is from SDPA on the whole
     sequence, the bytes sent in one ring forward + backward (kernel count), and the timed
     repeats (_timed_repeats)."""
-    import torch.distributed as dist
 
-    from labkit.context import split_sequence
-    from labkit.launch import device
-    from labkit.observe import netcount
 
     torch.set_num_threads(1)
     dev, rank, cp = device(), dist.get_rank(), dist.get_world_size()
@@ -181,10 +178,7 @@ def ring_job(seq: int, heads: int, dim: int, repeats: int) -> dict:
 def _timed_repeats(q, k, v, dout, repeats: int, dev) -> dict:
     """Per repeat (after a warm-up): wall seconds of one ring forward + backward, its waits
     (forward, backward), the standalone hops' waits (forward, backward), and their posting."""
-    import torch.distributed as dist
 
-    from labkit.observe import commlog
-    from labkit.timing import now
 
     res = {"seconds": [], "exposed": [], "standalone": [], "posting": []}
     for i in range(repeats + 1):                             # i = 0: warm-up
@@ -212,8 +206,6 @@ def _timed_repeats(q, k, v, dout, repeats: int, dev) -> dict:
 def measure(cp_list=(2, 4), seq: int = 1024, heads: int = 4, dim: int = 32,
             repeats: int = 10) -> dict:
     """Run the one-process baselines and ring attention at each cp; return the bench's rows."""
-    from labkit.costs.context import cp_ring_layer_bytes
-    from labkit.launch import run
 
     check_config(cp_list, seq, heads, dim, repeats)
     base = run(one_process_job, 1, args=(seq, heads, dim, repeats), echo=False)[0]
@@ -259,7 +251,6 @@ def _rank_row(cp: int, r: dict, predicted: float) -> dict:
 
 
 def _print(res: dict) -> None:
-    from labkit.table import table
 
     c, base = res["config"], res["one_process_seconds"]
     x = lambda v: f"{v:.2f}x"                                # noqa: E731
@@ -285,7 +276,6 @@ def _sharing_note(ranks: int, cores: int | None) -> str:
 
 
 def _print_ranks(ranks: list) -> None:
-    from labkit.table import table
 
     ms = lambda name, key: (name, lambda r: 1e3 * r[key], ".2f")  # noqa: E731
     count = lambda v: "-" if v is None else f"{v:,}"             # noqa: E731

@@ -8,6 +8,7 @@ to `torch.nn.parallel.DistributedDataParallel` measured in the same run (lower i
 from __future__ import annotations
 
 from labkit.cliargs import add_gpt_size, bench_parser, count, positive
+from labkit.ddp.timing import BENCH, time_steps
 from labkit.launch import run
 from labkit.table import table as format_table
 
@@ -15,7 +16,6 @@ VERSIONS = ("naive", "overlap", "bucketed", "torch")
 
 
 def _rank(variants, cfg, batch, steps, rounds):
-    from labkit.ddp.timing import time_steps
 
     return time_steps(variants, cfg, batch=batch, steps=steps, rounds=rounds)
 
@@ -23,7 +23,6 @@ def _rank(variants, cfg, batch, steps, rounds):
 def measure(nprocs: int, variants, cfg=None, *, batch=8, steps=5, rounds=5, timeout=600) -> list:
     """Rows {ranks, version, bucket_mb, step_ms, ratio_to_torch, allreduces_per_step}; the
     step time of a variant is the slowest rank's median (a step ends when every rank is done)."""
-    from labkit.ddp.timing import BENCH
 
     per_rank = run(_rank, nprocs, args=(list(variants), cfg or BENCH, batch, steps, rounds),
                    timeout=timeout, echo=False)
@@ -64,7 +63,6 @@ def options(argv=()):
 
 def main(argv=None) -> dict:
     args, _ = options(argv)
-    from labkit.ddp.timing import BENCH
 
     cfg = dict(BENCH, n_layer=args.n_layer, n_embd=args.n_embd)
     variants = [(v, args.bucket_mb) for v in VERSIONS]

@@ -10,6 +10,8 @@ for a buffer of S bytes per rank. Reported as a ratio to the built-in measured i
 from __future__ import annotations
 
 from labkit.cliargs import bench_parser, count, positive
+from labkit.launch import run
+from labkit.moe.alltoall import bench_job
 from labkit.table import table
 
 
@@ -22,8 +24,6 @@ def options(argv=()):
 
 
 def main(argv=()) -> dict:
-    from labkit.launch import run
-    from labkit.moe.alltoall import bench_job
 
     a, _ = options(argv)
     n = a.ranks

@@ -12,6 +12,7 @@ from __future__ import annotations
 from labkit.cliargs import BadOption, bench_parser, count
 from labkit.costs import tensor_parallel as tpc
 from labkit.table import table
+from labkit.tp.measure import count_layer_comm, time_layers
 
 
 def options(argv=()):
@@ -35,7 +36,6 @@ def options(argv=()):
 
 
 def main(argv=()) -> dict:
-    from labkit.tp.measure import count_layer_comm, time_layers
 
     a, _ = options(argv)
     b, s, h = a.batch, a.seq, a.hidden

@@ -22,10 +22,22 @@ prefetch stepped at or under FSDP2.
 from __future__ import annotations
 
 import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from labkit.cliargs import add_gpt_size, at_least_zero, bench_parser, count
+from labkit.costs import memory, models
 from labkit.launch import run
+from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.table import table as format_table
+from labkit.zero.precision import MixedPrecisionPolicy as Policy
+from labkit.zero.shard import optimizer_state_bytes, storage_bytes
+from labkit.zero.train import make_stage
 
 VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 1 bucket", "ZeRO-2 offload",
             "ZeRO-3", "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16",
@@ -56,18 +68,8 @@ PEER = {"ZeRO-3 bf16": "torch FSDP2 bf16", "torch FSDP2 bf16": "torch FSDP2 bf16
 
 
 def _on_rank(cfg, steps, warmup, batch_size):
-    import time
 
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
-    from labkit.zero.precision import MixedPrecisionPolicy as Policy
-    from labkit.zero.shard import optimizer_state_bytes
-    from labkit.zero.train import make_stage
 
     rank, world = dist.get_rank(), dist.get_world_size()
     variants = {}
@@ -116,7 +118,6 @@ def _on_rank(cfg, steps, warmup, batch_size):
 def _held(name, holder, model, optimizer_state_bytes):
     """Bytes kept, by storage (labkit.zero.shard.storage_bytes): the ZeRO stages say which
     tensors are what; torch's: parameters, .grad and optimizer state (DTensors' local shards)."""
-    from labkit.zero.shard import storage_bytes
 
     if name.startswith("ZeRO"):
         return holder.held_bytes()
@@ -130,7 +131,6 @@ def _held(name, holder, model, optimizer_state_bytes):
 
 
 def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600) -> list:
-    from labkit.costs import memory
 
     batch_size = batch_size or 2 * nprocs
     per_rank = run(_on_rank, nprocs, args=(cfg, steps, warmup, batch_size), timeout=timeout,
@@ -179,7 +179,6 @@ def over_runs(runs: list) -> list:
 
 
 def _numel(cfg):
-    from labkit.costs import models
 
     return models.num_params(models.from_gpt_config(cfg))
 
@@ -212,7 +211,6 @@ def options(argv=()):
 
 
 def main(argv=()) -> dict:
-    from labkit.model import GPTConfig
 
     args, _ = options(argv)
     cfg = GPTConfig(block_size=32, n_layer=args.n_layer, n_head=4, n_embd=args.n_embd,

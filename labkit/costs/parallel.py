@@ -3,7 +3,7 @@ the book's GPT (labkit.model): the prediction labkit.parallel's logged calls are
 
     from labkit.costs import parallel as pc
     pc.step_payload(cfg, dp=2, tp=2, pp=2, zero=1, batch=8, stage=0, replica=0)
-    # {'tp': ..., 'pp': ..., 'dp': ...}   payload bytes (see labkit.observe.commlog) this rank hands over
+    # {'tp': ..., 'pp': ..., 'dp': ...}   payload bytes (see observe.commlog) this rank hands over
     pc.wire_bytes(cfg, ...)             # what a ring algorithm then sends per rank
 
 Pure arithmetic on the config; no torch.distributed. Every term, per rank and per step, fp32

@@ -13,13 +13,20 @@ says so (`backend_of`).
 
 Which lab belongs to which chapter is the chapter manifest's (labkit.chapters): `labkit list`
 prints it, and a test checks that every chapter has a lab and that each exists."""
+import ast
+from pathlib import Path
 
 
 def backend_of(name: str) -> str:
-    """The lab's BACKEND ("auto" or "gloo"); imports the lab's module (cheap: no work at import)."""
-    import importlib
-
-    return getattr(importlib.import_module(f"labkit.labs.{name}"), "BACKEND", "auto")
+    """The lab's BACKEND ("auto" or "gloo"), read from its source without importing it: a lab
+    imports torch and its topic at the top, and `labkit list` should not pay for twenty of them."""
+    tree = ast.parse((Path(__file__).parent / f"{name}.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BACKEND"
+                                                 for t in node.targets)
+                and isinstance(node.value, ast.Constant)):
+            return node.value.value
+    return "auto"
 
 
 def ran_on(backend: str, device: str) -> str:

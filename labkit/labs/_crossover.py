@@ -20,7 +20,11 @@ import math
 import os
 import statistics
 
+import plotly.graph_objects as go
+
 from labkit.cliargs import ArgParser, count, lab_parser
+from labkit.costs import comm
+from labkit.labs.intro import fit_ring
 from labkit.progress import Progress
 from labkit.table import table
 
@@ -57,8 +61,6 @@ def first_crossing(xs, comm, compute):
 def fit_link(ar, n: int, op: str = "all_reduce") -> dict:
     """fit_ring's alpha and bandwidth; when noise makes its best alpha negative, a plain least
     squares line with alpha clamped at 0 (costs.comm.fit_alpha_beta), said in "clamped"."""
-    from labkit.costs import comm
-    from labkit.labs.intro import fit_ring
 
     nbytes, seconds = [r["bytes"] for r in ar], [r["median"] for r in ar]
     try:
@@ -228,7 +230,6 @@ def ratio_figure(x, measured, model, names, res: dict, keys, label: str, xtitle:
                  ytitle: str, title: str, hline: dict, height: int = 480):
     """comm / compute against the swept size, measured and predicted (names), ratio 1 marked by
     a horizontal line (hline: its style) and the crossovers (mark_crossovers) (plotly)."""
-    import plotly.graph_objects as go  # here, not at the top: the CLI never draws
 
     fig = go.Figure()
     fig.add_scatter(x=x, y=measured, name=names[0], mode="lines+markers")

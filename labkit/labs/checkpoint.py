@@ -16,16 +16,22 @@ import os
 import shutil
 import tempfile
 
+import torch
+import torch.distributed as dist
+
+from labkit import faults
+from labkit.checkpoint import sharded as sh
+from labkit.checkpoint.resume import RunConfig, resume_jobs
 from labkit.cliargs import ArgParser, count
+from labkit.launch import run
+from labkit.launch import under_torchrun as _under_torchrun
+from labkit.progress import Progress
 
 BACKEND = "gloo"  # a CPU lesson (see above): Gloo, even where there are GPUs
 
 
 def _exact_resume(world: int, root: str) -> tuple:
-    import torch
 
-    from labkit.checkpoint.resume import RunConfig, resume_jobs
-    from labkit.launch import run
 
     cfg = RunConfig()
     first = run(resume_jobs, world, args=(cfg, 10, 4, root, ("straight", "first")), echo=False)
@@ -37,9 +43,7 @@ def _exact_resume(world: int, root: str) -> tuple:
 
 
 def _reshard_job(root: str, mode: str):
-    import torch.distributed as dist
 
-    from labkit.checkpoint import sharded as sh
 
     rank, world = dist.get_rank(), dist.get_world_size()
     state = sh.demo_state()
@@ -53,10 +57,6 @@ def _reshard_job(root: str, mode: str):
 
 
 def main(argv=None) -> int:
-    from labkit import faults
-    from labkit.launch import run
-    from labkit.launch import under_torchrun as _under_torchrun
-    from labkit.progress import Progress
 
     p = ArgParser(prog="labkit run checkpoint")
     p.add_argument("--nproc", type=count, default=2,

@@ -22,9 +22,30 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
+
+from labkit.checkpoint.activation import with_recompute
 from labkit.cliargs import count, lab_parser
+from labkit.context import apply_sp
+from labkit.context.sequence_parallel import check_sequence
+from labkit.costs import activations, models
 from labkit.labs import ran_on
+from labkit.launch import device, run
+from labkit.model import GPT, GPTConfig
+from labkit.observe.saved import SavedTensors
+from labkit.parallel import Plan, check_plan
+from labkit.parallel.compare import bytes_rows, differences
+from labkit.parallel.job import train
+from labkit.progress import Progress
+from labkit.reference import reference_train
+from labkit.table import table
+from labkit.tp import apply_tp
 
 BACKEND = "auto"
 CASES = ("none", "TP", "TP + SP", "selective", "full")
@@ -35,8 +56,6 @@ def attention_core_recomputed():
     """Selective recomputation (Korthikanti et al. 2022): inside this block every call of
     scaled_dot_product_attention runs under torch.utils.checkpoint, so its scores, softmax and
     dropout mask are recomputed in backward instead of kept (only q, k, v are saved)."""
-    import torch.nn.functional as F
-    from torch.utils.checkpoint import checkpoint
 
     plain = F.scaled_dot_product_attention
 
@@ -52,9 +71,7 @@ def attention_core_recomputed():
 
 def block_saved_bytes(block, h) -> int:
     """Bytes block(h) keeps for backward (saved-tensor hooks; parameters and repeats left out)."""
-    import torch
 
-    from labkit.observe.saved import SavedTensors
 
     torch.manual_seed(0)
     with SavedTensors(exclude=block.parameters()) as saved:
@@ -65,15 +82,7 @@ def block_saved_bytes(block, h) -> int:
 
 def activation_job(cfg_kwargs: dict, batch: int) -> dict:
     """Rank side (tp ranks): bytes block 0 saves under each CASES entry, on this rank."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from labkit.checkpoint.activation import with_recompute
-    from labkit.context import apply_sp
-    from labkit.launch import device
-    from labkit.model import GPT, GPTConfig
-    from labkit.tp import apply_tp
 
     cfg, dev = GPTConfig(**cfg_kwargs), device()
     T, h = cfg.block_size, cfg.n_embd
@@ -106,7 +115,6 @@ def predicted(cfg, batch: int, tp: int) -> dict:
     """labkit.costs.activations for the same block on this CPU: fp32 values (D = 4), keys and
     values repeated to every head before attention, eager attention (PyTorch's math kernel), no
     dropout (the book's TP has none); "flash": the fused kernel, which keeps a log-sum-exp."""
-    from labkit.costs import activations, models
 
     spec = models.from_gpt_config(cfg)
     kw = dict(seq_len=cfg.block_size, micro_batch=batch, dtype_bytes=4, mask_bytes=4,
@@ -123,9 +131,6 @@ def predicted(cfg, batch: int, tp: int) -> dict:
 
 def activation_rows(cfg_kwargs: dict, batch: int = 2, tp: int = 2) -> list:
     """Measured (rank 0 of a tp group) beside predicted, one row per case."""
-    from labkit.context.sequence_parallel import check_sequence
-    from labkit.launch import run
-    from labkit.model import GPTConfig
 
     cfg = GPTConfig(**cfg_kwargs)
     check_sequence(cfg.block_size, tp)
@@ -138,12 +143,6 @@ def activation_rows(cfg_kwargs: dict, batch: int = 2, tp: int = 2) -> list:
 def parallel_runs(plans: list, cfg_kwargs: dict, steps: int = 2, batch: int = 4) -> list:
     """Each plan trained through labkit.parallel vs the one-process reference: a summary per plan
     {"plan", "worst": {loss, grads, params}, "ok", "bytes": bytes_rows}."""
-    from labkit.launch import run
-    from labkit.model import GPTConfig
-    from labkit.parallel import check_plan
-    from labkit.parallel.compare import bytes_rows, differences
-    from labkit.parallel.job import train
-    from labkit.reference import reference_train
 
     cfg = GPTConfig(**cfg_kwargs)
     ref = reference_train(cfg, steps, batch, "sgd")
@@ -194,12 +193,7 @@ def main(argv=()):
 
 def run_lab(argv, name: str):
     """The lab under its name: "context", or "sequence" (labkit.labs.sequence: --cp 1)."""
-    import os
 
-    from labkit.model import GPTConfig
-    from labkit.parallel import Plan, check_plan
-    from labkit.progress import Progress
-    from labkit.table import table
 
     p = lab_parser(name, nproc=2, nproc_help="the default of --tp and --cp")
     p.add_argument("--tp", type=count, default=None,

@@ -14,7 +14,13 @@ those files (labkit.profiling), compute, communication, and how much of it overl
 import os
 
 from labkit.cliargs import count, lab_parser, positive
+from labkit.ddp.verify import spec, train_on_rank
+from labkit.labs import ran_on, rank_place
+from labkit.launch import run
+from labkit.profiling import folder, jobs, read
 from labkit.profiling.folder import check_folder
+from labkit.progress import Progress
+from labkit.reference import train
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 FROZEN = ("blocks.0.attn.q_proj.bias",)
@@ -24,18 +30,12 @@ KINDS = ("naive", "overlap", "bucketed", "torch")
 
 
 def _train(kind, steps, batch, bucket_mb):
-    from labkit.ddp.verify import train_on_rank
-    from labkit.labs import rank_place
 
     res = train_on_rank(kind, steps=steps, batch=batch, bucket_mb=bucket_mb, frozen=FROZEN)
     return dict(res, ran_on=rank_place())       # (backend, device) for the table's header
 
 
 def main(argv=()):
-    from labkit.ddp.verify import spec
-    from labkit.launch import run
-    from labkit.progress import Progress
-    from labkit.reference import train
 
     p = lab_parser("ddp", nproc=2)
     p.add_argument("--steps", type=count, default=3, help="SGD steps")
@@ -59,7 +59,6 @@ def main(argv=()):
         prog.done(f"{kind} DDP on {args.nproc} ranks: max |param - one process| {diff:.1e}")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    from labkit.labs import ran_on
 
     first = per_rank[0][args.versions[0]]
     print(f"{args.nproc} ranks, {args.steps} SGD steps, global batch {args.batch}, "
@@ -79,8 +78,6 @@ def main(argv=()):
 
 
 def _trace(args) -> None:
-    from labkit.launch import run
-    from labkit.profiling import folder, jobs, read
 
     for kind in args.versions:
         where = args.trace / kind

@@ -16,7 +16,20 @@ of it crosses the slow links; HSDP keeps 3(S-1)/S Ψ inside a node and sends 2(R
 """
 import os
 
+import torch.distributed as dist
+
 from labkit.cliargs import BadOption, count, lab_parser
+from labkit.costs import zero as costs_zero
+from labkit.labs import ran_on, rank_place
+from labkit.launch import device, note, run
+from labkit.model import get_batch, shard_rows, tiny_corpus
+from labkit.observe import netcount
+from labkit.progress import Progress
+from labkit.reference import TrainSpec, optimizer_spec, train
+from labkit.table import table
+from labkit.zero.hsdp import HSDP, hsdp_mesh
+from labkit.zero.measure import LAB_MODEL, moved_numel, predicted_sent
+from labkit.zero.train import gathered_grads, real_model, sharded_train
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
@@ -27,16 +40,7 @@ def hsdp_train(replicate: int, steps: int, batch: int, cfg=None, optimizer: str 
     "grads" (first step, the mean gradient), "losses", "shard_sent", "replicate_sent"
     (kernel-counted bytes of the last step), "reason" (why not counted, if not), "zero3_sent"
     (one step of ZeRO-3 over every rank, with against_zero3), "place" (backend, device)}."""
-    import torch.distributed as dist  # here, not at the top: `labkit list` imports no torch
 
-    from labkit.labs import rank_place
-    from labkit.launch import device, note
-    from labkit.model import get_batch, shard_rows, tiny_corpus
-    from labkit.observe import netcount
-    from labkit.reference import optimizer_spec
-    from labkit.zero.hsdp import HSDP, hsdp_mesh
-    from labkit.zero.measure import LAB_MODEL
-    from labkit.zero.train import gathered_grads, real_model, sharded_train
 
     cfg = cfg or LAB_MODEL
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -72,8 +76,6 @@ def hsdp_train(replicate: int, steps: int, batch: int, cfg=None, optimizer: str 
 def predicted(replicate: int, world: int) -> dict:
     """labkit.costs' bytes per rank and step for the lab's model (fp32 on the wire), with Ψ as
     ZeRO-3 moves it (each parameter padded to a multiple of its group: labkit.zero.measure)."""
-    from labkit.costs import zero as costs_zero
-    from labkit.zero.measure import LAB_MODEL, moved_numel, predicted_sent
 
     shard = world // replicate
     psi_s = moved_numel(LAB_MODEL, 3, shard)            # padded to multiples of S
@@ -85,8 +87,6 @@ def predicted(replicate: int, world: int) -> dict:
 def report(got: list, ref: dict, replicate: int, steps: int) -> str:
     """What the lab prints: the differences from one process (`ref`: reference_train's), then
     the kernel's bytes per mesh dimension against the formula."""
-    from labkit.labs import ran_on
-    from labkit.table import table
 
     n = len(got)
     dp = max((g["params"][k] - v).abs().max().item() for g in got for k, v in ref["params"].items())
@@ -119,10 +119,6 @@ def report(got: list, ref: dict, replicate: int, steps: int) -> str:
 
 def main(argv=()):
     # here, not at the top: `labkit list` and bad options import no torch
-    from labkit.launch import run
-    from labkit.progress import Progress
-    from labkit.reference import TrainSpec, train
-    from labkit.zero.measure import LAB_MODEL
 
     p = lab_parser("hsdp", nproc=4)
     p.add_argument("--replicate", type=count, default=2,

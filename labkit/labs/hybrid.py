@@ -21,6 +21,16 @@ import os
 import re
 
 from labkit.cliargs import ArgParser, count
+from labkit.labs import ran_on
+from labkit.launch import run
+from labkit.model import GPTConfig
+from labkit.parallel import Plan, check_plan
+from labkit.parallel.compare import bytes_rows, differences, tolerances
+from labkit.parallel.job import train
+from labkit.progress import Progress
+from labkit.reference import reference_train
+from labkit.table import table
+from labkit.topology import TopologyError
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
@@ -31,7 +41,6 @@ def default_dims(nproc: int, dp=None, tp=None, pp=None) -> tuple:
     """(dp, tp, pp) for `nproc` ranks, filling what the user left out: tp = 2 when it divides
     (and was not given), pp = 1, dp = what is left. What the user gave is kept as is:
     labkit.parallel.check_plan then says what to change if it does not fit."""
-    from labkit.topology import TopologyError
 
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise TopologyError(f"--nproc must be a positive integer, got {nproc!r}")
@@ -45,13 +54,6 @@ def default_dims(nproc: int, dp=None, tp=None, pp=None) -> tuple:
 
 
 def main(argv=()):
-    from labkit.launch import run
-    from labkit.model import GPTConfig
-    from labkit.parallel import Plan, check_plan
-    from labkit.parallel.compare import bytes_rows, differences
-    from labkit.parallel.job import train
-    from labkit.progress import Progress
-    from labkit.reference import reference_train
 
     p = ArgParser(prog="labkit run hybrid")
     p.add_argument("--nproc", type=count, default=None, help="processes (default: dp*tp*pp*cp "
@@ -105,9 +107,6 @@ def main(argv=()):
 
 
 def report(plan, cfg, a, results, ref, diffs, brows) -> str:
-    from labkit.labs import ran_on
-    from labkit.parallel.compare import tolerances
-    from labkit.table import table
 
     tol = tolerances(a.optim)
     losses = [(s, lr_, lh) for s, (lr_, lh) in enumerate(zip(ref["losses"], results[0]["losses"]))]

@@ -15,10 +15,20 @@ Three parts, as in chapter 00:
 """
 from __future__ import annotations
 
+import math
 import os
+import statistics
+
+import torch
+import torch.distributed as dist
 
 from labkit.cliargs import count, lab_parser, positive
+from labkit.costs import comm, memory
 from labkit.labs import ran_on
+from labkit.launch import device, run
+from labkit.model import GPT, GPTConfig, get_batch, num_parameters, tiny_corpus
+from labkit.progress import Progress
+from labkit.timing import now
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 SIZES_KIB = (4, 16, 64, 256, 1024, 4096, 16384)  # float32 buffers, KiB: latency- to bandwidth-bound
@@ -26,9 +36,7 @@ SIZES_KIB = (4, 16, 64, 256, 1024, 4096, 16384)  # float32 buffers, KiB: latency
 
 def hello() -> dict:
     """Rank side: who am I?"""
-    import torch.distributed as dist
 
-    from labkit.launch import device
 
     return {"rank": dist.get_rank(), "world": dist.get_world_size(),
             "backend": dist.get_backend(), "device": str(device()), "pid": os.getpid()}
@@ -44,11 +52,7 @@ def all_reduce_times(numels, repeats: int = 15, inner: int = 8) -> list:
 def collective_times(numels, op: str = "all_reduce", repeats: int = 15, inner: int = 8) -> list:
     """all_reduce_times for op "all_reduce" or "all_gather" (numel: the gathered output, each
     rank contributing numel / N of it, as ZeRO-3's gathers and costs.comm count it)."""
-    import torch
-    import torch.distributed as dist
 
-    from labkit.launch import device
-    from labkit.timing import now
 
     dev = device()
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -78,7 +82,6 @@ def collective_times(numels, op: str = "all_reduce", repeats: int = 15, inner: i
 
 def time_all_reduce(numel: int, repeats: int = 5) -> float:
     """Rank side: median seconds of one `dist.all_reduce` of `numel` float32 values."""
-    import statistics
 
     return statistics.median(all_reduce_times([numel], repeats)[0])
 
@@ -86,7 +89,6 @@ def time_all_reduce(numel: int, repeats: int = 5) -> float:
 def medians(per_rank, numels) -> list:
     """Per size: {bytes, median, q1, q3, repeats} over repeats, a repeat lasting as long as its
     slowest rank (per_rank: what every rank's all_reduce_times returned)."""
-    import statistics
 
     rows = []
     for i, numel in enumerate(numels):
@@ -106,9 +108,7 @@ def fit_ring(nbytes, seconds, n: int, op: str = "all_reduce") -> dict:
     negative alpha or bandwidth raises ValueError. Returns alpha, bandwidth, the model at each
     point, relative residuals, the largest one, and R² of log t (how much of the spread of log
     times the model explains)."""
-    import math
 
-    from labkit.costs import comm
 
     xs = [(comm.ring_steps(op, n), comm.ring_bytes_sent_per_rank(op, b, n)) for b in nbytes]
     ts = list(map(float, seconds))
@@ -143,10 +143,7 @@ def model_state_bytes(n_layer: int = 2, n_embd: int = 32, n_head: int = 4) -> di
 
     Optimizer state counts every tensor with at least one dimension (momentum and variance);
     AdamW's one-element `step` counter per tensor is not per parameter and is left out."""
-    import torch
 
-    from labkit.launch import device
-    from labkit.model import GPT, GPTConfig, get_batch, num_parameters, tiny_corpus
 
     dev = device()
     model = GPT(GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head), seed=0).to(dev)
@@ -166,9 +163,6 @@ def model_state_bytes(n_layer: int = 2, n_embd: int = 32, n_head: int = 4) -> di
 
 
 def main(argv=()) -> int:
-    from labkit.costs import comm, memory
-    from labkit.launch import run
-    from labkit.progress import Progress
 
     p = lab_parser("intro", nproc=4)
     p.add_argument("--sizes-kib", type=positive, nargs="+", default=list(SIZES_KIB),

@@ -16,7 +16,23 @@ from __future__ import annotations
 
 import os
 
+import torch
+import torch.distributed as dist
+
 from labkit.cliargs import count, lab_parser, positive
+from labkit.labs import ran_on
+from labkit.launch import device, run
+from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
+from labkit.moe.expert_parallel import ExpertParallelMoE
+from labkit.moe.layer import MoE, moe_layers, update_biases
+from labkit.moe.router import capacity, route
+from labkit.observe import netcount
+from labkit.parallel import Plan, check_plan
+from labkit.parallel.compare import differences
+from labkit.parallel.job import train
+from labkit.progress import Progress
+from labkit.reference import reference_train
+from labkit.table import table
 
 BACKEND = "auto"
 
@@ -28,15 +44,7 @@ def bytes_job(tokens_per_rank: list, cfg_kwargs: dict | None = None, seed: int =
     """On each rank of the world (= ep): its tokens through an expert-parallel MoE layer, forward
     and backward, inside the kernel's socket counter. Routing rows are recounted here from the
     router (not from the all-to-all code): rows this rank's tokens send to each rank."""
-    import torch
-    import torch.distributed as dist
 
-    from labkit.launch import device
-    from labkit.model import GPTConfig
-    from labkit.moe.expert_parallel import ExpertParallelMoE
-    from labkit.moe.layer import MoE
-    from labkit.moe.router import capacity, route
-    from labkit.observe import netcount
 
     torch.set_num_threads(1)
     rank, ep, dev = dist.get_rank(), dist.get_world_size(), device()
@@ -88,10 +96,7 @@ def balance_run(mode: str, steps: int = 20, batch: int = 4, seed: int = 0, lr: f
                 aux: float = 0.1, rate: float = 0.002, cfg_kwargs: dict | None = None) -> dict:
     """One process: train a 2-layer MoE GPT; tokens per expert of the first MoE layer at every
     step. mode: "none", "switch" (aux loss coefficient `aux`) or "bias" (loss-free, `rate`)."""
-    import torch
 
-    from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-    from labkit.moe.layer import moe_layers, update_biases
 
     extra = {"none": dict(aux_loss_coef=0.0, bias_update_rate=0.0),
              "switch": dict(aux_loss_coef=aux, bias_update_rate=0.0),
@@ -120,9 +125,7 @@ def imbalance(load) -> float:
 
 def drops_at(factor: float, tokens: int, n_expert: int = 8, k: int = 2, seed: int = 0) -> float:
     """Share of assignments dropped by a random router (logits ~ N(0, 1)) at this factor."""
-    import torch
 
-    from labkit.moe.router import capacity, route
 
     logits = torch.randn(tokens, n_expert, generator=torch.Generator().manual_seed(seed))
     r = route(logits, k, capacity=capacity(tokens, k, n_expert, factor))
@@ -130,15 +133,6 @@ def drops_at(factor: float, tokens: int, n_expert: int = 8, k: int = 2, seed: in
 
 
 def main(argv=()):
-    from labkit.labs import ran_on
-    from labkit.launch import run
-    from labkit.model import GPTConfig
-    from labkit.parallel import Plan, check_plan
-    from labkit.parallel.compare import differences
-    from labkit.parallel.job import train
-    from labkit.progress import Progress
-    from labkit.reference import reference_train
-    from labkit.table import table
 
     p = lab_parser("moe", nproc=4,
                    nproc_help="ranks: the expert-parallel degree (and DP); it divides --experts")

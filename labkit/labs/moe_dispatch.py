@@ -19,8 +19,21 @@ half's all-to-all in flight while the experts compute the first half (DeepEP's a
 "overlap the all-to-all with expert compute"), against dispatch-then-compute.
 """
 import os
+import statistics
+import threading
+
+import torch
+import torch.distributed as dist
 
 from labkit.cliargs import BadOption, count, lab_parser
+from labkit.costs import moe
+from labkit.labs._crossover import fit_line
+from labkit.launch import run
+from labkit.moe.alltoall import all_to_all
+from labkit.progress import Progress
+from labkit.shaped import Shaper
+from labkit.table import table
+from labkit.timing import now
 
 BACKEND = "gloo"   # a CPU lesson: emulated per-rank links (labkit.shaped is Gloo-only)
 K = 2
@@ -34,7 +47,6 @@ def expert_probs(n_expert: int, skew: float) -> list:
 
 def route_counts(tokens: int, n_expert: int, skew: float, seed: int) -> list:
     """Rows this rank sends to each expert: k distinct experts per token, drawn by popularity."""
-    import torch  # here, not at the top: `labkit list` imports no torch
 
     g = torch.Generator().manual_seed(seed)
     probs = torch.tensor(expert_probs(n_expert, skew))  # cpu: Gloo lab; (E,)
@@ -48,14 +60,8 @@ def dispatch_job(tokens: int, hidden: int, skews, sizes_kib, repeats: int,
     """Rank side, every rank with one link of `link` bytes/s each way (labkit.shaped: a NIC,
     which one host's loopback does not have): the α-β fit's points, and per skew the splits and
     the dispatch all-to-all's seconds; the overlap comparison at the last skew."""
-    import statistics
 
-    import torch
-    import torch.distributed as dist
 
-    from labkit.moe.alltoall import all_to_all
-    from labkit.shaped import Shaper
-    from labkit.timing import now
 
     torch.set_num_threads(1)
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -97,9 +103,7 @@ def _overlap(send, recv, hidden: int, timed, dispatch) -> dict:
     """Dispatch then compute, against the second half's all-to-all running on a thread of its
     own (a GPU's communication stream, DeepEP's SMs) while the first half's expert MLP runs:
     seconds of each, the same rows and the same compute."""
-    import threading
 
-    import torch
 
     w1 = torch.randn(hidden, 4 * hidden) / hidden ** 0.5  # cpu: Gloo lab; (h, 4h)
     w2 = torch.randn(4 * hidden, hidden) / (4 * hidden) ** 0.5  # cpu: Gloo lab; (4h, h)
@@ -135,8 +139,6 @@ def report(got: list, hidden: int, link: float) -> dict:
     """α from the equal-split all-to-alls with β fixed to the emulated link (t = α(N-1) +
     bytes/link, least squares in α alone), the line's own bandwidth beside it, and per skew the
     measured time (slowest rank) beside both models at that α and the link's bandwidth."""
-    from labkit.costs import moe
-    from labkit.labs._crossover import fit_line
 
     n = len(got)
     points = [(p["sent"], max(g["fit"][i]["seconds"] for g in got))
@@ -144,13 +146,13 @@ def report(got: list, hidden: int, link: float) -> dict:
     alpha = max(0.0, sum(t - b / link for b, t in points) / len(points) / (n - 1))
     _, slope = fit_line([b for b, _ in points], [t for _, t in points])
     rows = []
-    for i, run in enumerate(got[0]["runs"]):
+    for i, one in enumerate(got[0]["runs"]):
         sent = [g["runs"][i]["send"] for g in got]        # sent[src][dst] rows
         matrix = [[r * hidden * 4 if src != dst else 0 for dst, r in enumerate(row)]
                   for src, row in enumerate(sent)]
         per_rank = sum(map(sum, matrix)) / n
         loads = [sum(sent[src][dst] for src in range(n)) for dst in range(n)]
-        rows.append({"skew": run["skew"], "imbalance": max(loads) / (sum(loads) / n),
+        rows.append({"skew": one["skew"], "imbalance": max(loads) / (sum(loads) / n),
                      "measured": max(g["runs"][i]["seconds"] for g in got),
                      "uniform": moe.alltoall_seconds_skewed(moe.uniform_matrix(per_rank, n),
                                                             alpha, link),
@@ -162,7 +164,6 @@ def report(got: list, hidden: int, link: float) -> dict:
 
 def skew_table(res: dict) -> str:
     """report()'s rows as the lab prints them."""
-    from labkit.table import table
 
     return table(res["rows"], [
         ("Zipf s", "skew", ".1f"), ("max/mean load", "imbalance", ".2f"),
@@ -193,8 +194,6 @@ def overlap_text(res: dict, skew: float) -> str:
 
 def main(argv=()):
     # here, not at the top: `labkit list` and bad options import no torch
-    from labkit.launch import run
-    from labkit.progress import Progress
 
     p = lab_parser("moe_dispatch", nproc=4)
     p.add_argument("--tokens", type=count, default=1024, help="tokens per rank")

@@ -14,9 +14,16 @@ overlap_cp are in labkit.labs._crossover.
 """
 from __future__ import annotations
 
+import plotly.graph_objects as go
+
 from labkit.cliargs import positive
+from labkit.costs import hiding
+from labkit.ddp import crossover
+from labkit.ddp.crossover import WIDE
 from labkit.labs import _crossover as cx
-from labkit.labs import ran_on
+from labkit.labs import ran_on, rank_place
+from labkit.labs.intro import all_reduce_times, medians
+from labkit.launch import run
 from labkit.table import table
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -27,9 +34,6 @@ FIELDS = ("forward", "backward", "wait", "optimizer", "step", "comm")
 
 def _measure(cfg, rows, bucket_mb, rounds, numels):
     """Rank side: the all-reduce first (nothing else running), then FLOP/s, then the sweep."""
-    from labkit.ddp import crossover
-    from labkit.labs import rank_place
-    from labkit.labs.intro import all_reduce_times
 
     times = all_reduce_times(numels, repeats=5, inner=2)
     rate = crossover.matmul_rate(cfg, cfg["block_size"] * rows[len(rows) // 2])
@@ -40,10 +44,6 @@ def _measure(cfg, rows, bucket_mb, rounds, numels):
 def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float = 4.0,
             rounds: int = 5, sizes_kib=SIZES_KIB) -> dict:
     """Run the three measurements and compare: the lab's whole result as a dict (JSON-ready)."""
-    from labkit.costs import hiding
-    from labkit.ddp.crossover import WIDE
-    from labkit.labs.intro import medians
-    from labkit.launch import run
 
     cfg = dict(WIDE if cfg is None else cfg)
     rows = sorted(set(rows))
@@ -101,7 +101,6 @@ def report(res: dict) -> str:
 
 def figure(res: dict):
     """Step, backward and all-reduce time against tokens per rank, crossovers marked (plotly)."""
-    import plotly.graph_objects as go  # here, not at the top: the CLI never draws
 
     x = [s["tokens"] for s in res["steps"]]
     fig = go.Figure()

@@ -18,8 +18,12 @@ import math
 import statistics
 
 from labkit.cliargs import count
+from labkit.context import crossover
+from labkit.costs import comm, hiding
 from labkit.labs import _crossover as cx
-from labkit.labs import ran_on
+from labkit.labs import ran_on, rank_place
+from labkit.labs.intro import medians
+from labkit.launch import run
 from labkit.table import table
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -31,8 +35,6 @@ ACT_BYTES = 4                           # float32 on this CPU
 
 def _measure(chunks, heads, head_dim, kv_heads, rounds, numels):
     """Rank side: lone hops over sizes first (nothing else running), then the sweep."""
-    from labkit.context import crossover
-    from labkit.labs import rank_place
 
     return dict(hops=crossover.hop_times(numels, repeats=max(9, rounds)),
                 sweep=crossover.sweep(chunks, heads, head_dim, kv_heads, rounds),
@@ -48,10 +50,6 @@ def _slowest_median(per_rank, c, key):
 def measure(nproc: int = 2, chunks=CHUNKS, heads: int = 4, head_dim: int = 32,
             kv_heads: int | None = None, rounds: int = 3, sizes_kib=SIZES_KIB) -> dict:
     """Run both measurements and compare: the lab's whole result as a dict (JSON-ready)."""
-    from labkit.context import crossover
-    from labkit.costs import comm, hiding
-    from labkit.labs.intro import medians
-    from labkit.launch import run
 
     kv_heads = heads if kv_heads is None else kv_heads
     chunks = sorted(set(chunks))

@@ -17,9 +17,13 @@ from __future__ import annotations
 import statistics
 
 from labkit.cliargs import count
+from labkit.costs import comm, hiding
 from labkit.labs import _crossover as cx
-from labkit.labs import ran_on
+from labkit.labs import ran_on, rank_place
+from labkit.labs.intro import all_reduce_times, medians
+from labkit.launch import run
 from labkit.table import table
+from labkit.tp import crossover
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 WIDTHS = (32, 64, 128, 256, 512)        # hidden widths h to sweep
@@ -30,9 +34,6 @@ ACT_BYTES = 4                           # float32 activations on this CPU
 
 def _measure(widths, tokens, rounds, numels):
     """Rank side: the all-reduces first (nothing else running), then the matmul sweep."""
-    from labkit.labs import rank_place
-    from labkit.labs.intro import all_reduce_times
-    from labkit.tp import crossover
 
     times = all_reduce_times(numels, repeats=max(5, rounds), inner=2)
     return dict(all_reduce=times, compute=crossover.sweep(widths, tokens, rounds),
@@ -42,10 +43,6 @@ def _measure(widths, tokens, rounds, numels):
 def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3,
             sizes_kib=SIZES_KIB) -> dict:
     """Run both measurements and compare: the lab's whole result as a dict (JSON-ready)."""
-    from labkit.costs import comm, hiding
-    from labkit.labs.intro import medians
-    from labkit.launch import run
-    from labkit.tp import crossover
 
     widths = sorted(set(widths))
     acts = {h: crossover.activation_numel(h, tokens) for h in widths}

@@ -14,9 +14,18 @@ prediction takes the compute from the sweep itself (a line through its times).
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
+from labkit.costs import hiding
+from labkit.ddp.crossover import matmul_rate
 from labkit.labs import _crossover as cx
-from labkit.labs import ran_on
+from labkit.labs import ran_on, rank_place
+from labkit.labs.intro import collective_times, medians
+from labkit.launch import run
+from labkit.model import GPTConfig
 from labkit.table import table
+from labkit.zero import crossover
+from labkit.zero.crossover import WIDE
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 ROWS = (1, 2, 4, 8, 16, 32)               # per-rank micro-batch, sequences of block_size tokens
@@ -26,10 +35,6 @@ FIELDS = ("forward", "backward", "compute", "comm", "gather", "exposed", "step")
 
 def _measure(cfg, rows, rounds, numels):
     """Rank side: the all-gather first (nothing else running), then FLOP/s, then the sweep."""
-    from labkit.ddp.crossover import matmul_rate
-    from labkit.labs import rank_place
-    from labkit.labs.intro import collective_times
-    from labkit.zero import crossover
 
     times = collective_times(numels, "all_gather", repeats=5, inner=2)
     rate = matmul_rate(vars(cfg), cfg.block_size * rows[len(rows) // 2])
@@ -39,12 +44,7 @@ def _measure(cfg, rows, rounds, numels):
 
 def measure(nproc: int = 2, rows=ROWS, cfg=None, rounds: int = 3, sizes_kib=SIZES_KIB) -> dict:
     """Run the three measurements and compare: the lab's whole result as a dict (JSON-ready)."""
-    from dataclasses import asdict
 
-    from labkit.costs import hiding
-    from labkit.labs.intro import medians
-    from labkit.launch import run
-    from labkit.zero.crossover import WIDE
 
     cfg = WIDE if cfg is None else cfg
     rows = sorted(set(rows))
@@ -118,7 +118,6 @@ def figure(res: dict):
 
 
 def main(argv=()):
-    from labkit.model import GPTConfig
 
     p = cx.gpt_parser("overlap_zero3", "micro-batches", 3, ROWS)
     a = cx.parse_gpt(p, argv, "all-gather", SIZES_KIB, "there is nothing to gather")

@@ -20,7 +20,12 @@ rank 0 prints the bubble read back from those files next to the one measured on 
 from __future__ import annotations
 
 from labkit.cliargs import count, lab_parser
+from labkit.labs import ran_on
+from labkit.launch import run
+from labkit.pipeline import executor, measure, schedules
+from labkit.profiling import folder, jobs, read
 from labkit.profiling.folder import check_folder
+from labkit.progress import Progress, is_rank_zero
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
@@ -33,7 +38,6 @@ def chunks_per_stage(name: str, v: int) -> int:
 
 def why_not(name: str, P: int, K: int, v: int, n_layer: int) -> str | None:
     """None when the schedule runs at these sizes; else one line naming P, K, v and what works."""
-    from labkit.pipeline import schedules
 
     v = chunks_per_stage(name, v)
     if P * v > n_layer:
@@ -50,7 +54,6 @@ def why_not(name: str, P: int, K: int, v: int, n_layer: int) -> str | None:
 
 def parse(argv):
     """The lab's options, checked (ValueError: one line, exit 2, before any process starts)."""
-    from labkit.pipeline import measure
 
     p = lab_parser("pipeline", nproc=4,
                    nproc_help="pipeline stages P (processes; under torchrun: its world size)")
@@ -90,10 +93,6 @@ def parse(argv):
 
 
 def main(argv=()) -> int:
-    from labkit.labs import ran_on
-    from labkit.launch import run
-    from labkit.pipeline import executor, measure, schedules
-    from labkit.progress import Progress, is_rank_zero
 
     a = parse(argv)
     P, specs, cfg = a.nproc, a.specs, measure.DEFAULT_CFG
@@ -134,9 +133,6 @@ def main(argv=()) -> int:
 
 
 def _trace(a, pad, measured: dict) -> None:
-    from labkit.launch import run
-    from labkit.profiling import folder, jobs, read
-    from labkit.progress import is_rank_zero
 
     for name, K, v in a.specs:
         where = a.trace / name

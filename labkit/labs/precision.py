@@ -24,14 +24,19 @@ from __future__ import annotations
 
 import os
 
+import torch.distributed as dist
+
 from labkit.cliargs import count, lab_parser
+from labkit.labs import ran_on, rank_place
+from labkit.launch import run
+from labkit.precision import accumulate, compare, lossscale, master, memory, microscaling
+from labkit.precision.scaler import DynamicLossScaler
+from labkit.progress import Progress
 
 BACKEND = "auto"  # the launcher picks it; the experiments themselves compute on the CPU
 
 
 def _task(kind, arg, steps):
-    from labkit.precision import accumulate, compare, lossscale, master, memory, microscaling
-    from labkit.precision.scaler import DynamicLossScaler
 
     if kind == "stall":
         return master.run_sgd(arg, steps)
@@ -62,9 +67,7 @@ TASKS_MICRO = TASKS + [("microscaling", None)]
 
 def share(steps: int, first: int, micro: bool = False) -> list:
     """Rank side: this rank's task of the round starting at tasks[first] (or None)."""
-    import torch.distributed as dist
 
-    from labkit.labs import rank_place
 
     tasks = TASKS_MICRO if micro else TASKS
     i = first + dist.get_rank()
@@ -74,8 +77,6 @@ def share(steps: int, first: int, micro: bool = False) -> list:
 
 
 def main(argv=()) -> int:
-    from labkit.launch import run
-    from labkit.progress import Progress
 
     p = lab_parser("precision", nproc=2, nproc_help="ranks the experiments are shared out over")
     p.add_argument("--steps", type=count, default=30,
@@ -95,7 +96,6 @@ def main(argv=()) -> int:
         prog.done(f"experiments {first + 1}-{min(first + a.nproc, len(tasks))} of {len(tasks)}")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    from labkit.labs import ran_on
 
     print(f"\n{a.nproc} ranks, {len(tasks)} experiments; {ran_on(*res['ran_on'])} (rank 0's "
           f"launch; the numerics themselves compute on the CPU)")

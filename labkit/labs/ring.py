@@ -14,18 +14,25 @@ formula's time is printed beside the measured one. The chapter's notebook calls 
 import os
 import statistics
 
+import torch
+import torch.distributed as dist
+
 from labkit.cliargs import count, lab_parser, positive
+from labkit.collectives import parameter_server_all_reduce, ring_all_reduce
 from labkit.costs import comm
 from labkit.labs import ran_on
+from labkit.launch import device, run
+from labkit.observe import netcount
+from labkit.progress import Progress
+from labkit.shaped import Shaper
+from labkit.timing import now
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 ALGORITHMS = ("builtin", "ring", "parameter_server")
 
 
 def _call(algorithm, x, p2p):
-    import torch.distributed as dist
 
-    from labkit.collectives import parameter_server_all_reduce, ring_all_reduce
 
     if algorithm == "builtin":
         dist.all_reduce(x)
@@ -39,13 +46,7 @@ def time_and_count(numel, algorithms=ALGORITHMS, repeats=5, bandwidth=None) -> d
     """Rank side: seconds of each repeat of each algorithm on this rank (interleaved, each repeat
     started by a barrier), then one more call of each inside labkit.observe.netcount's counter.
     `bandwidth` (bytes/s): every timed call goes through a fresh labkit.shaped.Shaper link."""
-    import torch
-    import torch.distributed as dist
 
-    from labkit.launch import device
-    from labkit.observe import netcount
-    from labkit.shaped import Shaper
-    from labkit.timing import now
 
     dev = device()
     n = dist.get_world_size()
@@ -124,7 +125,6 @@ def sweep(ranks, nbytes, repeats=5, bandwidth=None, algorithms=None) -> list:
     """Rows for every N in `ranks` (one launch each) on a buffer of `nbytes` float32 bytes.
     Without `bandwidth`: builtin, ring, parameter server; with it: ring and parameter server
     over links limited to `bandwidth` bytes/s (the built-in cannot be shaped)."""
-    from labkit.launch import run
 
     if algorithms is None:
         algorithms = ("ring", "parameter_server") if bandwidth else ALGORITHMS
@@ -146,7 +146,6 @@ def _sizes_job(numels, algorithms, repeats):
 
 def size_sweep(n, sizes_bytes, repeats=5, algorithms=("builtin", "ring")) -> list:
     """Rows for every size on `n` ranks, in one launch (links as they are)."""
-    from labkit.launch import run
 
     numels = [max(1, int(b) // 4) for b in sizes_bytes]
     per_rank = run(_sizes_job, n, args=(numels, tuple(algorithms), repeats), echo=False)
@@ -155,7 +154,6 @@ def size_sweep(n, sizes_bytes, repeats=5, algorithms=("builtin", "ring")) -> lis
 
 
 def main(argv=()):
-    from labkit.progress import Progress
 
     p = lab_parser("ring", nproc=4)
     p.add_argument("--sizes-mib", type=positive, nargs="+", default=[1, 16],

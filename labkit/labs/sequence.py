@@ -11,11 +11,12 @@ with its bytes per layer (comm log and the kernel's count) beside labkit.costs.p
 """
 from __future__ import annotations
 
+from labkit.labs.context import run_lab
+
 BACKEND = "auto"  # as the context lab: its ranks put tensors on labkit.launch.device()
 
 
 def main(argv=()):
-    from labkit.labs.context import run_lab
 
     argv = list(argv)
     if any(a == "--cp" or a.startswith("--cp=") for a in argv):

@@ -12,16 +12,18 @@ next to labkit.costs.tensor_parallel's n_layer * 4 * 2(N-1)/N * b*s*h*4.
 """
 
 from labkit.cliargs import add_gpt_size, count, lab_parser
+from labkit.costs import tensor_parallel as tpc
+from labkit.labs import ran_on
+from labkit.launch import run
+from labkit.model import GPTConfig
+from labkit.progress import Progress, is_rank_zero
+from labkit.tp.gpt import check_tp_sizes
+from labkit.tp.measure import train_side_by_side
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
 
 def main(argv=()):
-    from labkit.launch import run
-    from labkit.model import GPTConfig
-    from labkit.progress import Progress, is_rank_zero
-    from labkit.tp.gpt import check_tp_sizes
-    from labkit.tp.measure import train_side_by_side
 
     p = lab_parser("tp", nproc=2, nproc_help="the tensor-parallel degree (processes; under "
                                              "torchrun: its world size)")
@@ -58,8 +60,6 @@ def main(argv=()):
 def _report(a, per_rank) -> None:
     """Rank 0's report: loss and gradient difference per step, the collectives of one step
     against the formula, and the bytes the kernel counted against labkit.costs."""
-    from labkit.costs import tensor_parallel as tpc
-    from labkit.labs import ran_on
 
     res = per_rank[0]
     print(f"TP={a.nproc}: GPT n_layer={a.n_layer} n_embd={a.n_embd} n_head={a.n_head}, "
@@ -96,7 +96,6 @@ def _report(a, per_rank) -> None:
 
 def _divides(cfg, tp: int) -> bool:
     """Whether TP degree `tp` splits the model's heads and MLP evenly."""
-    from labkit.tp.gpt import check_tp_sizes
 
     try:
         check_tp_sizes(cfg, tp)

@@ -22,12 +22,22 @@ checkpoints are files; the lesson (kill, restart, resume) is the same on a GPU.
 """
 from __future__ import annotations
 
+import io
 import os
+import shutil
 import signal
+import tempfile
 
 import torch
+import torch.distributed as dist
 
+from labkit.checkpoint import atomic
+from labkit.checkpoint.full import load_full, save_full
+from labkit.checkpoint.resume import RunConfig, build, flat_params, train
 from labkit.cliargs import ArgParser, at_least_zero, count
+from labkit.launch import RankError, note, run
+from labkit.launch import under_torchrun as _under_torchrun
+from labkit.progress import Progress
 
 BACKEND = "gloo"  # a CPU lesson (see above): Gloo, even where there are GPUs
 
@@ -35,12 +45,7 @@ BACKEND = "gloo"  # a CPU lesson (see above): Gloo, even where there are GPUs
 def ft_job(steps: int, save_every: int, kill_rank: int, kill_step: int, root: str, attempt: int,
            out: str | None = None):
     """One rank of the fault-tolerant run; returns (flat params, first step of this attempt)."""
-    import torch.distributed as dist
 
-    from labkit.checkpoint import atomic
-    from labkit.checkpoint.full import load_full, save_full
-    from labkit.checkpoint.resume import RunConfig, build, flat_params, train
-    from labkit.launch import note
 
     cfg = RunConfig()
     rank = dist.get_rank()
@@ -75,7 +80,6 @@ def compare_runs(results, reference) -> tuple:
 
 
 def _tensor_bytes(t) -> bytes:
-    import io
 
     buf = io.BytesIO()
     torch.save(t, buf)
@@ -86,9 +90,7 @@ def _default_ckpt() -> tuple:
     """(folder, made here): a fresh folder in the system's temporary directory. Under torchrun
     every rank, and every restarted attempt, must find the same one: it is named after the
     job's run id (TORCHELASTIC_RUN_ID), which torchrun keeps across restarts."""
-    import tempfile
 
-    from labkit.launch import under_torchrun as _under_torchrun
 
     if _under_torchrun():
         root = os.path.join(tempfile.gettempdir(),
@@ -99,11 +101,7 @@ def _default_ckpt() -> tuple:
 
 
 def main(argv=None) -> int:
-    import shutil
 
-    from labkit.launch import RankError, run
-    from labkit.launch import under_torchrun as _under_torchrun
-    from labkit.progress import Progress
 
     p = ArgParser(prog="labkit run train_ft")
     p.add_argument("--nproc", type=count, default=2,

@@ -16,25 +16,24 @@ communication and their overlap read back from those files.
 import os
 
 from labkit.cliargs import BadOption, at_least_zero, count, lab_parser
+from labkit.labs import ran_on, rank_place
+from labkit.launch import run
 from labkit.profiling.folder import check_folder
+from labkit.progress import Progress
+from labkit.reference import TrainSpec, train
+from labkit.zero.measure import LAB_MODEL, rows, table
+from labkit.zero.train import sharded_train
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
 
 def _lab(stage, steps, batch):
-    from labkit.labs import rank_place
-    from labkit.zero.measure import LAB_MODEL
-    from labkit.zero.train import sharded_train
 
     res = sharded_train(stage, LAB_MODEL, "adamw", steps=steps, batch_size=batch)
     return dict(res, ran_on=rank_place())       # (backend, device) for the table's header
 
 
 def main(argv=()):
-    from labkit.launch import run
-    from labkit.progress import Progress
-    from labkit.reference import TrainSpec, train
-    from labkit.zero.measure import LAB_MODEL, rows, table
 
     p = lab_parser("zero", nproc=2)
     p.add_argument("--steps", type=count, default=3, help="AdamW steps")
@@ -63,7 +62,6 @@ def main(argv=()):
                   f"the largest rank")
     if os.environ.get("RANK", "0") != "0":
         return 0
-    from labkit.labs import ran_on
 
     first = per_rank[0][args.stages[0]]
     print(f"{args.nproc} ranks, {args.steps} AdamW steps, global batch {batch}, fp32, "

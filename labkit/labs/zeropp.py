@@ -16,7 +16,22 @@ and the largest relative difference of any step's loss, with the tolerances it i
 """
 import os
 
+import torch.distributed as dist
+
 from labkit.cliargs import BadOption, count, lab_parser
+from labkit.costs import zero as costs_zero
+from labkit.labs import ran_on, rank_place
+from labkit.launch import device, note, run
+from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
+from labkit.observe import netcount
+from labkit.progress import Progress
+from labkit.reference import optimizer_spec
+from labkit.table import table
+from labkit.zero.measure import LAB_MODEL
+from labkit.zero.shard import chunk_size, unique_params
+from labkit.zero.train import real_model
+from labkit.zero.unit import default_units
+from labkit.zero.zeropp import BLOCK, ZeROpp
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 CONFIGS = {"ZeRO-3": {}, "qwZ": {"qwz": True}, "hpZ": {"hpz": True}, "qgZ": {"qgz": True},
@@ -38,16 +53,7 @@ def tolerances() -> dict:
 def zeropp_train(hpz: int, steps: int, batch: int, seed: int = 0) -> dict:
     """Rank side: {config: {"params", "losses", "forward_sent", "backward_sent", "reason",
     "secondary_peak"}} for every CONFIGS entry, plus "place" (backend, device)."""
-    import torch.distributed as dist  # here, not at the top: `labkit list` imports no torch
 
-    from labkit.labs import rank_place
-    from labkit.launch import device, note
-    from labkit.model import get_batch, shard_rows, tiny_corpus
-    from labkit.observe import netcount
-    from labkit.reference import optimizer_spec
-    from labkit.zero.measure import LAB_MODEL
-    from labkit.zero.train import real_model
-    from labkit.zero.zeropp import ZeROpp
 
     rank, world = dist.get_rank(), dist.get_world_size()
     dev, opt_class, kw = device(), *optimizer_spec("adamw")
@@ -78,12 +84,6 @@ def zeropp_train(hpz: int, steps: int, batch: int, seed: int = 0) -> dict:
 def predicted(hpz: int, world: int, block: int | None = None) -> dict:
     """labkit.costs.zero.zeropp_comm_per_rank for every configuration, summed over ZeRO-3's
     units of the lab's model (each unit one gather and one reduce-scatter, padded exactly)."""
-    from labkit.costs import zero as costs_zero
-    from labkit.model import GPT
-    from labkit.zero.measure import LAB_MODEL
-    from labkit.zero.shard import chunk_size, unique_params
-    from labkit.zero.unit import default_units
-    from labkit.zero.zeropp import BLOCK
 
     units = [world * sum(chunk_size(p.numel(), world) for p in unique_params(u))
              for u in default_units(GPT(LAB_MODEL))]                 # padded Ψ per unit
@@ -117,8 +117,6 @@ def drift(got: list) -> dict:
 
 def report(got: list, g: int, steps: int) -> tuple:
     """(what the lab prints, the configurations whose drift was not held)."""
-    from labkit.labs import ran_on
-    from labkit.table import table
 
     n = len(got)
     want, tol, moved = predicted(g, n), tolerances(), drift(got)
@@ -155,8 +153,6 @@ def report(got: list, g: int, steps: int) -> tuple:
 
 def main(argv=()):
     # here, not at the top: `labkit list` and bad options import no torch
-    from labkit.launch import run
-    from labkit.progress import Progress
 
     p = lab_parser("zeropp", nproc=4)
     p.add_argument("--hpz", type=count, default=2,

@@ -30,6 +30,8 @@ from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 from labkit.observe import netcount
 from labkit.pipeline import schedules
 from labkit.pipeline.executor import run_schedule
+from labkit.table import table as tab
+from labkit.zero.measure import LAB_MODEL, moved_numel
 from labkit.zero.zero3 import ZeRO3
 
 ROWS = (8, 16, 32, 64, 128)     # rows per micro-batch (of block_size tokens)
@@ -68,7 +70,6 @@ def _job(cfg: GPTConfig, rows) -> dict:
 def measure(nproc: int = 2, rows=ROWS, cfg: GPTConfig | None = None) -> dict:
     """Both steps at each micro-batch on `nproc` ranks; the measured byte crossover (a line
     through PP's boundary bytes against ZeRO-3's per-rank bytes) and the formula's."""
-    from labkit.zero.measure import LAB_MODEL, moved_numel
 
     cfg = LAB_MODEL if cfg is None else cfg
     rows = sorted(set(rows))
@@ -99,7 +100,6 @@ def measure(nproc: int = 2, rows=ROWS, cfg: GPTConfig | None = None) -> dict:
 
 
 def table(res: dict) -> str:
-    from labkit.table import table as tab
 
     if not res["steps"]:
         return f"no kernel byte counts here: {res['reason']}"

@@ -21,7 +21,11 @@ from labkit.ddp.verify import build_model, wrap
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe import commlog
+from labkit.pipeline import schedules
+from labkit.pipeline.executor import make_batch, run_schedule
+from labkit.pipeline.measure import DEFAULT_CFG
 from labkit.profiling.record import label, traced
+from labkit.zero import ZeRO3
 
 DDP_CFG = dict(n_layer=2, n_embd=64, n_head=4, block_size=32)
 ZERO_CFG = GPTConfig(vocab_size=96, block_size=32, n_layer=2, n_head=4, n_embd=64)
@@ -73,7 +77,6 @@ def zero3_job(folder=None, steps: int = 2, batch: int = 4, cfg: GPTConfig = ZERO
     """ZeRO-3 (labkit.zero.ZeRO3, AdamW; prefetch= its option) on this rank; the last step
     traced. Timeline: forward, backward, optimizer on "compute"; every collective observe.commlog
     logged on "comm"."""
-    from labkit.zero import ZeRO3
 
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     torch.set_num_threads(1)
@@ -100,9 +103,6 @@ def pipeline_job(folder=None, schedule: str = "1f1b", K: int = 4, v: int = 1, ba
                  pad=(0.004, 0.008), cfg=None) -> dict:
     """One pipeline step (labkit.pipeline.executor) on this stage, traced after one untraced
     step. Timeline: the executor's own action spans (F, B, W) on labkit's clock."""
-    from labkit.pipeline import schedules
-    from labkit.pipeline.executor import make_batch, run_schedule
-    from labkit.pipeline.measure import DEFAULT_CFG
 
     cfg = cfg or DEFAULT_CFG
     torch.set_num_threads(1)

@@ -18,9 +18,22 @@ calculator (costs.zero.offload_seconds) and the planner (Cluster.cpu_bw) take.
 """
 from __future__ import annotations
 
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
 from labkit.costs import memory
 from labkit.costs import zero as costs_zero
-from labkit.model import GPTConfig
+from labkit.costs.flops import ADAM_BYTES_PER_PARAM
+from labkit.launch import device
+from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe import netcount
+from labkit.zero.precision import MixedPrecisionPolicy
+from labkit.zero.shard import all_gather_flat, chunk_size, reduce_scatter_sum, unique_params
+from labkit.zero.train import sharded_train
+from labkit.zero.zero3 import ZeRO3, default_units
 
 # untied embeddings: every parameter belongs to exactly one ZeRO-3 unit, so the traffic is the
 # textbook 3(N-1)/N Ψ (a tied embedding is gathered by two units: a little more)
@@ -33,7 +46,6 @@ PARTS = ("params", "grads", "optimizer")
 def measure_stages(cfg: GPTConfig = LAB_MODEL, stages=(0, 1, 2, 3), optimizer: str = "adamw",
                    steps: int = 2, batch_size: int = 8) -> dict:
     """Rank side: {stage: {"held", "sent", "received", "logged", "numel"}} after `steps` steps."""
-    from labkit.zero.train import sharded_train
 
     out = {}
     for stage in stages:
@@ -47,9 +59,6 @@ def moved_numel(cfg: GPTConfig, stage: int, world: int) -> int:
     """Ψ as the stage moves it: stage 0 all-reduces the Ψ gradients in one flat buffer; stages
     1-2 pad each parameter to a multiple of N (labkit.zero.shard); stage 3 gathers each unit's
     padded parameters, so a tied embedding used by two units counts twice."""
-    from labkit.model import GPT
-    from labkit.zero.shard import chunk_size, unique_params
-    from labkit.zero.zero3 import default_units
 
     model = GPT(cfg)
 
@@ -67,9 +76,6 @@ def flag_numel(cfg: GPTConfig, stage: int, world: int) -> int:
     with_flags: one per parameter, so that an unused parameter keeps gradient None): stage 0
     all-reduces P, stage 1 reduce-scatters N*P, stage 3 N*P_u per unit; stage 2 none (its hooks
     only fire for parameters that have a gradient). P is tens; Ψ is millions in real models."""
-    from labkit.model import GPT
-    from labkit.zero.shard import unique_params
-    from labkit.zero.zero3 import default_units
 
     model = GPT(cfg)
     if stage == 0:
@@ -148,14 +154,8 @@ def collective_bytes(numel: int = 2**20, repeats: int = 3) -> dict:
 
     {"backend reduce-scatter", "labkit ring reduce-scatter", "backend all-gather",
      "backend all-reduce"} -> sent / D; "ring" -> (N-1)/N, the reduce-scatter's optimum."""
-    import statistics
 
-    import torch
-    import torch.distributed as dist
 
-    from labkit.launch import device
-    from labkit.observe import netcount
-    from labkit.zero.shard import all_gather_flat, reduce_scatter_sum
 
     n, dev = dist.get_world_size(), device()
     numel -= numel % n                                  # equal chunks for the backend's calls
@@ -191,7 +191,6 @@ def accumulation_tradeoff(cfg: GPTConfig = LAB_MODEL, micro_batches: int = 4,
     set_requires_gradient_sync(False) and set_reshard_after_backward(False)): the parameters are
     gathered once for the whole step instead of twice per micro-batch, and Ψ whole parameters
     are held across the micro-batches ("peak_full_param_bytes")."""
-    from labkit.zero.train import sharded_train
 
     out = {}
     for stage in stages:
@@ -216,16 +215,8 @@ def precision_traffic(cfg: GPTConfig = LAB_MODEL, param_dtypes=("float32", "bflo
     {param_dtype: {"forward", "backward", "forward_predicted"}}: the prediction is the ring
     all-gather's (N-1)/N of every unit's padded parameters (moved_numel), at the dtype's size.
     bf16 halves the gathers; with reduce_dtype fp32 the reduce-scatter keeps its 4 bytes."""
-    import statistics
 
-    import torch
-    import torch.distributed as dist
 
-    from labkit.launch import device
-    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
-    from labkit.observe import netcount
-    from labkit.zero.precision import MixedPrecisionPolicy
-    from labkit.zero.zero3 import ZeRO3
 
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     x, y = get_batch(tiny_corpus(), batch_size, cfg.block_size, 0)          # (B, T) global
@@ -263,16 +254,8 @@ def offload_step(cfg: GPTConfig = LAB_MODEL, steps: int = 4, batch_size: int = 8
     `steps` after one warm-up. {"adam_s", "numel" (elements this rank's Adam updates),
     "cpu_bw" (the CPU memory bandwidth that time implies at costs.flops.ADAM_BYTES_PER_PARAM
     bytes per element: the number labkit.costs.planner.Cluster(cpu_bw=...) takes), "held"}."""
-    import statistics
-    import time
 
-    import torch
-    import torch.distributed as dist
 
-    from labkit.costs.flops import ADAM_BYTES_PER_PARAM
-    from labkit.launch import device
-    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
-    from labkit.zero.zero3 import ZeRO3
 
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     model = GPT(cfg).to(dev)

@@ -19,9 +19,16 @@ from __future__ import annotations
 import statistics
 
 import torch
+import torch.distributed as dist
 
-from labkit.model import GPTConfig
+from labkit.ddp.common import Timeline
+from labkit.launch import device
+from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe import commlog
 from labkit.observe.storage import storage_bytes
+from labkit.timing import now
+from labkit.zero.shard import chunk_size
+from labkit.zero.zero3 import ZeRO3
 
 # big enough that a block's matmuls take as long as its gather on 2 cores; untied embeddings
 OVERLAP_MODEL = GPTConfig(vocab_size=96, block_size=64, n_layer=4, n_head=4, n_embd=128,
@@ -31,7 +38,6 @@ MODES = (("prefetch", False), ("prefetch", True), ("keep", True))   # keep: no r
 
 def unit_bytes(zero) -> list:
     """[(unit name, bytes of its full parameters in the compute dtype, padded as gathered)]."""
-    from labkit.zero.shard import chunk_size
 
     world = torch.distributed.get_world_size(zero.group)
     out = []
@@ -111,14 +117,7 @@ def prefetch_lab(cfg: GPTConfig = OVERLAP_MODEL, steps: int = 4, batch_size: int
     {"step_s": median seconds, "events": the last step's timeline, "hidden": hidden_fraction,
     "blocked_s": median seconds the compute thread waited in gathers, "peak": bytes by storage,
     "gathers": all-gathers per step}; and "units": unit_bytes."""
-    import torch.distributed as dist
 
-    from labkit.ddp.common import Timeline
-    from labkit.launch import device
-    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
-    from labkit.observe import commlog
-    from labkit.timing import now
-    from labkit.zero.zero3 import ZeRO3
 
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     runs = {}

@@ -9,7 +9,7 @@ whose size does not divide by N is the ordinary case, not an exception.
 Every collective goes through labkit.observe.commlog (one event per call, for timelines and counts).
 The reduce-scatter is labkit's ring (labkit.collectives) where the backend's own moves
 all-reduce bytes (Gloo), and the backend's where it is a ring (NCCL): `reduce_scatter_algorithm`.
-The bytes really sent are counted by the kernel (labkit.observe.netcount), never by this module. Also
+The bytes really sent are counted by the kernel (observe.netcount), never by this module. Also
 here: what a rank keeps in parameters, gradients and optimizer state (`tensor_bytes`, ...).
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ def reduce_scatter_algorithm(group=None) -> str:
 
     NCCL's reduce-scatter is a ring: each rank sends (N-1)/N of the buffer. PyTorch's Gloo backend
     all-reduces a copy of the whole buffer and keeps this rank's chunk: 2(N-1)/N, twice the ring
-    (counted by the kernel: labkit.observe.netcount, chapter 03), so there labkit runs its own ring and
+    (counted by the kernel: observe.netcount, chapter 03), so there labkit runs its own ring and
     ZeRO moves what the ZeRO paper says on every backend."""
     return "backend" if "nccl" in str(dist.get_backend(group)).lower() else "ring"
 
@@ -55,7 +55,7 @@ def reduce_scatter_algorithm(group=None) -> str:
 def reduce_scatter_sum(flat: torch.Tensor, group=None, where: str = "ZeRO reduce-scatter",
                        algorithm: str | None = None) -> torch.Tensor:
     """This rank's chunk of the sum over ranks of flat (N*c,), logged as one reduce-scatter
-    (labkit.observe.commlog). `flat` is not changed. algorithm: None (reduce_scatter_algorithm), "ring"
+    (observe.commlog). `flat` is not changed. algorithm: None (reduce_scatter_algorithm), "ring"
     or "backend"."""
     world = dist.get_world_size(group)
     algorithm = algorithm or reduce_scatter_algorithm(group)

@@ -17,8 +17,16 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.distributed as dist
 
+from labkit.launch import device
+from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
+from labkit.reference import optimizer_spec
+from labkit.zero.fsdp import fsdp2_train
+from labkit.zero.precision import MixedPrecisionPolicy
+from labkit.zero.scaling import ShardedLossScaler
 from labkit.zero.train import TINY
+from labkit.zero.zero3 import ZeRO3
 
 # untied: labkit's units and FSDP2's groups hold the same parameters (bit-identical in bf16)
 CURVE_MODEL = dataclasses.replace(TINY, tie_weights=False)
@@ -27,14 +35,7 @@ DTYPES = ("bfloat16", "float16")
 
 def labkit_curve(cfg, dtype: str, steps: int, batch_size: int, seed: int = 0) -> dict:
     """Rank side: ZeRO-3 with the policy; {"losses", "scales" (fp16), "skipped"}."""
-    import torch.distributed as dist
 
-    from labkit.launch import device
-    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
-    from labkit.reference import optimizer_spec
-    from labkit.zero.precision import MixedPrecisionPolicy
-    from labkit.zero.scaling import ShardedLossScaler
-    from labkit.zero.zero3 import ZeRO3
 
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     policy = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
@@ -62,8 +63,6 @@ def labkit_curve(cfg, dtype: str, steps: int, batch_size: int, seed: int = 0) ->
 def policy_curves(cfg=CURVE_MODEL, steps: int = 50, batch_size: int = 12,
                   dtypes=DTYPES) -> dict:
     """Rank side: {("labkit", dtype): labkit_curve, ("fsdp2", dtype): {"losses", "scales"}}."""
-    from labkit.zero.fsdp import fsdp2_train
-    from labkit.zero.precision import MixedPrecisionPolicy
 
     out = {}
     for dtype in dtypes:

@@ -16,14 +16,19 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from labkit import reference as _reference
+from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe import commlog, netcount
 from labkit.observe.storage import storage_bytes
 from labkit.reference import OPTIMIZERS, make_optimizer, optimizer_spec  # noqa: F401 (one registry)
+from labkit.zero import DataParallel, ZeRO1, ZeRO2, ZeRO3
 from labkit.zero.param_gather import OverlappedParamGather
 from labkit.zero.params import weight_decay_groups
+from labkit.zero.shard import all_gather_full
 
 # n_embd 25, 5 heads: most parameters (625, 25, 2400, 400 elements ...) split unevenly in 2 or 3
 TINY = GPTConfig(vocab_size=96, block_size=16, n_layer=2, n_head=5, n_embd=25)
@@ -62,7 +67,6 @@ def make_stage(stage: int, model, optimizer: str, group=None, naive: bool = Fals
     the stage's class (max_grad_norm for all; bucket_bytes for ZeRO2; reduce_scatter="backend"
     for ZeRO2 and ZeRO3: the backend's own reduce-scatter instead of labkit's choice;
     mp_policy and replicate for ZeRO3)."""
-    from labkit.zero import DataParallel, ZeRO1, ZeRO2, ZeRO3
 
     opt_class, kw = optimizer_spec(optimizer)
     params = weight_decay_groups(model, kw.get("weight_decay", 0.0)) if groups \
@@ -107,7 +111,6 @@ def gradient_bytes_held(zero) -> int:
 def gathered_grads(zero, model) -> dict:
     """name -> the mean gradient this stage used in its step (after clipping), full size; a
     parameter without one is left out. Collective for stages 1-3 (all-gathers the chunks)."""
-    from labkit.zero.shard import all_gather_full
 
     names = {id(p): n for n, p in model.named_parameters()}
     if zero.stage == 0:
@@ -134,7 +137,7 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
 
     Returns {"params", "losses" (this rank's local losses), "held" (bytes kept after the last
     step, before zero_grad), "sent"/"received" (bytes this rank's sockets moved in the last step,
-    counted by the kernel: labkit.observe.netcount; None where it cannot count, "wire_reason" says why),
+    counted by the kernel: observe.netcount; None where it cannot count, "wire_reason" says why),
     "logged" ({op: [calls, payload bytes]} of the last step, labkit.observe.commlog), "numel"}.
     step_fn(params, shards, optimizer, group) replaces ZeRO-1's step (the exercise).
     accumulate: split this rank's rows into that many micro-batches, one backward each, before
@@ -148,10 +151,7 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     "peak_full_param_bytes": ZeRO-3's whole parameters held after any micro-batch (0 elsewhere).
     overlap_param_gather (ZeRO-1/2): labkit.zero.param_gather, the step's all-gather waited for
     in the next forward (the last step's is completed inside its own byte count)."""
-    import torch.distributed as dist
 
-    from labkit.launch import device, note
-    from labkit.observe import commlog, netcount
 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     dev = device()  # this rank's GPU under NCCL, else the CPU

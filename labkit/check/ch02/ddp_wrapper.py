@@ -9,7 +9,7 @@ trained on the whole batch, with a frozen weight, a frozen bias and tied embeddi
 and AdamW and with no_sync accumulation. Every all-reduce is counted and timed against the moment
 backward produced its last gradient (a dispatch mode in labkit.ddp.verify, the same code the
 tests use), and the bytes each rank sent during the steps are counted by the kernel
-(labkit.observe.netcount) against the ring's 2(N-1)/N per gradient byte plus 5%. The reader's code may
+(observe.netcount) against the ring's 2(N-1)/N per gradient byte plus 5%. The reader's code may
 not use labkit.ddp or torch's DistributedDataParallel.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ Seven cases per launch, all graded on its one set of results:
       bucketed reduce-scatter in backward never holds more than half of them (plain steps only:
       under no_sync every full gradient is kept on purpose);
   traffic: the bytes each rank sent in a plain step (forward, backward, step), counted by the
-      kernel (labkit.observe.netcount), at most a reduce-scatter + an all-gather of every padded bucket,
+      kernel (observe.netcount), at most a reduce-scatter + an all-gather of every padded bucket,
       fp32, plus Gloo's headers (HEADER_BYTES per ring step of each collective the dispatcher saw
       in that step: measured about 220). An all-reduce, or Gloo's own reduce_scatter_tensor
       (which all-reduces), sends about 1.5x and fails;
