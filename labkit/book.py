@@ -27,9 +27,15 @@ import os
 import re
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
 from labkit import chapters as manifest
+from labkit import nbfile
 from labkit.sources import Sources, digest
 
 CLI = re.compile(r"labkit\s+(run|bench)\s+(\w+)")  # a code cell that runs the CLI (`!labkit run x`)
@@ -88,7 +94,6 @@ def stale_reasons(nb, sources: Sources | None = None) -> list:
 
 
 def stamp(nb, deps: dict, seconds: float) -> None:
-    from importlib.metadata import version
 
     nb.metadata["labkit"] = {
         "executed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -100,10 +105,7 @@ def stamp(nb, deps: dict, seconds: float) -> None:
 def execute(path: Path, timeout: int = 1800, sources: Sources | None = None) -> float:
     """Run `path` top to bottom in a fresh python3 kernel (cwd = its folder), save it in place
     with its stamp; return the seconds it took. A cell error leaves the file as it was."""
-    import nbformat
-    from nbclient import NotebookClient
 
-    from labkit import nbfile
 
     sources = sources or Sources()
     nb = nbformat.read(str(path), as_version=4)
@@ -171,7 +173,6 @@ def main(argv=None) -> int:
         print(f"labkit book: no notebooks under {root} for {sorted(chapters) or 'all'}",
               file=sys.stderr)
         return 2
-    import nbformat
 
     if args.action == "deps":
         for p in paths:
@@ -201,7 +202,6 @@ def main(argv=None) -> int:
 
 
 def _run_all(root: Path, paths: list, timeout: int, sources: Sources) -> int:
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     total, failed = 0.0, []
     for p in paths:

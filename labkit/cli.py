@@ -82,12 +82,14 @@ def main(argv=None) -> int:
     if args.cmd == "run":
         return _run_lab(args.lab, rest)
     if args.cmd == "calibrate":
+        # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
         from labkit import calibrate
 
         return calibrate.main(rest)
     if args.cmd == "bench":
         return _bench(args.names, rest, args.json)
     if args.cmd == "exercises":
+        # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
         from labkit import exercises
 
         if args.check:
@@ -105,19 +107,23 @@ def main(argv=None) -> int:
             print(f"labkit grade: {why}", file=sys.stderr)
             return 2
     if args.cmd == "grade":
+        # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
         from labkit.grade import grade
 
         grade(args.paths, csv_path=args.csv, cell_timeout=args.cell_timeout)
         return 0
     if args.cmd == "book":
+        # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
         from labkit import book
 
         return book.main(rest)
     if args.cmd == "site":
+        # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
         from labkit import site
 
         return site.main(rest)
     if args.cmd == "list":
+        # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
         from labkit.table import table
 
         rows = [(c.nn, c.title, ", ".join(c.lab_names)) for c in chapters.CHAPTERS]
@@ -127,6 +133,7 @@ def main(argv=None) -> int:
             rows.append(("--", "(no chapter)", ", ".join(extra)))
         print(table(rows, ["ch", "chapter", "labs"], indent="  ",
                     title="labs (labkit run LAB --nproc N), by chapter:"))
+        # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
         from labkit.labs import backend_of
 
         cpu = [n for n in _names("labkit.labs") if backend_of(n) == "gloo"]
@@ -141,6 +148,7 @@ def main(argv=None) -> int:
 def _input_errors() -> tuple:
     """Errors that mean "the command asked for something impossible": the message says what to
     change, so the reader gets that one line, not a Python traceback."""
+    # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
     from labkit.launch import LaunchError
     from labkit.topology import TopologyError
 
@@ -205,6 +213,7 @@ def run_lab_main(name: str, main, rest) -> int:
     """`main(rest)` of the lab `name`, with _run_lab's exit codes and messages."""
     import os
 
+    # here: a command imports only what it runs, so `labkit --help` and bad input answer at once
     from labkit.launch import HangError, RankError
 
     try:

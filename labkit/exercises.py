@@ -37,7 +37,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit import chapters
+from labkit import chapters, nbfile
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\b[ :]*(?P<hint>.*)$")
 END = re.compile(r"^[ \t]*### END SOLUTION\b")
@@ -157,7 +157,6 @@ def edited_by_reader(path: Path) -> bool:
 
 
 def write_notebook(nb, path: Path) -> None:
-    from labkit import nbfile
 
     nbfile.write(nb, path)  # as JupyterLab saves it, so that opening it is not editing it
 

@@ -28,6 +28,10 @@ from __future__ import annotations
 
 import time
 
+import torch.distributed as dist
+
+from labkit.collectives import exchange
+
 
 class _PacedReceive:
     """A receive's work whose wait() also waits for the incoming link (see Shaper)."""
@@ -68,9 +72,7 @@ class Shaper:
             time.sleep(wait)
 
     def exchange(self, ops, where: str = "") -> list:
-        import torch.distributed as dist
 
-        from labkit.collectives import exchange
 
         if dist.is_initialized() and "nccl" in str(dist.get_backend(ops[0][3] if ops else None)):
             raise RuntimeError("labkit.shaped emulates links for Gloo on one host; under NCCL "

@@ -22,6 +22,7 @@ class Sources:
 
     def __init__(self, package_dir: Path | None = None):
         if package_dir is None:
+            # here: the package's own path, read when the reader runs, not at import
             import labkit
 
             package_dir = Path(labkit.__file__).parent

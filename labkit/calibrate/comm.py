@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import statistics
 
+import torch
+import torch.distributed as dist
+
 from labkit.costs import comm as costs_comm
+from labkit.launch import device, run
+from labkit.timing import now
 
 CPU_SIZES = (2**14, 2**16, 2**18, 2**20, 2**22, 2**24)       # 16 KiB .. 16 MiB
 GPU_SIZES = (2**20, 2**22, 2**24, 2**26, 2**28, 2**30)       # 1 MiB .. 1 GiB
@@ -25,11 +30,7 @@ QUICK_SIZES = (2**14, 2**20)
 def all_reduce_times(numels, repeats: int) -> dict:
     """Rank side: seconds of each repeat of one dist.all_reduce per size (each repeat starts at a
     barrier), after a warm-up call; and where it ran."""
-    import torch
-    import torch.distributed as dist
 
-    from labkit.launch import device
-    from labkit.timing import now
 
     dev = device()
     out = []
@@ -48,7 +49,6 @@ def all_reduce_times(numels, repeats: int) -> dict:
 
 def sweep(ranks: int, sizes=CPU_SIZES, repeats: int = 5, timeout: float = 300.0) -> dict:
     """All-reduce times on `ranks` ranks for each size (bytes), busbw, and the alpha-beta fit."""
-    from labkit.launch import run  # here: importing labkit.calibrate starts no launcher
 
     numels = [max(1, int(b) // 4) for b in sizes]
     per_rank = run(all_reduce_times, ranks, args=(numels, repeats), echo=False, timeout=timeout)

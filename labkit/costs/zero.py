@@ -12,6 +12,7 @@ D-byte buffer sends (N-1)/N * D bytes per rank; an all-reduce is both.
 from __future__ import annotations
 
 from labkit.costs._check import positive_ints
+from labkit.costs.flops import cpu_adam_s
 from labkit.costs.memory import get_recipe
 
 
@@ -123,7 +124,6 @@ def offload_seconds(n_params: float, *, recipe, dp: int = 1, pcie_bw: float = 25
     (costs.flops.cpu_adam_s: memory-bound, ADAM_BYTES_PER_PARAM bytes per element over cpu_bw).
     cpu_bw is what labkit.zero.measure.offload_step measures on this machine's CPU; the
     planner takes the same number (labkit.costs.plan_inputs.Cluster(cpu_bw=...))."""
-    from labkit.costs.flops import cpu_adam_s
 
     pcie = offload_transfer_bytes(n_params, recipe=recipe, dp=dp)["total"] / pcie_bw
     adam = cpu_adam_s(n_params / dp, cpu_bw)

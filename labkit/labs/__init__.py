@@ -38,6 +38,7 @@ def rank_place() -> tuple:
     """(backend, device) of this rank, as strings (call inside a launched function)."""
     import torch.distributed as dist
 
+    # here: labkit list and the CLI import this package without torch
     from labkit.launch import device
 
     return dist.get_backend(), str(device())

@@ -93,6 +93,7 @@ def _become_rank(rundir, rank):
     sys.stdin = open(os.devnull)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
+    # here: the zygote forks before torch is imported; each child imports it
     from labkit.launch.rank import main as rank_main
 
     rank_main(rundir, rank, parent_pid=os.getppid())

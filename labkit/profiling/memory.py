@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 
+import plotly.graph_objects as go
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -37,6 +38,7 @@ from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe.saved import SavedTensors
 from labkit.observe.storage import storage_bytes
+from labkit.zero import ZeRO3
 
 MEMORY_CFG = GPTConfig(vocab_size=96, block_size=32, n_layer=3, n_head=4, n_embd=64)
 
@@ -83,7 +85,6 @@ def _units(model) -> dict:
 def zero3_memory_job(steps: int = 2, batch: int = 4, cfg: GPTConfig = MEMORY_CFG) -> dict:
     """ZeRO-3 (AdamW) on this rank; the last step's memory timeline (GPU: the allocator's
     history; CPU: the sampled counters)."""
-    from labkit.zero import ZeRO3
 
     rank, world, dev = dist.get_rank(), dist.get_world_size(), device()
     torch.set_num_threads(1)
@@ -157,7 +158,6 @@ def _cuda_step(model, zero, x, y) -> list:
 
 def figure(result: dict, title: str = ""):
     """Bytes over the step's operators (CPU: the three counters stacked) or time (GPU)."""
-    import plotly.graph_objects as go
 
     s = result["samples"]
     fig = go.Figure()

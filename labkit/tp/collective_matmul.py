@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from labkit.collectives import exchange
+from labkit.launch import device
 from labkit.observe import commlog
 
 
@@ -70,7 +71,6 @@ def time_job(m: int, k: int, n: int, repeats: int = 5, threads: int = 1, group=N
     """On each rank: both versions on rows (m, k) and a (k, n / N) weight slice, their outputs'
     largest difference, and the median seconds of each, alternating (same load for both);
     plus the matmul alone and the gather alone, to see what there was to hide."""
-    from labkit.launch import device
 
     torch.set_num_threads(threads)               # one core per rank: ranks do not share cores
     size, rank = dist.get_world_size(group), dist.get_rank(group)

@@ -154,6 +154,7 @@ def layout_figure(T: int = 16, cp: int = 4):
     """Which rank holds each token (plain vs zig-zag), and the causal work each rank gets."""
     from plotly.subplots import make_subplots
 
+    # here: the website's Pyodide has no torch; only the notebook path needs it
     from labkit.context.layout import causal_work, positions
 
     fig = make_subplots(1, 2, column_widths=[0.65, 0.35], subplot_titles=(

@@ -21,6 +21,7 @@ def spacing_figure(names=("fp32", "tf32", "bf16", "fp16", "e4m3", "e5m2")):
     """ulp(x) against x, log-log, each format over its own normal and subnormal range."""
     import plotly.graph_objects as go
 
+    # here: the website's Pyodide has no torch; only the notebook path needs it
     from labkit.precision import formats
 
     fig = go.Figure()
@@ -40,6 +41,7 @@ def fp8_values_figure():
     """Every positive finite e4m3 and e5m2 value: dense near 0, sparse near max."""
     import plotly.graph_objects as go
 
+    # here: the website's Pyodide has no torch; only the notebook path needs it
     from labkit.precision import formats
 
     fig = go.Figure()

@@ -28,10 +28,15 @@ the code under test does not write:
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
-from labkit.model import GPTConfig
+from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.zero.zero3 import ZeRO3, default_units
 
 VARIANTS = ("ZeRO-3", "ZeRO-3 prefetch", "torch FSDP2")
 
@@ -62,11 +67,7 @@ class _Saved:
 
 def _build(name: str, cfg: GPTConfig, world: int):
     """(model, optimizer step, zero_grad, units) for one variant."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
-    from labkit.model import GPT
-    from labkit.zero.zero3 import ZeRO3, default_units
 
     model = GPT(cfg, seed=0)
     units = default_units(model)
@@ -84,11 +85,8 @@ def _build(name: str, cfg: GPTConfig, world: int):
 def backward_lab(cfg: GPTConfig, steps: int = 4, batch_size: int = 8, variants=VARIANTS) -> dict:
     """Rank side: {variant: {"step_s", "forwards_in_backward", "saved_bytes", "inputs_bytes"}},
     saved_bytes and inputs_bytes from the last step (the same on every step)."""
-    import time
 
-    import torch.distributed as dist
 
-    from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
 
     rank, world = dist.get_rank(), dist.get_world_size()
     built = {name: _build(name, cfg, world) for name in variants}
