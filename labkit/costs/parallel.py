@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import math
 
+from labkit.shard import even_sizes
+
 BYTES = 4  # fp32
 
 
 def split_blocks(n_layer: int, pp: int) -> list:
-    """Blocks per stage: contiguous, earlier stages get the extra (labkit.pipeline's rule)."""
-    base, extra = divmod(n_layer, pp)
-    return [base + (1 if s < extra else 0) for s in range(pp)]
+    """Blocks per stage: contiguous, earlier stages get the extra (labkit.pipeline's rule, the
+    one even split of labkit.shard)."""
+    return even_sizes(n_layer, pp)
 
 
 def rows_of(batch: int, dp: int, replica: int) -> int:
     """Rows of replica `replica` (labkit.model.shard_rows: the first batch % dp get one more)."""
-    base, extra = divmod(batch, dp)
-    return base + (1 if replica < extra else 0)
+    return even_sizes(batch, dp)[replica]
 
 
 def stage_param_numels(cfg, tp: int = 1, pp: int = 1, stage: int = 0) -> list:
