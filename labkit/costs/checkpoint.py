@@ -25,36 +25,29 @@ from labkit.costs import memory
 
 GB = 1e9
 
-# bytes per parameter saved, by recipe (weights + optimizer state; gradients are never saved)
-RECIPES = {
-    "mixed_adam": 14.0,           # bf16 weights 2 + fp32 master 4 + Adam m 4 + v 4
-    "mixed_adam_master_only": 12.0,  # bf16 copy rebuilt from the fp32 master on load
-    "fp32_adam": 12.0,            # fp32 weights 4 + m 4 + v 4
-    "weights_bf16": 2.0,          # an export for inference: no optimizer, cannot resume training
-}
+# Bytes per parameter saved, keyed by the precision recipes of labkit.costs.memory (the one
+# vocabulary of costs): a checkpoint that resumes training saves the weights and the optimizer
+# state, never the gradients ("mixed": bf16 weights 2 + fp32 master, m and v 12 = 14; "fp32" and
+# "autocast": 4 + 8 = 12). Two ways of saving that are not recipes of their own:
+RECIPES = {name: r.weights + r.optimizer for name, r in memory.RECIPES.items()}
+RECIPES["mixed, master only"] = memory.RECIPES["mixed"].optimizer  # bf16 copy rebuilt on load: 12
+RECIPES["bf16 weights only"] = 2.0   # an export for inference: no optimizer, cannot resume
 
 
-def bytes_per_param(recipe: str = "mixed_adam") -> float:
-    """Bytes per parameter a checkpoint saves. recipe: a name above, or one of the precision
-    recipes of labkit.costs.memory.RECIPES (the one vocabulary of costs: "fp32", "autocast",
-    "mixed", ...), whose weights + optimizer states are saved ("mixed": 2 + 12 = 14, the same as
-    "mixed_adam"; "autocast": 4 + 8 = 12, as "fp32_adam"). The names above stay: chapter 06 uses
-    them."""
-    if recipe in RECIPES:
-        return RECIPES[recipe]
-    if recipe in memory.RECIPES:
-        r = memory.get_recipe(recipe)
-        return r.weights + r.optimizer
-    raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)} or a precision "
-                     f"recipe of labkit.costs.memory ({', '.join(memory.RECIPES)})")
+def bytes_per_param(recipe: str = "mixed") -> float:
+    """Bytes per parameter a checkpoint saves under `recipe` (a name in RECIPES)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)} "
+                         f"(labkit.costs.memory's recipes, e.g. 'mixed')")
+    return RECIPES[recipe]
 
 
-def checkpoint_bytes(n_params: float, recipe: str = "mixed_adam") -> float:
+def checkpoint_bytes(n_params: float, recipe: str = "mixed") -> float:
     """Bytes of one full checkpoint of n_params parameters (all ranks together)."""
     return n_params * bytes_per_param(recipe)
 
 
-def shard_bytes(n_params: float, world: int, recipe: str = "mixed_adam") -> float:
+def shard_bytes(n_params: float, world: int, recipe: str = "mixed") -> float:
     """Bytes each of `world` ranks writes in a sharded (ZeRO/FSDP) checkpoint."""
     return checkpoint_bytes(n_params, recipe) / world
 

@@ -103,7 +103,7 @@ def activation_figure(m: dict, timed: dict | None = None):
 
 
 CONTROLS = [logrng("n_params_b", "params (B)", -1, 3, 0.1, 70),
-            sel("recipe", "recipe", sorted(ck.RECIPES), "mixed_adam"),
+            sel("recipe", "recipe", list(ck.RECIPES), "mixed"),
             rng("writers", "writers", 1, 1024, 1, 64),
             rng("per_writer_GBps", "GB/s each", 0.1, 25, 0.1, 2.0),
             rng("storage_GBps", "storage GB/s", 1, 2000, 1, 100),
