@@ -81,7 +81,8 @@ def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",
                      help="run the full lane too (tests marked `full`); ./test.sh --full")
     parser.addoption("--record", action="store_true",
-                     help="update tests/durations.json and tests/e2e/browser-verified.json")
+                     help="update tests/durations.json, tests/e2e/browser-verified.json and "
+                          "tests/e2e/figures-verified.json")
 
 
 def pytest_configure(config):

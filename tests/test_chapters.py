@@ -93,7 +93,7 @@ def test_a_new_chapter_reaches_every_registry_from_its_manifest_entry(new_chapte
     last, new, root = new_chapter
     rows = landing.rows(root)
     assert [r["number"] for r in rows] == [last.nn, new.nn]
-    assert rows[1]["exercises"] == f"exercises/{new.stem}.ipynb"
+    assert rows[1]["exercises"] == new.notebooks[1] == f"exercises/{new.stem}_exercises.ipynb"
     assert f"[Inference parallelism](chapters/{new.stem}.ipynb)" in "".join(
         c.source for c in landing.landing_notebook(root).cells)
     # the last chapter's closing links now lead to the new one: `labkit book nav` writes them

@@ -16,13 +16,24 @@ against the data points' pixels. A figure fails where
 
 Needs Debian's chromium and PyPI's playwright (scripts/e2e-setup.sh); skips without them unless
 LABKIT_E2E_REQUIRED=1.
+
+Per commit (./test.sh) the browser part runs only when what it looks at changed since it last
+passed: every chapter's saved figures and the code that lays them out (labkit/site.py,
+labkit/site_assets/), as FIGURES_RECORD holds their digest, written by every passing run with
+--record; ./test.sh --full always runs it.
 """
 from __future__ import annotations
+
+import hashlib
+import json
 
 import pytest
 from e2e_common import ROOT, chromium
 
 from labkit import site
+
+FIGURES_RECORD = ROOT / "tests" / "e2e" / "figures-verified.json"
+PLOTLY = "application/vnd.plotly.v1+json"
 
 MIN_SPREAD = 0.2        # the data's share of an axis range, at least
 MIN_PHONE_PLOT = 150    # px of plot area left at 390 px
@@ -129,13 +140,42 @@ def problems_of(rel: str, fig: dict) -> list:
     return out
 
 
+def figures_digest() -> str:
+    """What the browser checks vouch for: every chapter's plotly figures as saved, and the
+    site's code that draws and lays them out (this file's checks included)."""
+    h = hashlib.sha256()
+    for nb in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        figs = [o["data"][PLOTLY] for c in cells for o in c.get("outputs", [])
+                if PLOTLY in o.get("data", {})]
+        h.update(nb.name.encode() + json.dumps(figs, sort_keys=True).encode())
+    for code in [ROOT / "labkit" / "site.py", ROOT / "tests" / "e2e" / "test_figure_frames.py",
+                 *sorted((ROOT / "labkit" / "site_assets").glob("*"))]:
+        h.update(code.name.encode() + code.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _recorded() -> str | None:
+    try:
+        return json.loads(FIGURES_RECORD.read_text()).get("figures")
+    except (OSError, ValueError):
+        return None
+
+
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory):
+def pages(tmp_path_factory, request):
+    digest = figures_digest()
+    if not request.config.getoption("--full") and _recorded() == digest:
+        pytest.skip("the figures and their layout code passed in the browser already "
+                    "(tests/e2e/figures-verified.json); ./test.sh --full runs it again")
+    failed = request.session.testsfailed
     out = tmp_path_factory.mktemp("site")
     site.build(ROOT, out, runtime=False)
     found = chapter_pages(out)
     assert found, "the site has no chapter page"
-    return out, found
+    yield out, found
+    if request.config.getoption("--record") and request.session.testsfailed == failed:
+        FIGURES_RECORD.write_text(json.dumps({"figures": digest}, indent=1) + "\n")
 
 
 @pytest.fixture(scope="module")
