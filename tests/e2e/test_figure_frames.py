@@ -149,9 +149,10 @@ def figures_digest() -> str:
         figs = [o["data"][PLOTLY] for c in cells for o in c.get("outputs", [])
                 if PLOTLY in o.get("data", {})]
         h.update(nb.name.encode() + json.dumps(figs, sort_keys=True).encode())
+    assets = sorted(p for p in (ROOT / "labkit" / "site_assets").rglob("*") if p.is_file())
     for code in [ROOT / "labkit" / "site.py", ROOT / "tests" / "e2e" / "test_figure_frames.py",
-                 *sorted((ROOT / "labkit" / "site_assets").glob("*"))]:
-        h.update(code.name.encode() + code.read_bytes())
+                 *assets]:
+        h.update(code.relative_to(ROOT).as_posix().encode() + code.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -297,7 +297,7 @@ def test_chapter00_calculator_slider_moves_the_number_to_the_right_value(first_c
         return float(m.group(1))
 
     assert per_gpu() == pytest.approx(round(state_rows("llama2-7b", "mixed", 0, 8)["total"], 1))
-    stage = calc.locator(".widget-slider").filter(has_text="zero_stage")
+    stage = calc.locator(".widget-slider").filter(has_text="ZeRO stage")
     stage.locator(".noUi-handle").focus()
     for expected_stage in (1, 2, 3):
         page.keyboard.press("ArrowRight")
