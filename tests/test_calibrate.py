@@ -14,7 +14,6 @@ from labkit import calibrate, roofline
 from labkit.calibrate import comm, memory, report, roofs
 from labkit.costs import chips, flops
 from labkit.costs import memory as costs_memory
-from labkit.costs import roofline as rl
 
 QUICK_CFG, QUICK_BATCH, _ = calibrate.REFERENCE[("cpu", True)]
 
@@ -106,7 +105,7 @@ def test_profile_round_trips_through_costs_chips(tmp_path, monkeypatch):
     assert chips.chip("measured") == c
     # the calculators take it wherever they take a GPU by name
     assert costs_memory.gpu_capacity("measured") == 8e9
-    assert rl.chip("measured").ridge("fp32") == pytest.approx(2e9 / 3e9)
+    assert chips.chip("measured").ridge("fp32") == pytest.approx(2e9 / 3e9)
     saved = json.loads(path.read_text())
     assert saved["memory"]["states"][0]["measured"] > 0 and saved["recompute"]["batch"] == 2
 

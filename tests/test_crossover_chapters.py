@@ -94,7 +94,7 @@ def test_ch03_names_the_recipe_of_its_memory_numbers():
 def test_ch04_tp_verdicts_state_their_rate_and_agree():
     """E1: §3f and §3g both print the compute rate they assume (50% of the sheet and the
     measured large-GEMM rate), and the h = 4,096, TP 8 verdict is the same in both."""
-    _, step = _cell("04", 'rl.CHIPS["H100 SXM"]')
+    _, step = _cell("04", 'chips.CHIPS["H100 80GB"]')
     _, layer = _cell("04", "hiding.tp(deg")
     for out in (step, layer):
         assert "790 TFLOP/s" in out or "C = 790" in out, out[:300]

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from labkit.costs import chips
 from labkit.costs import roofline as rl
 
 
@@ -57,12 +58,12 @@ def test_roofline_attainable_ridge_and_bound():
 
 
 def test_datasheet_chips_and_their_ridges():
-    h100, a100 = rl.CHIPS["H100 SXM"], rl.CHIPS["A100 SXM 80GB"]
+    h100, a100 = chips.CHIPS["H100 80GB"], chips.CHIPS["A100 80GB"]
     assert h100.peak_flops("bf16") == 989.5e12 and h100.bandwidth == 3.35e12
     assert h100.ridge("bf16") == pytest.approx(295.4, abs=0.1)
     assert a100.ridge("bf16") == pytest.approx(312e12 / 2.039e12)
-    assert rl.bound(rl.matmul(1, 4096, 4096, 4096).intensity, "H100 SXM", "bf16") == "compute"
-    assert rl.bound(rl.matmul(1, 1, 4096, 4096).intensity, "H100 SXM", "bf16") == "memory"
+    assert rl.bound(rl.matmul(1, 4096, 4096, 4096).intensity, "H100 80GB", "bf16") == "compute"
+    assert rl.bound(rl.matmul(1, 1, 4096, 4096).intensity, "H100 80GB", "bf16") == "memory"
     with pytest.raises(KeyError, match="choose one of"):
         a100.peak_flops("fp8")
 
@@ -103,17 +104,17 @@ def test_figure_places_predicted_on_the_roof_and_measured_at_flops_over_seconds(
     assert list(pred.x) == [o.intensity for o, _ in points]
     assert list(pred.y) == [rl.attainable(o.intensity, peak, bw) for o, _ in points]
     assert list(traces["here: measured"].y) == [o.flops / t for o, t in points]
-    h100 = rl.CHIPS["H100 SXM"]
-    assert list(traces["ops on H100 SXM (predicted)"].y) == [h100.bandwidth * 12 / 28]
+    h100 = chips.CHIPS["H100 80GB"]
+    assert list(traces["ops on H100 80GB (predicted)"].y) == [h100.bandwidth * 12 / 28]
 
 
 def test_calculator_text_comes_from_costs():
     from labkit.widgets import roofline as rw
 
     op = rl.matmul(4, 512, 4096, 4 * 4096, "bf16")
-    line = rw.verdict("MLP up (matmul)", 4, 512, 4096, "A100 SXM 80GB")
+    line = rw.verdict("MLP up (matmul)", 4, 512, 4096, "A100 80GB")
     assert f"{op.intensity:,.1f} FLOPs/byte" in line and "compute-bound" in line
-    assert "memory-bound" in rw.verdict("layernorm", 4, 512, 4096, "H100 SXM")
+    assert "memory-bound" in rw.verdict("layernorm", 4, 512, 4096, "H100 80GB")
     assert rw.layer_op("attention (fused)", 1, 512, 4096) == rl.attention(1, 512, 32, 128)
 
 

@@ -14,7 +14,7 @@ at or below its roof.
 
     from labkit.costs import roofline
     op = roofline.matmul(b=8, s=1024, h=4096, h_out=4096, dtype="bf16")
-    roofline.bound(op.intensity, roofline.CHIPS["H100 SXM"], "bf16")     # 'compute'
+    roofline.bound(op.intensity, "H100 80GB", "bf16")   # 'compute' (a chip by its costs.chips name)
 
 No torch here: the website runs labkit.costs in the browser (Pyodide).
 """
@@ -30,19 +30,6 @@ from labkit.costs.dtypes import itemsize
 LAYERNORM_FLOPS = 8      # mean 1, variance 3 (subtract, square, add), normalise 2, scale+shift 2
 GELU_FLOPS = 8           # tanh form: x^3, multiply-adds, tanh (counted as one), final products
 ADAM_FLOPS = 12          # m: 3, v: 4, bias corrections 2, sqrt + eps + divide 3 (AdamW: +2)
-
-
-# The datasheets' chips by the names the roofline chapter prints; numbers and sources in costs.chips
-CHIPS = {"H100 SXM": chips.CHIPS["H100 80GB"], "A100 SXM 80GB": chips.CHIPS["A100 80GB"]}
-
-
-def chip(name_or_chip) -> Chip:
-    """A Chip by name in CHIPS, any name costs.chips knows (its datasheets, its measured
-    profiles such as "H200 141GB (measured)", "measured", a profile's .json path), or a Chip."""
-    if isinstance(name_or_chip, str) and name_or_chip in CHIPS:
-        return CHIPS[name_or_chip]
-    return chips.chip(name_or_chip, or_else=f"{', '.join(CHIPS)} (the roofline chapter's names), "
-                                            f"or {chips.BUILD}")
 
 
 @dataclass(frozen=True)
@@ -137,9 +124,9 @@ def ridge(peak: float, bandwidth: float) -> float:
 
 def bound(intensity: float, peak, bandwidth=None) -> str:
     """'compute' or 'memory': `peak` and `bandwidth` as numbers, or a Chip (or its name) and a
-    dtype in place of the bandwidth: bound(I, "H100 SXM", "bf16")."""
+    dtype in place of the bandwidth: bound(I, "H100 80GB", "bf16")."""
     if isinstance(peak, (str, Chip)):
-        c = chip(peak)
+        c = chips.chip(peak)
         peak, bandwidth = c.peak_flops(bandwidth or "bf16"), c.bandwidth
     return "compute" if intensity >= ridge(peak, bandwidth) else "memory"
 

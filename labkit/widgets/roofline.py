@@ -9,12 +9,14 @@ Every number comes from labkit.costs.roofline, so the widget and the text can ne
 """
 from __future__ import annotations
 
-from labkit.costs import roofline
+from labkit.costs import chips, roofline
 from labkit.widgets.controls import build, rng, sel
 
-GPUS = ("H100 SXM", "A100 SXM 80GB")
+GPUS = ("H100 80GB", "A100 80GB")     # costs.chips names, as every chapter prints them
 LAYERS = ("MLP up (matmul)", "QKV projection (matmul)", "attention (unfused)",
           "attention (fused)", "layernorm", "GELU", "Adam step")
+# the datasheet chips with a roof for every dtype the calculator offers (Blackwell lists no fp32)
+ROOFED = [n for n, c in chips.CHIPS.items() if {"bf16", "fp16", "fp32"} <= set(c.peak)]
 INTENSITIES = [10 ** (k / 8) for k in range(-24, 33)]        # 1e-3 .. 1e4 FLOPs/byte
 
 
@@ -38,7 +40,7 @@ def layer_op(layer: str, batch: int, seq: int, width: int, heads: int = 32,
 
 def verdict(layer: str, batch: int, seq: int, width: int, gpu: str, dtype: str = "bf16") -> str:
     """One line: intensity, the GPU's ridge, the bound and the attainable rate."""
-    c, op = roofline.chip(gpu), layer_op(layer, batch, seq, width, dtype=dtype)
+    c, op = chips.chip(gpu), layer_op(layer, batch, seq, width, dtype=dtype)
     peak = c.peak_flops(dtype)
     rate = roofline.attainable(op.intensity, peak, c.bandwidth)
     what = (f"{layer} on one layer's {12 * width * width:,} fp32 weights and states"
@@ -63,7 +65,7 @@ def figure(measured=None, points=(), gpu_ops=(), dtype: str = "bf16", gpus=GPUS)
 
     fig = go.Figure()
     for g in gpus:
-        c = roofline.chip(g)
+        c = chips.chip(g)
         _roof(fig, f"{g} {dtype} (datasheet)", c.peak_flops(dtype), c.bandwidth, "solid")
         fig.add_scatter(x=[o.intensity for o in gpu_ops], mode="markers+text",
                         y=[roofline.attainable(o.intensity, c.peak_flops(dtype), c.bandwidth)
@@ -89,7 +91,7 @@ def figure(measured=None, points=(), gpu_ops=(), dtype: str = "bf16", gpus=GPUS)
 
 
 CONTROLS = [sel("layer", "layer", list(LAYERS), "MLP up (matmul)"),
-            sel("gpu", "GPU", list(roofline.CHIPS), "H100 SXM"),
+            sel("gpu", "GPU", ROOFED, "H100 80GB"),
             sel("dtype", "dtype", ["bf16", "fp16", "fp32"], "bf16"),
             rng("batch", "batch", 1, 64, 1, 1),
             sel("seq", "sequence", [1, 128, 512, 2048, 4096, 8192], 512),

@@ -18,6 +18,7 @@ import functools
 
 from labkit import roofline as here
 from labkit.check import Checker, Forbidden, fail, graded
+from labkit.costs import chips
 from labkit.costs import roofline as costs
 
 EXERCISE, TITLE, POINTS = ("0.4", "compute- or memory-bound? predict from the measured roofline, "
@@ -25,7 +26,7 @@ EXERCISE, TITLE, POINTS = ("0.4", "compute- or memory-bound? predict from the me
 SHAPES = [(1, 8192, 4096), (1024, 1024, 1024), (8, 4096, 1024), (2048, 64, 2048)]
 # (1, 8192) @ (8192, 4096): 128 MiB of weights, four times this machine's L3 (a smaller matrix
 # would be timed out of cache and beat the memory roof)
-HIDDEN = [((1, 8192, 8192), 2, "H100 SXM"), ((4096, 4096, 4096), 2, "H100 SXM")]
+HIDDEN = [((1, 8192, 8192), 2, "H100 80GB"), ((4096, 4096, 4096), 2, "H100 80GB")]
 KEYS = ("flops", "bytes", "intensity", "bound", "seconds")
 RTOL = 1e-6
 # the checker's own answer: a prediction that calls it predicts nothing (refused when read, and
@@ -104,7 +105,7 @@ def roofline_matmul(fn, cases=None):
     if cases is None:
         for i, ((m, k, n), itemsize, gpu) in enumerate(HIDDEN):
             with c.case(f"hidden case {i + 1}"):
-                chip = costs.chip(gpu)
+                chip = chips.chip(gpu)
                 args = (m, k, n, itemsize, chip.peak_flops("bf16"), chip.bandwidth)
                 _compare(fn(*args), want(*args))
     return c.finish()
