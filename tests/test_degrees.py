@@ -39,7 +39,7 @@ def test_topology_holds_degrees_and_raises_their_problems_as_its_own_error():
         Topology(8, dp=2, tp=2)
 
 
-def test_a_cost_model_prices_a_zero_stage_over_one_rank_a_launch_refuses_it():
+def test_a_cost_model_prices_zero_over_one_rank_a_launch_refuses_it():
     d = Degrees(tp=8, zero=3)
     assert d.problems(launch=False) == []
     assert "nothing to shard over" in d.problems()[0]

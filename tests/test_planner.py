@@ -17,7 +17,7 @@ LLAMA70 = planner.Job("llama2-70b", global_batch=1024, seq_len=4096, recipe="mix
 
 def test_175b_states_per_gpu_12_and_16_byte_recipes():
     # TP 8 x PP 4 x DP 8, ZeRO-2, Psi = 175e9 exactly as a common write-up counts
-    kw = dict(zero_stage=2, dp=8, tp=8, pp=4)
+    kw = dict(zero=2, dp=8, tp=8, pp=4)
     for recipe, want in (("no_master", 17.77), ("mixed", 20.51)):
         states = memory.model_states(175e9, recipe=recipe, **kw).total
         assert states / GB == pytest.approx(want, abs=0.01)
@@ -42,7 +42,7 @@ def test_where_common_claims_go_astray():
     b = memory.model_states(70e9, recipe="mixed", dp=4, tp=8, pp=4).total
     assert a == b == 16 * 70e9 / 32
     # "ZeRO-3: 105 GB across 8 GPUs, ~13 GB per GPU": 105 GB is already per GPU
-    states = memory.model_states(70e9, recipe="no_master", zero_stage=3, dp=8)
+    states = memory.model_states(70e9, recipe="no_master", zero=3, dp=8)
     assert states.total == pytest.approx(105e9)
 
 
@@ -60,7 +60,7 @@ def test_estimate_arithmetic():
     assert est.K == 1536 // (8 * 2)
     assert est.bubble == pipeline.bubble_fraction(4, est.K)
     assert est.memory.total == pytest.approx(memory.plan(
-        "gpt3-175b", recipe="mixed", zero_stage=1, dp=8, tp=8, pp=4, seq_len=2048, micro_batch=2,
+        "gpt3-175b", recipe="mixed", zero=1, dp=8, tp=8, pp=4, seq_len=2048, micro_batch=2,
         recompute="none", sequence_parallel=False, microbatches_alive=4,
         attention="flash").total)
     assert est.step_s > est.compute_s * est.K      # the bubble and exposed traffic only add
@@ -298,8 +298,8 @@ def test_moe_memory_shards_experts_over_ep_and_flops_count_active_params():
     c1, c8 = planner.Config(1, 1, 64, zero=1), planner.Config(1, 1, 64, zero=1, ep=8)
     e1, e8 = (planner.evaluate(c, MIXTRAL, H100_64) for c in (c1, c8))
     n, n_exp = models.num_params(spec), models.expert_params(spec)
-    want = (memory.model_states(n - n_exp, recipe="mixed", zero_stage=1, dp=64).total
-            + memory.model_states(n_exp / 8, recipe="mixed", zero_stage=1, dp=8).total)
+    want = (memory.model_states(n - n_exp, recipe="mixed", zero=1, dp=64).total
+            + memory.model_states(n_exp / 8, recipe="mixed", zero=1, dp=8).total)
     assert e8.memory.params + e8.memory.grads + e8.memory.optimizer == pytest.approx(want)
     assert e1.memory.params == pytest.approx(2 * n)                  # EP 1: every expert here
     # compute from the active parameters: 6 N_active + 12 L h s per token
