@@ -125,23 +125,22 @@ class Job:
         return self.model if isinstance(self.model, models.ModelSpec) else models.preset(self.model)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Config:
-    tp: int
+    dp: int                            # the degrees, in labkit.degrees' order, by keyword only:
+    tp: int                            # Config(dp=4, tp=8, pp=4, zero=1)
     pp: int
-    dp: int
-    zero: int = 0
-    micro_batch: int = 1
-    offload: bool = False              # ZeRO-Offload: optimizer states (and their update) on CPU
     cp: int = 1                        # context parallelism: each sequence split over cp ranks
                                        # (zig-zag ring attention); weights replicated over cp
     ep: int = 1                        # expert parallelism: the experts sharded over groups of ep
                                        # data-parallel ranks (ep divides dp, as parallel.Plan)
+    zero: int = 0
+    micro_batch: int = 1
+    offload: bool = False              # ZeRO-Offload: optimizer states (and their update) on CPU
 
     @property
     def degrees(self) -> Degrees:
-        """The degrees this configuration holds (labkit.degrees: the one record and its checks);
-        the fields keep the order tp, pp, dp of the exercises' Config(tp, pp, dp, zero, b)."""
+        """The degrees this configuration holds (labkit.degrees: the one record and its checks)."""
         return Degrees(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, zero=self.zero)
 
     @property

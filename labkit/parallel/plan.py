@@ -24,15 +24,15 @@ class PlanError(TopologyError):
     """The plan does not fit the model, batch or world (the message lists every problem)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
-    dp: int = 1
+    dp: int = 1                    # the degrees, in labkit.degrees' order, by keyword only
     tp: int = 1
     pp: int = 1
-    zero: int = 0                  # ZeRO stage of the dp dimension: 0 (plain DP), 1, 2, 3
+    cp: int = 1                    # context parallelism: the sequence split over cp ranks
     ep: int = 1                    # expert parallelism: experts sharded over groups of ep
                                    # consecutive dp ranks (ep divides dp; labkit.moe)
-    cp: int = 1                    # context parallelism: the sequence split over cp ranks
+    zero: int = 0                  # ZeRO stage of the dp dimension: 0 (plain DP), 1, 2, 3
     cp_layout: str = "zigzag"      # which tokens a cp rank holds (labkit.context.layout)
     cp_method: str = "ring"        # "ring" attention or "all_gather" K/V (Llama 3)
     sp: bool = False               # Megatron sequence parallelism inside the tp group
@@ -60,8 +60,8 @@ class Plan:
                 for m in (even_sizes(r, self.K) if self.pp > 1 else [r])]
 
     def topology(self, gpus_per_node=None) -> Topology:
-        return Topology(self.world, dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero,
-                        gpus_per_node=gpus_per_node, cp=self.cp)
+        return Topology(self.world, dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
+                        zero=self.zero, gpus_per_node=gpus_per_node)
 
     def describe(self) -> str:
         parts = [f"{d.upper()} {getattr(self, d)}" + (" (SP)" if d == "tp" and self.sp else "")
