@@ -126,26 +126,17 @@ class Job:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config:
-    dp: int                            # the degrees, in labkit.degrees' order, by keyword only:
-    tp: int                            # Config(dp=4, tp=8, pp=4, zero=1)
-    pp: int
-    cp: int = 1                        # context parallelism: each sequence split over cp ranks
-                                       # (zig-zag ring attention); weights replicated over cp
-    ep: int = 1                        # expert parallelism: the experts sharded over groups of ep
-                                       # data-parallel ranks (ep divides dp, as parallel.Plan)
-    zero: int = 0
+class Config(Degrees):
+    """One configuration: the degrees (labkit.degrees: dp, tp, pp, cp, ep, zero, by keyword only,
+    Config(dp=4, tp=8, pp=4, zero=1); cp splits each sequence, zig-zag ring attention, the
+    weights replicated over cp; ep shards the experts over groups of ep data-parallel ranks, as
+    parallel.Plan), the micro-batch and ZeRO-Offload."""
     micro_batch: int = 1
     offload: bool = False              # ZeRO-Offload: optimizer states (and their update) on CPU
 
     @property
-    def degrees(self) -> Degrees:
-        """The degrees this configuration holds (labkit.degrees: the one record and its checks)."""
-        return Degrees(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, zero=self.zero)
-
-    @property
     def gpus(self) -> int:
-        return self.degrees.world
+        return self.world
 
     def micro_batches(self, job: Job) -> int:
         return job.global_batch // (self.dp * self.micro_batch)

@@ -25,28 +25,14 @@ class PlanError(TopologyError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
-    dp: int = 1                    # the degrees, in labkit.degrees' order, by keyword only
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1                    # context parallelism: the sequence split over cp ranks
-    ep: int = 1                    # expert parallelism: experts sharded over groups of ep
-                                   # consecutive dp ranks (ep divides dp; labkit.moe)
-    zero: int = 0                  # ZeRO stage of the dp dimension: 0 (plain DP), 1, 2, 3
+class Plan(Degrees):
+    """The degrees (labkit.degrees: dp, tp, pp, cp, ep, zero, by keyword only; ep shards the
+    experts over groups of ep consecutive dp ranks, labkit.moe) and how the run uses them."""
     cp_layout: str = "zigzag"      # which tokens a cp rank holds (labkit.context.layout)
     cp_method: str = "ring"        # "ring" attention or "all_gather" K/V (Llama 3)
     sp: bool = False               # Megatron sequence parallelism inside the tp group
     micro_batches: int | None = None   # per pipeline step (None: = pp)
     schedule: str = "1f1b"         # pipeline schedule when pp > 1
-
-    @property
-    def degrees(self) -> Degrees:
-        """The degrees this plan holds (labkit.degrees: the one record and its checks)."""
-        return Degrees(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, zero=self.zero)
-
-    @property
-    def world(self) -> int:
-        return self.degrees.world
 
     @property
     def K(self) -> int:
