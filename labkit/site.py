@@ -64,9 +64,8 @@ PYODIDE_FETCH = REPO / "scripts" / "pyodide-fetch.sh"
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
                  "pyodide-lock.json")
 CALC_ZIP = "labkit-calculators.zip"
-# Every calculator rendered (labkit.widgets.web) in an interpreter that refuses what Pyodide's core
-# runtime does not have: the one description of the browser, which calculator_files runs to find
-# the zip's contents (found, not listed) and tests/test_site.py runs on the zip alone.
+# Every calculator rendered (labkit.widgets.web) without what Pyodide's core runtime lacks: run to
+# find the zip's contents (calculator_files: found, not listed), and by test_site on the zip alone.
 BROWSER_RENDER = """
 import sys
 class Block:   # what Pyodide's core runtime does not have
