@@ -28,7 +28,7 @@ def test_e3_ddp_hides_only_under_the_backward_with_both_gradient_dtypes():
     assert "(N−1)/N · (e/2) · MFU · P / W_link" in text              # chapter 02's condition
     n = models.num_params(models.preset("llama2-7b"))
     link = comm.LINKS["InfiniBand NDR 400 Gb/s"]
-    c = 0.5 * rl.CHIPS["H100 SXM"].peak_flops("bf16")
+    c = 0.5 * chips.CHIPS["H100 80GB"].peak_flops("bf16")
     out = output(CH00, "rf00b002")
     for e, what, gpus in ((2, "bf16", 421), (4, "fp32", 211)):
         t = hiding.dp(n, 512, c, link.bandwidth, link.alpha, grad_bytes=e).value
