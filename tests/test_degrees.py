@@ -66,7 +66,7 @@ def test_every_record_of_the_degrees_takes_them_by_keyword_in_one_order():
     assert Plan(dp=2, tp=2, zero=1).topology().degrees == Degrees(dp=2, tp=2, zero=1)
 
 
-def test_one_message_for_a_zero_that_is_no_zero_stage():
+def test_one_message_for_a_zero_that_is_no_stage_of_zero():
     with pytest.raises(ValueError, match=r"zero \(the ZeRO stage\) must be 0, 1, 2 or 3, got 4"):
         memory.model_states(1e9, recipe="mixed", zero=4)
     assert zero_problem(4) in Degrees(zero=4).problems()
