@@ -7,11 +7,20 @@ calculators (Pyodide, no torch) hold the same record as the launched ranks.
     d.problems(world=6)                  # every way it does not fit, each saying what to change
     d.check(world=8)                     # raises ValueError (or the error class given) if any
 
-labkit.topology.Topology (where each rank sits), labkit.parallel.Plan (what a launched run does)
-and the planner's labkit.costs.plan_inputs.Config (what a cluster-sized run would cost) each hold
-one, and check it here: one list of rules, one wording, one field order (the order of
-Megatron-LM and torchtitan, outermost first: pp, dp, cp, tp; ep inside dp; zero, the ZeRO stage,
-over dp).
+labkit.parallel.Plan (what a launched run does) and the planner's labkit.costs.plan_inputs.Config
+(what a cluster-sized run would cost) are a Degrees with more fields after these (a subclass: the
+degrees are declared once, here); labkit.topology.Topology (where each rank sits) holds one
+beside its world size. All check it here: one list of rules, one wording, one spelling (`zero`
+for the ZeRO stage, everywhere: the memory calculator, the widgets, the checkers), one field
+order.
+
+The field order is the order in which the book introduces the degrees (dp in chapter 02, tp 04,
+pp 05, cp 07, ep 08), then zero, which is not a dimension of the rank grid but what the dp (x cp)
+ranks do with the model states. It is not the order of the ranks: where each rank sits is
+labkit.topology's (outermost first: pp, dp, cp, tp; Megatron-Core's initialize_model_parallel
+names it innermost first, order="tp-cp-ep-dp-pp"). Degrees, Topology, Plan and Config take the
+degrees in this one order and by keyword only, so a positional Config(8, 4, 8) fails at once
+instead of reading tp=8 in one record and dp=8 in another.
 """
 from __future__ import annotations
 
@@ -29,7 +38,20 @@ def factorizations(world: int) -> list:
     return [(pp, world // (tp * pp), tp) for tp in divisors(world) for pp in divisors(world // tp)]
 
 
-@dataclass(frozen=True)
+def zero_problem(zero) -> str:
+    """What is wrong with `zero` as a ZeRO stage; '' when it is one (0, 1, 2 or 3)."""
+    if zero in ZERO_STAGES:
+        return ""
+    return f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {zero!r}"
+
+
+def check_zero(zero) -> None:
+    """Raise ValueError unless `zero` is a ZeRO stage (the cost formulas' check)."""
+    if zero_problem(zero):
+        raise ValueError(zero_problem(zero))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Degrees:
     dp: int = 1       # data-parallel replicas (ZeRO shards over them)
     tp: int = 1       # tensor-parallel shards of every layer
@@ -42,13 +64,18 @@ class Degrees:
     def world(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def degrees(self) -> Degrees:
+        """The degrees alone: a Plan or a Config is a Degrees with more fields after them."""
+        return Degrees(**{f.name: getattr(self, f.name) for f in fields(Degrees)})
+
     def problems(self, world: int | None = None, *, launch: bool = True) -> list:
         """Every way these degrees cannot describe a run (on `world` ranks, if given), each
         message naming the factors and a value that works; [] when they fit. launch=False (a
         cost model, whose searches try every stage on every dp): a ZeRO stage over one rank is
         allowed, and costs what stage 0 costs; a launched run refuses it as a mistake."""
         out = []
-        for f in fields(self):
+        for f in fields(Degrees):
             v = getattr(self, f.name)
             if f.name != "zero" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 out.append(f"{f.name} must be a positive integer, got {v!r}")
@@ -56,8 +83,8 @@ class Degrees:
             return out      # the rules below multiply and divide these
         if world is not None and self.world != world:
             out.append(self._world_problem(world))
-        if self.zero not in ZERO_STAGES:
-            out.append(f"zero (the ZeRO stage) must be 0, 1, 2 or 3, got {self.zero!r}")
+        if zero_problem(self.zero):
+            out.append(zero_problem(self.zero))
         elif self.zero and self.dp * self.cp == 1 and launch:
             # ZeRO shards over the data-parallel ranks and, with context parallelism, over dp x cp
             # (labkit.parallel.parallelize's dp_cp group; torchtitan's FSDP over dp_shard x cp)

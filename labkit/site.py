@@ -64,9 +64,9 @@ PYODIDE_FETCH = REPO / "scripts" / "pyodide-fetch.sh"
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
                  "pyodide-lock.json")
 CALC_ZIP = "labkit-calculators.zip"
-# What a fresh interpreter without Pyodide's missing packages imports to render every calculator
-# (labkit.widgets.web): the zip's contents are found, not listed (calculator_files).
-BROWSER_IMPORTS = """
+# Every calculator rendered (labkit.widgets.web) without what Pyodide's core runtime lacks: run to
+# find the zip's contents (calculator_files: found, not listed), and by test_site on the zip alone.
+BROWSER_RENDER = """
 import sys
 class Block:   # what Pyodide's core runtime does not have
     def find_spec(self, name, path=None, target=None):
@@ -76,6 +76,8 @@ sys.meta_path.insert(0, Block())
 from labkit.widgets import web
 for key in web.CALCULATORS:
     web.render(key, web.defaults(key))
+"""
+BROWSER_IMPORTS = BROWSER_RENDER + """
 for m in sorted(sys.modules):
     if m.split(".")[0] == "labkit" and getattr(sys.modules[m], "__file__", None):
         print(sys.modules[m].__file__)

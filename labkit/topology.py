@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from labkit.degrees import Degrees, factorizations  # noqa: F401  (factorizations: parallel.plan imports it from here)
 
@@ -39,11 +39,12 @@ class TopologyError(ValueError):
 @dataclass(frozen=True)
 class Topology:
     world: int
+    _: KW_ONLY                       # the degrees, in labkit.degrees' order, by keyword only
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1                      # context parallelism
     zero: int = 0                    # ZeRO stage over the DP dimension: 0 (plain DP), 1, 2, 3
-    cp: int = 1                      # context parallelism (after zero: keeps positional calls)
     gpus_per_node: int | None = None  # None: one node holds every rank
     sizes: dict = field(init=False, repr=False, compare=False)
 

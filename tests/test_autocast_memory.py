@@ -101,7 +101,7 @@ def test_formula_against_the_h200(recipe):
 
 # ----------------------------------------------------------------------------- plan's recipes
 def test_plan_recipes_states_and_activations():
-    kw = dict(zero_stage=1, dp=8, seq_len=8192, micro_batch=1)
+    kw = dict(zero=1, dp=8, seq_len=8192, micro_batch=1)
     fp32, auto, bf16 = (memory.plan("llama3-8b", recipe=r, **kw)
                         for r in ("fp32", "autocast", "mixed"))
     n = fp32.settings["n_params"]

@@ -192,7 +192,7 @@ def test_the_planner_plans_with_measured_roofs():
     from labkit.costs import planner
 
     job = planner.Job("llama3-8b", global_batch=64, seq_len=4096)
-    cfg = planner.Config(tp=1, pp=1, dp=8, zero=1)
+    cfg = planner.Config(dp=8, tp=1, pp=1, zero=1)
     sheet, measured = (planner.evaluate(cfg, job, planner.Cluster(n_gpus=8, gpus_per_node=8,
                                                                   gpu=g)).compute_s
                        for g in ("H200 141GB", "H200 141GB (measured)"))

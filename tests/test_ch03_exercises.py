@@ -259,12 +259,12 @@ def test_labkit_zero_is_refused_without_a_launch():
 
 
 # ----------------------------------------------------------------------------- 3.3
-def _right(n, stage, world):
+def _right(n, zero, world):
     one = (world - 1) / world * n * 4
-    return {"params": 4 * n / (world if stage >= 3 else 1),
-            "grads": 4 * n / (world if stage >= 2 else 1),
-            "optimizer": 8 * n / (world if stage >= 1 else 1),
-            "sent": (3 if stage == 3 else 2) * one}
+    return {"params": 4 * n / (world if zero >= 3 else 1),
+            "grads": 4 * n / (world if zero >= 2 else 1),
+            "optimizer": 8 * n / (world if zero >= 1 else 1),
+            "sent": (3 if zero == 3 else 2) * one}
 
 
 def test_held_and_sent_reference_and_wrong_predictions(monkeypatch):

@@ -171,36 +171,36 @@ def test_forbidden_used_follows_helpers_and_globals():
 
 
 # ----------------------------------------------------------------------------- 6.3
-def predict_checkpoint_bytes(n_params, recipe, stage, world):
+def predict_checkpoint_bytes(n_params, recipe, zero, world):
     from labkit.costs import memory
 
     r = memory.get_recipe(recipe)
     weights, opt = r.weights * n_params, r.optimizer * n_params   # gradients are never saved
     largest = {0: weights + opt, 1: weights + opt / world, 2: weights + opt / world,
-               3: (weights + opt) / world}[stage]
+               3: (weights + opt) / world}[zero]
     return {"total": weights + opt, "largest_file": largest}
 
 
-def predict_per_rank(n_params, recipe, stage, world):      # one rank's share called the total
-    got = predict_checkpoint_bytes(n_params, recipe, stage, world)
+def predict_per_rank(n_params, recipe, zero, world):      # one rank's share called the total
+    got = predict_checkpoint_bytes(n_params, recipe, zero, world)
     return {"total": got["total"] / world, "largest_file": got["largest_file"]}
 
 
-def predict_weights_only(n_params, recipe, stage, world):  # forgets the optimizer states
+def predict_weights_only(n_params, recipe, zero, world):  # forgets the optimizer states
     from labkit.costs import memory
 
     w = memory.get_recipe(recipe).weights * n_params
-    return {"total": w, "largest_file": w if stage < 3 else w / world}
+    return {"total": w, "largest_file": w if zero < 3 else w / world}
 
 
-def predict_with_gradients(n_params, recipe, stage, world):  # training memory, not a checkpoint
+def predict_with_gradients(n_params, recipe, zero, world):  # training memory, not a checkpoint
     from labkit.costs import memory
 
     total = memory.get_recipe(recipe).total * n_params
     return {"total": total, "largest_file": total / world}
 
 
-def predict_everything_sharded(n_params, recipe, stage, world):  # ignores the ZeRO stage
+def predict_everything_sharded(n_params, recipe, zero, world):  # ignores the ZeRO stage
     got = predict_checkpoint_bytes(n_params, recipe, 3, world)
     return got
 

@@ -87,7 +87,7 @@ def search(job, cluster, estimate, *, ignore_memory=False, zeros=(0, 1, 2, 3),
                 for mb in micro_batches:
                     if job.global_batch % (dp * mb):
                         continue
-                    cfg = Config(tp, pp, dp, zero, mb)
+                    cfg = Config(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb)
                     est = estimate(cfg, job, cluster)
                     if (ignore_memory or est["memory"] <= cluster.usable) and (
                             best is None or est["step_s"] < best[0]):

@@ -18,6 +18,7 @@ from labkit.widgets import (
     tp,
     web,
 )
+from labkit.widgets.controls import check, live, rng
 
 NOTEBOOK = {"intro": intro.calculator, "roofline": roofline.calculator, "ddp": ddp.calculator,
             "memory": memory.calculator, "tp": tp.calculator, "pipeline": pipeline.calculator,
@@ -61,3 +62,13 @@ def test_the_notebook_widget_shows_the_website_controls(key, monkeypatch):
         elif c["kind"] in ("range", "log"):
             w = widgets[c["label"]]
             assert (w.min, w.max) == (c["min"], c["max"]), (key, c["name"])
+
+
+def test_live_draws_at_once_and_again_on_every_change():
+    drawn = []
+    box = live([rng("n", "n", 1, 8, 1, 2), check("on", "on", False)],
+               lambda **v: drawn.append(v), rows=(2,))
+    assert drawn == [{"n": 2, "on": False}]
+    row, _ = box.children
+    row.children[0].value = 5
+    assert drawn[-1] == {"n": 5, "on": False} and len(row.children) == 2

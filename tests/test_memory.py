@@ -65,16 +65,16 @@ def test_seven_billion_times_sixteen_bytes():
 def test_13b_example_under_the_12_byte_recipe():
     psi = 13e9
     assert memory.model_states(psi, recipe="no_master").total == pytest.approx(156 * GB)
-    z2 = memory.model_states(psi, recipe="no_master", zero_stage=2, dp=8)
+    z2 = memory.model_states(psi, recipe="no_master", zero=2, dp=8)
     assert (z2.params, z2.grads, z2.optimizer) == pytest.approx((26 * GB, 3.25 * GB, 13 * GB))
     assert z2.total == pytest.approx(42.25 * GB)
-    assert memory.model_states(psi, recipe="no_master", zero_stage=3, dp=8).total == \
+    assert memory.model_states(psi, recipe="no_master", zero=3, dp=8).total == \
         pytest.approx(19.5 * GB)
 
 
 def test_13b_example_under_the_zero_papers_16_bytes():
     psi = 13e9
-    got = [memory.model_states(psi, recipe="mixed", zero_stage=s, dp=8).total / GB
+    got = [memory.model_states(psi, recipe="mixed", zero=s, dp=8).total / GB
            for s in range(4)]
     # 16Ψ, 4Ψ + 12Ψ/8, 2Ψ + 14Ψ/8, 16Ψ/8
     assert got == pytest.approx([208, 52 + 19.5, 26 + 22.75, 26])
@@ -84,32 +84,32 @@ def test_13b_example_under_the_zero_papers_16_bytes():
                                               (3, 16 / 64)])
 def test_zero_paper_formulas(stage, per_param):
     assert memory.zero_bytes_per_param("mixed", stage, 64) == pytest.approx(per_param)
-    ms = memory.model_states(1e9, recipe="mixed", zero_stage=stage, dp=64)
+    ms = memory.model_states(1e9, recipe="mixed", zero=stage, dp=64)
     assert ms.total == pytest.approx(per_param * 1e9)
 
 
 def test_tp_and_pp_divide_before_zero():
-    a = memory.model_states(8e9, recipe="mixed", zero_stage=1, dp=4, tp=2, pp=4)
-    b = memory.model_states(1e9, recipe="mixed", zero_stage=1, dp=4)
+    a = memory.model_states(8e9, recipe="mixed", zero=1, dp=4, tp=2, pp=4)
+    b = memory.model_states(1e9, recipe="mixed", zero=1, dp=4)
     assert a.total == pytest.approx(b.total)
 
 
 def test_offload_moves_states_to_cpu():
-    on = memory.model_states(1e9, recipe="mixed", zero_stage=2, dp=4, offload_optimizer=True)
+    on = memory.model_states(1e9, recipe="mixed", zero=2, dp=4, offload_optimizer=True)
     assert (on.params, on.grads, on.optimizer) == (2e9, 0.0, 0.0)
     assert on.cpu_total == pytest.approx(14e9 / 4)
-    all_off = memory.model_states(1e9, recipe="mixed", zero_stage=3, dp=4,
+    all_off = memory.model_states(1e9, recipe="mixed", zero=3, dp=4,
                                   offload_optimizer=True, offload_params=True)
     assert all_off.total == 0 and all_off.cpu_total == pytest.approx(4e9)
-    with pytest.raises(ValueError, match="zero_stage=3"):
-        memory.model_states(1e9, recipe="mixed", zero_stage=2, offload_params=True)
+    with pytest.raises(ValueError, match="zero=3"):
+        memory.model_states(1e9, recipe="mixed", zero=2, offload_params=True)
 
 
 def test_bad_degrees_are_named():
     with pytest.raises(ValueError, match="dp must be a positive integer, got 0"):
-        memory.model_states(1e9, recipe="mixed", zero_stage=1, dp=0)
-    with pytest.raises(ValueError, match="zero_stage must be 0, 1, 2 or 3, got 4"):
-        memory.model_states(1e9, recipe="mixed", zero_stage=4)
+        memory.model_states(1e9, recipe="mixed", zero=1, dp=0)
+    with pytest.raises(ValueError, match=r"zero \(the ZeRO stage\) must be 0, 1, 2 or 3, got 4"):
+        memory.model_states(1e9, recipe="mixed", zero=4)
 
 
 # ----------------------------------------------------------------------------- DeepSpeed's tables
@@ -221,7 +221,7 @@ def test_formula_equals_bytes_saved_for_backward(kw):
 
 
 def test_plan_fits_only_with_a_margin_and_shows_its_derivation():
-    p = memory.plan("llama3-8b", recipe="mixed", zero_stage=1, dp=8, seq_len=8192,
+    p = memory.plan("llama3-8b", recipe="mixed", zero=1, dp=8, seq_len=8192,
                     recompute="full")
     cap = memory.gpu_capacity("H100 80GB")
     assert p.fits(cap, margin=0.0) == (p.total <= cap)
@@ -244,13 +244,13 @@ def test_pipeline_keeps_micro_batches_alive():
 
 
 def test_plan_adds_up_and_fits():
-    p = memory.plan("llama2-7b", recipe="mixed", zero_stage=3, dp=8, seq_len=4096,
+    p = memory.plan("llama2-7b", recipe="mixed", zero=3, dp=8, seq_len=4096,
                     micro_batch=1, recompute="full")
     parts = p.params + p.grads + p.optimizer + p.activations + p.gathered
     assert p.total == pytest.approx(parts)
     assert p.params == pytest.approx(2 * 6_738_415_616 / 8)
     assert p.fits("H100 80GB")
-    big = memory.plan("llama2-70b", recipe="mixed", zero_stage=0, seq_len=4096)
+    big = memory.plan("llama2-70b", recipe="mixed", zero=0, seq_len=4096)
     assert not big.fits("H200 141GB")
     labels = [r[0] for r in p.rows()]
     assert labels[0] == "parameters" and labels[-2] == "total per GPU"
@@ -266,7 +266,7 @@ def test_zero3_moves_one_and_a_half_times_dp():
 
 def test_zero_paper_figure_1():
     # Ψ = 7.5B, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU
-    got = [round(memory.model_states(7.5e9, recipe="mixed", zero_stage=s, dp=64).total / GB, 1)
+    got = [round(memory.model_states(7.5e9, recipe="mixed", zero=s, dp=64).total / GB, 1)
            for s in range(4)]
     assert got == [120.0, 31.4, 16.6, 1.9]
 
@@ -275,7 +275,7 @@ def test_calculator_widget_shows_the_plan():
     pytest.importorskip("ipywidgets")
     from labkit.widgets import memory as mw
 
-    p = memory.plan("llama3-8b", recipe="mixed", zero_stage=1, dp=8, seq_len=8192,
+    p = memory.plan("llama3-8b", recipe="mixed", zero=1, dp=8, seq_len=8192,
                     recompute="none")
     text = mw.plan_table(p, "H100 80GB")
     assert "does NOT fit" in text and "GiB = 2^30" in text and "keeping 10% free" in text

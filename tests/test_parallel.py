@@ -116,7 +116,7 @@ def test_3d_catches_a_skipped_dimension(dim):
     (Plan(dp=2, pp=2, micro_batches=4), 4, 5, ["K=4", "batch_size >= 8"]),
     (Plan(dp=3, tp=3, pp=5), 8, 2, ["45", "tp=3", "pp=5", "batch_size=2 < dp=3"]),
     (Plan(cp=3), 3, 4, ["cp=3", "T=16", "2*cp=6", "layout='plain'"]),
-    (Plan(tp=2, cp=2, pp=2), 8, 8, ["cp with pp=2", "not built"]),
+    (Plan(tp=2, pp=2, cp=2), 8, 8, ["cp with pp=2", "not built"]),
     (Plan(sp=True), 1, 4, ["sp=True with tp=1"]),
 ])
 def test_bad_plans_are_refused_before_launch_naming_every_factor(plan, world, batch, words):

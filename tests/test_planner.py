@@ -17,23 +17,23 @@ LLAMA70 = planner.Job("llama2-70b", global_batch=1024, seq_len=4096, recipe="mix
 
 def test_175b_states_per_gpu_12_and_16_byte_recipes():
     # TP 8 x PP 4 x DP 8, ZeRO-2, Psi = 175e9 exactly as a common write-up counts
-    kw = dict(zero_stage=2, dp=8, tp=8, pp=4)
+    kw = dict(zero=2, dp=8, tp=8, pp=4)
     for recipe, want in (("no_master", 17.77), ("mixed", 20.51)):
         states = memory.model_states(175e9, recipe=recipe, **kw).total
         assert states / GB == pytest.approx(want, abs=0.01)
         # the preset's exact count (174.6B) through the planner gives the same to within 0.5%
         job = planner.Job("gpt3-175b", global_batch=1536, seq_len=2048, recipe=recipe)
-        est = planner.evaluate(planner.Config(8, 4, 8, zero=2), job, A100_256)
+        est = planner.evaluate(planner.Config(dp=8, tp=8, pp=4, zero=2), job, A100_256)
         states = est.memory.params + est.memory.grads + est.memory.optimizer
         assert states / GB == pytest.approx(want, rel=5e-3) and est.fits
 
 
 def test_common_configurations_are_feasible_and_found():
     ranked = planner.plan(GPT3, A100_256)
-    assert planner.rank_of(planner.Config(8, 4, 8, zero=2), ranked) is not None
+    assert planner.rank_of(planner.Config(dp=8, tp=8, pp=4, zero=2), ranked) is not None
     ranked70 = planner.plan(LLAMA70, A100_128)
     for zero in (1, 2):
-        assert planner.rank_of(planner.Config(8, 4, 4, zero=zero), ranked70) is not None
+        assert planner.rank_of(planner.Config(dp=4, tp=8, pp=4, zero=zero), ranked70) is not None
 
 
 def test_where_common_claims_go_astray():
@@ -42,13 +42,13 @@ def test_where_common_claims_go_astray():
     b = memory.model_states(70e9, recipe="mixed", dp=4, tp=8, pp=4).total
     assert a == b == 16 * 70e9 / 32
     # "ZeRO-3: 105 GB across 8 GPUs, ~13 GB per GPU": 105 GB is already per GPU
-    states = memory.model_states(70e9, recipe="no_master", zero_stage=3, dp=8)
+    states = memory.model_states(70e9, recipe="no_master", zero=3, dp=8)
     assert states.total == pytest.approx(105e9)
 
 
 def test_zero2_pays_a_reduce_scatter_per_micro_batch_zero1_does_not():
     few = planner.Job("gpt3-175b", global_batch=256, seq_len=2048)
-    c1, c2 = planner.Config(8, 4, 8, zero=1), planner.Config(8, 4, 8, zero=2)
+    c1, c2 = planner.Config(dp=8, tp=8, pp=4, zero=1), planner.Config(dp=8, tp=8, pp=4, zero=2)
     t1 = [planner.evaluate(c1, j, A100_256).dp_comm_s for j in (few, GPT3)]
     t2 = [planner.evaluate(c2, j, A100_256).dp_comm_s for j in (few, GPT3)]
     assert t1[0] == pytest.approx(t1[1])            # once per step, whatever K
@@ -56,11 +56,11 @@ def test_zero2_pays_a_reduce_scatter_per_micro_batch_zero1_does_not():
 
 
 def test_estimate_arithmetic():
-    est = planner.evaluate(planner.Config(8, 4, 8, zero=1, micro_batch=2), GPT3, A100_256)
+    est = planner.evaluate(planner.Config(dp=8, tp=8, pp=4, zero=1, micro_batch=2), GPT3, A100_256)
     assert est.K == 1536 // (8 * 2)
     assert est.bubble == pipeline.bubble_fraction(4, est.K)
     assert est.memory.total == pytest.approx(memory.plan(
-        "gpt3-175b", recipe="mixed", zero_stage=1, dp=8, tp=8, pp=4, seq_len=2048, micro_batch=2,
+        "gpt3-175b", recipe="mixed", zero=1, dp=8, tp=8, pp=4, seq_len=2048, micro_batch=2,
         recompute="none", sequence_parallel=False, microbatches_alive=4,
         attention="flash").total)
     assert est.step_s > est.compute_s * est.K      # the bubble and exposed traffic only add
@@ -83,7 +83,7 @@ def test_search_follows_the_rules_and_ranks():
 
 def test_bad_input_names_the_numbers():
     with pytest.raises(ValueError, match=r"4 x 4 x 8 = 128.*256"):
-        planner.evaluate(planner.Config(8, 4, 4), GPT3, A100_256)
+        planner.evaluate(planner.Config(dp=4, tp=8, pp=4), GPT3, A100_256)
     with pytest.raises(ValueError, match="multiple of 8"):
         planner.Cluster(12, 8)
 
@@ -98,7 +98,7 @@ def _rules_of_thumb(job, cluster):
                 dp = n // (tp * pp)
                 if dp == 1 or job.global_batch % dp or job.global_batch // dp < pp:
                     continue
-                c = planner.Config(tp, pp, dp, zero, 1)
+                c = planner.Config(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=1)
                 if planner.evaluate(c, job, cluster).fits:
                     return c
 
@@ -109,15 +109,15 @@ def test_ch10_judge_accepts_sound_plans_and_says_why_others_fail():
     for job, cluster in ch10.SCENARIOS.values():
         ch10.judge(_rules_of_thumb(job, cluster), job, cluster)
         ch10.judge(planner.plan(job, cluster)[0].config, job, cluster)
-    ch10.judge(planner.Config(8, 4, 4, zero=1), LLAMA70, A100_128)        # a common 70B plan
+    ch10.judge(planner.Config(dp=4, tp=8, pp=4, zero=1), LLAMA70, A100_128)   # a common 70B plan
     with pytest.raises(AssertionError, match="slower than the best"):
-        ch10.judge(planner.Config(8, 4, 8, zero=2), GPT3, A100_256)       # ZeRO-2 x K=192 RS
+        ch10.judge(planner.Config(dp=8, tp=8, pp=4, zero=2), GPT3, A100_256)  # ZeRO-2 x K=192 RS
     with pytest.raises(AssertionError, match="usable"):
-        ch10.judge(planner.Config(2, 1, 128, zero=0), GPT3, A100_256)
+        ch10.judge(planner.Config(dp=128, tp=2, pp=1, zero=0), GPT3, A100_256)
     with pytest.raises(AssertionError, match="product is 256"):
-        ch10.judge(planner.Config(8, 4, 4, zero=1), GPT3, A100_256)
+        ch10.judge(planner.Config(dp=4, tp=8, pp=4, zero=1), GPT3, A100_256)
     with pytest.raises(AssertionError, match="spans nodes"):
-        ch10.judge(planner.Config(16, 4, 4, zero=1), GPT3, A100_256)
+        ch10.judge(planner.Config(dp=4, tp=16, pp=4, zero=1), GPT3, A100_256)
 
 
 def test_widgets_draw_what_the_planner_computes():
@@ -141,7 +141,7 @@ def test_widgets_draw_what_the_planner_computes():
 def test_defaults_do_not_use_techniques_not_yet_taught():
     job = planner.Job("llama2-70b", global_batch=1024)
     assert job.recompute == "none" and job.sequence_parallel is False
-    est = planner.evaluate(planner.Config(8, 4, 4, zero=1), job, A100_128)
+    est = planner.evaluate(planner.Config(dp=4, tp=8, pp=4, zero=1), job, A100_128)
     assert est.memory.settings["recompute"] == "none"
     assert est.memory.settings["sequence_parallel"] is False
 
@@ -152,7 +152,7 @@ def test_mfu_counts_model_flops_and_hfu_what_the_hardware_ran():
     tokens = 1536 * 2048
     for recompute, attention in (("none", "eager"), ("full", "eager"), ("none", "flash")):
         job = dataclasses.replace(GPT3, recompute=recompute, attention=attention)
-        est = planner.evaluate(planner.Config(8, 4, 8, zero=1), job, A100_256)
+        est = planner.evaluate(planner.Config(dp=8, tp=8, pp=4, zero=1), job, A100_256)
         # MFU from the model's FLOPs alone, computed here from 6N + 12 L h s
         model = (6 * shape[0] + 12 * spec.n_layers * spec.hidden * 2048) * tokens
         assert est.mfu == pytest.approx(model / (est.step_s * 256 * 312e12))
@@ -169,7 +169,7 @@ def test_mfu_counts_model_flops_and_hfu_what_the_hardware_ran():
 
 
 def test_overlap_is_an_input_and_decides_what_hides():
-    c = planner.Config(8, 4, 8, zero=1)
+    c = planner.Config(dp=8, tp=8, pp=4, zero=1)
     none = planner.evaluate(c, GPT3, dataclasses.replace(A100_256, overlap=0.0))
     full = planner.evaluate(c, GPT3, dataclasses.replace(A100_256, overlap=1.0))
     assert none.dp_exposed_s == pytest.approx(none.dp_comm_s)       # nothing hides
@@ -191,7 +191,7 @@ def test_zero3_wins_only_under_perfect_overlap_and_fast_links():
 def test_failure_rate_from_llama3_inflates_the_step():
     assert planner.LLAMA3_GPU_MTBF_H == pytest.approx(16_384 * 54 * 24 / 419)
     assert 16_384 * 54 * 24 / 419 / 16_384 == pytest.approx(3.09, abs=0.01)   # hours, whole job
-    c = planner.Config(8, 4, 8, zero=1)
+    c = planner.Config(dp=8, tp=8, pp=4, zero=1)
     est = planner.evaluate(c, GPT3, A100_256)
     assert est.effective_step_s == pytest.approx(est.step_s / (1 - est.failure_waste))
     # the waste at Young's interval, recomputed here from the save time and the MTBF
@@ -217,7 +217,7 @@ def test_fits_means_fits_with_the_margin():
 
 
 def test_offload_pays_the_cpus_adam_step():
-    c = planner.Config(8, 4, 8, zero=2, offload=True)
+    c = planner.Config(dp=8, tp=8, pp=4, zero=2, offload=True)
     slow_cpu = dataclasses.replace(A100_256, cpu_bw=5e9)
     a, b = planner.evaluate(c, GPT3, A100_256), planner.evaluate(c, GPT3, slow_cpu)
     shard = models.num_params(models.preset("gpt3-175b")) / (8 * 4 * 8)
@@ -226,7 +226,7 @@ def test_offload_pays_the_cpus_adam_step():
         planner.cpu_adam_s(shard, 5e9) - planner.cpu_adam_s(shard, 25e9))
     assert a.memory.optimizer == 0 and a.memory.cpu > 0
     with pytest.raises(ValueError, match="offload needs ZeRO"):
-        planner.evaluate(planner.Config(8, 4, 8, zero=0, offload=True), GPT3, A100_256)
+        planner.evaluate(planner.Config(dp=8, tp=8, pp=4, zero=0, offload=True), GPT3, A100_256)
 
 
 def test_stability_reports_each_top_plan_at_each_setting():
@@ -250,7 +250,7 @@ MIXTRAL = planner.Job("mixtral-8x7b", global_batch=1024, seq_len=4096)
 
 
 def test_cp1_ep1_are_the_defaults_and_change_nothing():
-    c = planner.Config(8, 4, 8, zero=1)
+    c = planner.Config(dp=8, tp=8, pp=4, zero=1)
     assert (c.cp, c.ep) == (1, 1) and str(c) == "TP8 x PP4 x DP8, ZeRO-1, b=1"
     est = planner.evaluate(c, GPT3, A100_256)
     assert est.cp_comm_s == est.cp_exposed_s == est.ep_comm_s == 0.0
@@ -263,8 +263,8 @@ def test_cp1_ep1_are_the_defaults_and_change_nothing():
 def test_cp_divides_activations_and_compute_and_adds_the_ring():
     from labkit.costs import context
 
-    one = planner.evaluate(planner.Config(8, 1, 8, zero=1), LONG, H100_64)
-    four = planner.evaluate(planner.Config(8, 1, 2, zero=1, cp=4), LONG, H100_64)
+    one = planner.evaluate(planner.Config(dp=8, tp=8, pp=1, zero=1), LONG, H100_64)
+    four = planner.evaluate(planner.Config(dp=2, tp=8, pp=1, cp=4, zero=1), LONG, H100_64)
     # every activation term is linear in the tokens a GPU holds (fused attention): exactly / cp
     assert four.memory.activations == pytest.approx(one.memory.activations / 4)
     assert four.compute_s == pytest.approx(one.compute_s / 4)
@@ -295,11 +295,12 @@ def test_moe_memory_shards_experts_over_ep_and_flops_count_active_params():
     spec = MIXTRAL.spec
     assert models.num_params(spec) == 46_702_792_704                  # Mixtral's 46.7B
     assert models.active_params(spec) / 1e9 == pytest.approx(12.9, abs=0.05)
-    c1, c8 = planner.Config(1, 1, 64, zero=1), planner.Config(1, 1, 64, zero=1, ep=8)
+    c1 = planner.Config(dp=64, tp=1, pp=1, zero=1)
+    c8 = planner.Config(dp=64, tp=1, pp=1, ep=8, zero=1)
     e1, e8 = (planner.evaluate(c, MIXTRAL, H100_64) for c in (c1, c8))
     n, n_exp = models.num_params(spec), models.expert_params(spec)
-    want = (memory.model_states(n - n_exp, recipe="mixed", zero_stage=1, dp=64).total
-            + memory.model_states(n_exp / 8, recipe="mixed", zero_stage=1, dp=8).total)
+    want = (memory.model_states(n - n_exp, recipe="mixed", zero=1, dp=64).total
+            + memory.model_states(n_exp / 8, recipe="mixed", zero=1, dp=8).total)
     assert e8.memory.params + e8.memory.grads + e8.memory.optimizer == pytest.approx(want)
     assert e1.memory.params == pytest.approx(2 * n)                  # EP 1: every expert here
     # compute from the active parameters: 6 N_active + 12 L h s per token
@@ -328,15 +329,15 @@ def test_moe_memory_shards_experts_over_ep_and_flops_count_active_params():
 
 def test_bad_cp_and_ep_name_the_factors():
     with pytest.raises(ValueError, match=r"cp=3.*2 x cp = 6.*cp must divide seq_len/2 = 65536"):
-        planner.evaluate(planner.Config(1, 1, 16, cp=3), LONG, planner.Cluster(48))
+        planner.evaluate(planner.Config(dp=16, tp=1, pp=1, cp=3), LONG, planner.Cluster(48))
     with pytest.raises(ValueError, match=r"1 x 8 x 8 x 4 = 256.*64 ranks"):
-        planner.evaluate(planner.Config(8, 1, 8, cp=4), LONG, H100_64)
+        planner.evaluate(planner.Config(dp=8, tp=8, pp=1, cp=4), LONG, H100_64)
     with pytest.raises(ValueError, match=r"n_expert=8.*ep=16.*divides 8"):
-        planner.evaluate(planner.Config(1, 1, 64, ep=16), MIXTRAL, H100_64)
+        planner.evaluate(planner.Config(dp=64, tp=1, pp=1, ep=16), MIXTRAL, H100_64)
     with pytest.raises(ValueError, match=r"ep=8 must divide dp=4"):
-        planner.evaluate(planner.Config(8, 2, 4, ep=8), MIXTRAL, H100_64)
+        planner.evaluate(planner.Config(dp=4, tp=8, pp=2, ep=8), MIXTRAL, H100_64)
     with pytest.raises(ValueError, match=r"ep=2 but Llama-3-8B has no experts"):
-        planner.evaluate(planner.Config(8, 1, 8, ep=2), LONG, H100_64)
+        planner.evaluate(planner.Config(dp=8, tp=8, pp=1, ep=2), LONG, H100_64)
     with pytest.raises(ValueError, match="top_k=3 must be between 1 and n_experts=2"):
         models.preset("mixtral-8x7b").with_(n_experts=2, top_k=3)
 
@@ -345,7 +346,7 @@ def test_conditions_say_which_axis_binds():
     # GPT-3 on 256 A100s, TP4 x PP16 x DP4, ZeRO-1: DP's group spans nodes (IB 25 GB/s). The fp32
     # reduce-scatter needs 3/4 * (4/4) * C/bw = 3/4 * 156e12 / 25e9 = 4,680 tokens in a backward
     # and has b*s = 2,048; the parameter all-gather after the step never hides unless overlapped
-    c = planner.Config(4, 16, 4, zero=1)
+    c = planner.Config(dp=4, tp=4, pp=16, zero=1)
     rows = planner.conditions(c, GPT3, A100_256)
     assert [r["axis"] for r in rows] == ["ZeRO-1 reduce-scatter", "ZeRO-1 param all-gather",
                                          "TP", "PP"]
@@ -358,16 +359,16 @@ def test_conditions_say_which_axis_binds():
     ag2 = planner.conditions(c, over, A100_256)[1]
     assert ag2["need"] == pytest.approx(0.75 * 156e12 / 25e9, rel=1e-2)
     # ZeRO-0: one all-reduce under the backward, 3/4 * (4/2) * C/bw with fp32 gradients
-    dp = planner.conditions(planner.Config(4, 16, 4, zero=0), GPT3, A100_256)[0]
+    dp = planner.conditions(planner.Config(dp=4, tp=4, pp=16, zero=0), GPT3, A100_256)[0]
     assert dp["axis"] == "DP" and dp["need"] == pytest.approx(1.5 * 156e12 / 25e9, rel=1e-2)
-    bf16 = planner.conditions(planner.Config(4, 16, 4, zero=0), replace(GPT3, grad_reduce="bf16"),
-                              A100_256)[0]
+    bf16 = planner.conditions(planner.Config(dp=4, tp=4, pp=16, zero=0),
+                              replace(GPT3, grad_reduce="bf16"), A100_256)[0]
     assert bf16["need"] == pytest.approx(dp["need"] / 2, rel=1e-2)
     # ZeRO-3 is paid per micro-batch; one GPU has nothing to hide
-    zero3 = planner.Config(4, 16, 4, zero=3)
+    zero3 = planner.Config(dp=4, tp=4, pp=16, zero=3)
     assert planner.conditions(zero3, GPT3, A100_256)[0]["axis"] == "ZeRO-3"
     one = planner.Job("llama2-7b", global_batch=8, seq_len=1024)
-    assert planner.binding(planner.Config(1, 1, 1), one,
+    assert planner.binding(planner.Config(dp=1, tp=1, pp=1), one,
                            planner.Cluster(1, 1, "H200 141GB")) is None
     why = "\n".join(planner.reasons(planner.evaluate(c, GPT3, A100_256), GPT3, A100_256))
     assert "binds: ZeRO-1 param all-gather" in why and "all of it is exposed" in why
@@ -389,7 +390,7 @@ def _dp_parts(c, job, cluster):
 def test_zero1_charges_the_parameter_all_gather_after_the_step_like_zero2():
     """Referee E4: ZeRO-1/2's all-gather of the updated parameters follows the optimizer step, so
     it cannot hide under the backward: exposed, or under the next forward when overlapped."""
-    c1, c2 = planner.Config(8, 4, 8, zero=1), planner.Config(8, 4, 8, zero=2)
+    c1, c2 = planner.Config(dp=8, tp=8, pp=4, zero=1), planner.Config(dp=8, tp=8, pp=4, zero=2)
     for c in (c1, c2):
         e, rs, ag = _dp_parts(c, GPT3, A100_256)
         n_rs = 1 if c.zero == 1 else e.K
@@ -405,14 +406,14 @@ def test_zero1_charges_the_parameter_all_gather_after_the_step_like_zero2():
 def test_gradient_reduction_dtype_is_a_knob_fp32_by_default():
     """fp32 reduction (Megatron --bf16, torchtitan, Llama 3) by default; bf16 halves the bytes."""
     assert GPT3.grad_reduce == "fp32" and GPT3.grad_reduce_bytes == 4
-    c = planner.Config(8, 4, 8, zero=0)
+    c = planner.Config(dp=8, tp=8, pp=4, zero=0)
     fp32 = planner.evaluate(c, GPT3, A100_256)
     bf16 = planner.evaluate(c, replace(GPT3, grad_reduce="bf16"), A100_256)
     _, rs, _ = _dp_parts(c, GPT3, A100_256)
     assert fp32.dp_comm_s == pytest.approx(2 * rs)
     assert bf16.dp_comm_s == pytest.approx(fp32.dp_comm_s / 2, rel=1e-3)
     # the ZeRO-3 reduce-scatter too; the parameters' gathers keep the weights' dtype
-    z3 = planner.Config(8, 4, 8, zero=3)
+    z3 = planner.Config(dp=8, tp=8, pp=4, zero=3)
     e32, rs, ag = _dp_parts(z3, GPT3, A100_256)
     assert e32.dp_comm_s == pytest.approx(e32.K * (rs + 2 * ag))
     with pytest.raises(ValueError, match="grad_reduce='fp32'"):

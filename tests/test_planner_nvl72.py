@@ -39,7 +39,7 @@ def test_tp16_inside_an_nvl72_domain_and_not_on_hgx():
 
 
 def test_ep32_all_to_all_on_nvlink_inside_nvl72_over_the_nic_on_hgx():
-    c = P.Config(tp=2, pp=9, dp=32, ep=32, zero=2)
+    c = P.Config(dp=32, tp=2, pp=9, ep=32, zero=2)
     hgx, nvl = P.system_cluster("HGX H100", 576), P.system_cluster("GB200 NVL72", 576)
     assert spans(c, hgx)["ep"] and not spans(c, nvl)["ep"]
     on_hgx, on_nvl = P.evaluate(c, JOB, hgx), P.evaluate(c, JOB, nvl)

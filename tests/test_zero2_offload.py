@@ -83,7 +83,7 @@ def test_bytes_held_match_the_calculator(runs, world):
             assert held == {"params": w * numel, "grads": 0, "optimizer": 0,
                             "cpu_grads": 4 * s, "cpu_optimizer": 12 * s}, (name, held)
             ms = memory.model_states(numel, recipe=memory.Precision(name, w, 4, 12),
-                                     zero_stage=2, dp=world, offload_optimizer=True)
+                                     zero=2, dp=world, offload_optimizer=True)
             assert ms.params == held["params"] and ms.grads == 0 and ms.optimizer == 0
             assert ms.cpu_total <= held["cpu_grads"] + held["cpu_optimizer"] \
                 < ms.cpu_total + 16 * world * 30

@@ -148,14 +148,14 @@ def test_bytes_held_with_offload_and_replication_match_the_calculator(runs, worl
             assert held == {"params": w * s, "grads": 0, "optimizer": 0,
                             "cpu_grads": 4 * s, "cpu_optimizer": 12 * s}, (name, held)
             ms = memory.model_states(numel, recipe=memory.Precision(name, w, 4, 12),
-                                     zero_stage=3, dp=world, offload_optimizer=True)
+                                     zero=3, dp=world, offload_optimizer=True)
             assert ms.params <= held["params"] < ms.params + w * world * 30
             assert ms.cpu_total <= held["cpu_grads"] + held["cpu_optimizer"] \
                 < ms.cpu_total + 16 * world * 30
         held = r[("held", "replicate")]
         assert held == {"params": 4 * (rs + whole), "grads": 4 * (rs + whole),
                         "optimizer": 8 * (rs + whole)}, held
-        ms = memory.model_states(numel, recipe="fp32", zero_stage=3, dp=world, replicated=whole)
+        ms = memory.model_states(numel, recipe="fp32", zero=3, dp=world, replicated=whole)
         assert ms.total <= sum(held.values()) < ms.total + 16 * world * 30
 
 

@@ -105,7 +105,7 @@ def test_zero12_bf16_holds_the_recipes_bytes(runs, stage, recipe):
     params = list(GPT(UNTIED).parameters())
     psi = sum(p.numel() for p in params)
     c = sum(math.ceil(p.numel() / 2) for p in params)                # this rank's padded chunks
-    ms = memory.model_states(psi, recipe=memory.Precision("bf16", *recipe), zero_stage=stage,
+    ms = memory.model_states(psi, recipe=memory.Precision("bf16", *recipe), zero=stage,
                              dp=2)
     for r in runs:
         held = r["bf16"][stage]["held"]

@@ -141,7 +141,7 @@ def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600) -> lis
     rows = []
     for n in VARIANTS:
         stage, w, g, o, off = RECIPE[n]
-        ms = memory.model_states(numel, recipe=memory.Precision(n, w, g, o), zero_stage=stage,
+        ms = memory.model_states(numel, recipe=memory.Precision(n, w, g, o), zero=stage,
                                  dp=nprocs, offload_optimizer=off)
         held = max(sum(v for k, v in r["held"][n].items() if not k.startswith("cpu"))
                    for r in per_rank)

@@ -3,8 +3,8 @@
     from labkit.costs import memory, models
     memory.model_states(7e9, recipe="mixed").total / 1e9                      # 112.0 GB
     memory.plan("llama3-8b", recipe="autocast", attention="flash", seq_len=8192).activations
-    memory.model_states(13e9, recipe="no_master", zero_stage=2, dp=8).total   # 42.25e9
-    p = memory.plan("llama2-7b", recipe="mixed", zero_stage=3, dp=8, seq_len=4096, micro_batch=1,
+    memory.model_states(13e9, recipe="no_master", zero=2, dp=8).total         # 42.25e9
+    p = memory.plan("llama2-7b", recipe="mixed", zero=3, dp=8, seq_len=4096, micro_batch=1,
                     recompute="selective")
     p.total, p.fits("H100 80GB")
 
@@ -62,6 +62,7 @@ from labkit.costs import chips
 from labkit.costs import models as _models
 from labkit.costs._check import positive_ints
 from labkit.costs.lookup import lookup
+from labkit.degrees import check_zero
 
 GB = 1e9
 GiB = 2**30
@@ -145,18 +146,17 @@ class ModelStates:
         return self.cpu_params + self.cpu_grads + self.cpu_optimizer
 
 
-def zero_bytes_per_param(recipe, zero_stage: int, dp: int) -> float:
+def zero_bytes_per_param(recipe, zero: int, dp: int) -> float:
     """Bytes per parameter per GPU: (p+g+o), (p+g)+o/N, p+(g+o)/N, (p+g+o)/N for stages 0..3."""
     r = get_recipe(recipe)
     positive_ints(dp=dp)
     p, g, o = r.weights, r.grads, r.optimizer
     forms = {0: p + g + o, 1: p + g + o / dp, 2: p + (g + o) / dp, 3: (p + g + o) / dp}
-    if zero_stage not in forms:
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    return forms[zero_stage]
+    check_zero(zero)
+    return forms[zero]
 
 
-def model_states(n_params: float, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1,
+def model_states(n_params: float, *, recipe, zero: int = 0, dp: int = 1, tp: int = 1,
                  pp: int = 1, offload_optimizer: bool = False,
                  offload_params: bool = False, replicated: float = 0) -> ModelStates:
     """Bytes of model states per GPU for Ψ = n_params under a ZeRO stage over `dp` ranks.
@@ -172,28 +172,27 @@ def model_states(n_params: float, *, recipe, zero_stage: int = 0, dp: int = 1, t
     """
     r = get_recipe(recipe)
     positive_ints(dp=dp, tp=tp, pp=pp)
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    if offload_optimizer and zero_stage == 0:
-        raise ValueError("offload_optimizer needs zero_stage >= 1 (ZeRO-Offload partitions the "
-                         "optimizer first); set zero_stage=1, 2 or 3")
-    if offload_params and not (zero_stage == 3 and offload_optimizer):
-        raise ValueError("offload_params needs zero_stage=3 and offload_optimizer=True "
-                         f"(got zero_stage={zero_stage}, offload_optimizer={offload_optimizer})")
-    if replicated and zero_stage != 3:
-        raise ValueError(f"replicated={replicated} applies to zero_stage=3 (stages 0-2 keep "
-                         f"every parameter whole already); got zero_stage={zero_stage}")
+    check_zero(zero)
+    if offload_optimizer and zero == 0:
+        raise ValueError("offload_optimizer needs zero >= 1 (ZeRO-Offload partitions the "
+                         "optimizer first); set zero=1, 2 or 3")
+    if offload_params and not (zero == 3 and offload_optimizer):
+        raise ValueError("offload_params needs zero=3 and offload_optimizer=True "
+                         f"(got zero={zero}, offload_optimizer={offload_optimizer})")
+    if replicated and zero != 3:
+        raise ValueError(f"replicated={replicated} applies to zero=3 (stages 0-2 keep "
+                         f"every parameter whole already); got zero={zero}")
     if not 0 <= replicated <= n_params:
         raise ValueError(f"replicated={replicated} must be between 0 and n_params={n_params}")
     psi = n_params / (tp * pp)
     rep = replicated / (tp * pp)              # whole on every rank: not divided by dp
-    params = r.weights * ((psi - rep) / (dp if zero_stage >= 3 else 1) + rep)
-    grads = r.grads * ((psi - rep) / (dp if zero_stage >= 2 else 1) + rep)
-    optim = r.optimizer * ((psi - rep) / (dp if zero_stage >= 1 else 1) + rep)
+    params = r.weights * ((psi - rep) / (dp if zero >= 3 else 1) + rep)
+    grads = r.grads * ((psi - rep) / (dp if zero >= 2 else 1) + rep)
+    optim = r.optimizer * ((psi - rep) / (dp if zero >= 1 else 1) + rep)
     cpu = dict(cpu_params=0.0, cpu_grads=0.0, cpu_optimizer=0.0)
     if offload_optimizer:
         cpu["cpu_optimizer"], optim = optim, 0.0
-        if zero_stage >= 2:
+        if zero >= 2:
             cpu["cpu_grads"], grads = grads, 0.0
     if offload_params:
         cpu["cpu_params"], params = params, 0.0
@@ -319,7 +318,7 @@ class MemoryPlan:
                        ("CPU memory per GPU", self.cpu / scale)]
 
 
-def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: int = 1,
+def plan(model, *, recipe, zero: int = 0, dp: int = 1, tp: int = 1, pp: int = 1,
          seq_len: int | None = None, micro_batch: int = 1, recompute: str = "none",
          sequence_parallel: bool = False, offload_optimizer: bool = False,
          offload_params: bool = False, microbatches_alive: int | None = None,
@@ -339,7 +338,7 @@ def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: in
     r = get_recipe(recipe)
     attention = _act.canonical_attention(attention)
     n = _models.num_params(spec)
-    states = model_states(n, recipe=r, zero_stage=zero_stage, dp=dp, tp=tp, pp=pp,
+    states = model_states(n, recipe=r, zero=zero, dp=dp, tp=tp, pp=pp,
                           offload_optimizer=offload_optimizer, offload_params=offload_params)
     seq = spec.seq_len if seq_len is None else seq_len
     act_recipe = r.activation_recipe if activations is None else activations
@@ -348,8 +347,8 @@ def plan(model, *, recipe, zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: in
                              microbatches_alive=microbatches_alive, attention=attention,
                              recipe=act_recipe, head=True)
     act = parts["total"]
-    gathered = r.weights * _models.layer_params(spec) / tp if zero_stage == 3 else 0.0
-    settings = dict(model=spec.name, n_params=n, recipe=str(r), zero_stage=zero_stage, dp=dp,
+    gathered = r.weights * _models.layer_params(spec) / tp if zero == 3 else 0.0
+    settings = dict(model=spec.name, n_params=n, recipe=str(r), zero=zero, dp=dp,
                     tp=tp, pp=pp, seq_len=seq, micro_batch=micro_batch, recompute=recompute,
                     sequence_parallel=sequence_parallel, offload_optimizer=offload_optimizer,
                     offload_params=offload_params, attention=attention, activation_parts=parts,

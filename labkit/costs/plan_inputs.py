@@ -125,28 +125,18 @@ class Job:
         return self.model if isinstance(self.model, models.ModelSpec) else models.preset(self.model)
 
 
-@dataclass(frozen=True)
-class Config:
-    tp: int
-    pp: int
-    dp: int
-    zero: int = 0
+@dataclass(frozen=True, kw_only=True)
+class Config(Degrees):
+    """One configuration: the degrees (labkit.degrees: dp, tp, pp, cp, ep, zero, by keyword only,
+    Config(dp=4, tp=8, pp=4, zero=1); cp splits each sequence, zig-zag ring attention, the
+    weights replicated over cp; ep shards the experts over groups of ep data-parallel ranks, as
+    parallel.Plan), the micro-batch and ZeRO-Offload."""
     micro_batch: int = 1
     offload: bool = False              # ZeRO-Offload: optimizer states (and their update) on CPU
-    cp: int = 1                        # context parallelism: each sequence split over cp ranks
-                                       # (zig-zag ring attention); weights replicated over cp
-    ep: int = 1                        # expert parallelism: the experts sharded over groups of ep
-                                       # data-parallel ranks (ep divides dp, as parallel.Plan)
-
-    @property
-    def degrees(self) -> Degrees:
-        """The degrees this configuration holds (labkit.degrees: the one record and its checks);
-        the fields keep the order tp, pp, dp of the exercises' Config(tp, pp, dp, zero, b)."""
-        return Degrees(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, zero=self.zero)
 
     @property
     def gpus(self) -> int:
-        return self.degrees.world
+        return self.world
 
     def micro_batches(self, job: Job) -> int:
         return job.global_batch // (self.dp * self.micro_batch)

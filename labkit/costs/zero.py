@@ -2,7 +2,7 @@
 published memory estimates (pure math).
 
     from labkit.costs import zero
-    zero.comm_per_rank(7e9, zero_stage=3, dp=64)["total"]       # 3(N-1)/N * Ψ * 2 bytes
+    zero.comm_per_rank(7e9, zero=3, dp=64)["total"]             # 3(N-1)/N * Ψ * 2 bytes
     zero.deepspeed_zero2_estimate(2_851_598_336, gpus_per_node=8)["gpu"] / 2**30   # 15.93 GiB
 
 Units: bytes. Ψ is the number of parameters; `bytes_per_value` the width of what is sent
@@ -14,9 +14,10 @@ from __future__ import annotations
 from labkit.costs._check import positive_ints
 from labkit.costs.flops import cpu_adam_s
 from labkit.costs.memory import get_recipe
+from labkit.degrees import check_zero
 
 
-def comm_per_rank(n_params: float, zero_stage: int, dp: int, bytes_per_value: float = 2) -> dict:
+def comm_per_rank(n_params: float, zero: int, dp: int, bytes_per_value: float = 2) -> dict:
     """Bytes each rank sends per step (ring collectives) for a ZeRO stage: the ZeRO paper's 2Ψ/3Ψ.
 
     Stages 0-2 move the gradients once through a reduce-scatter and the (updated) parameters once
@@ -24,10 +25,9 @@ def comm_per_rank(n_params: float, zero_stage: int, dp: int, bytes_per_value: fl
     phases). Stage 3 all-gathers the parameters twice (forward, and again in backward because
     they were freed) and reduce-scatters the gradients: 3(N-1)/N Ψ, 1.5x DDP."""
     positive_ints(dp=dp)
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    check_zero(zero)
     one = (dp - 1) / dp * n_params * bytes_per_value   # one reduce-scatter or all-gather
-    parts = ({"reduce_scatter": one, "all_gather": one} if zero_stage < 3 else
+    parts = ({"reduce_scatter": one, "all_gather": one} if zero < 3 else
              {"reduce_scatter": one, "all_gather": 2 * one})
     parts["total"] = sum(parts.values())
     return parts

@@ -24,29 +24,15 @@ class PlanError(TopologyError):
     """The plan does not fit the model, batch or world (the message lists every problem)."""
 
 
-@dataclass(frozen=True)
-class Plan:
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0                  # ZeRO stage of the dp dimension: 0 (plain DP), 1, 2, 3
-    ep: int = 1                    # expert parallelism: experts sharded over groups of ep
-                                   # consecutive dp ranks (ep divides dp; labkit.moe)
-    cp: int = 1                    # context parallelism: the sequence split over cp ranks
+@dataclass(frozen=True, kw_only=True)
+class Plan(Degrees):
+    """The degrees (labkit.degrees: dp, tp, pp, cp, ep, zero, by keyword only; ep shards the
+    experts over groups of ep consecutive dp ranks, labkit.moe) and how the run uses them."""
     cp_layout: str = "zigzag"      # which tokens a cp rank holds (labkit.context.layout)
     cp_method: str = "ring"        # "ring" attention or "all_gather" K/V (Llama 3)
     sp: bool = False               # Megatron sequence parallelism inside the tp group
     micro_batches: int | None = None   # per pipeline step (None: = pp)
     schedule: str = "1f1b"         # pipeline schedule when pp > 1
-
-    @property
-    def degrees(self) -> Degrees:
-        """The degrees this plan holds (labkit.degrees: the one record and its checks)."""
-        return Degrees(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, zero=self.zero)
-
-    @property
-    def world(self) -> int:
-        return self.degrees.world
 
     @property
     def K(self) -> int:
@@ -60,8 +46,8 @@ class Plan:
                 for m in (even_sizes(r, self.K) if self.pp > 1 else [r])]
 
     def topology(self, gpus_per_node=None) -> Topology:
-        return Topology(self.world, dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero,
-                        gpus_per_node=gpus_per_node, cp=self.cp)
+        return Topology(self.world, dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp,
+                        zero=self.zero, gpus_per_node=gpus_per_node)
 
     def describe(self) -> str:
         parts = [f"{d.upper()} {getattr(self, d)}" + (" (SP)" if d == "tp" and self.sp else "")

@@ -13,7 +13,7 @@ worked answer and a checker can never disagree.
 from __future__ import annotations
 
 from labkit.costs import context as cc
-from labkit.widgets.controls import build, on_change, rng, sel, values
+from labkit.widgets.controls import live, rng, sel
 
 COLOURS = {"replicated": "#4C78A8", "tensor-parallel": "#F58518", "scores": "#E45756",
            "layer input": "#54A24B"}
@@ -112,19 +112,7 @@ ACTIVATION_CONTROLS = [rng("s", "s (tokens)", 1024, 131072, 1024, 8192),
 
 def activation_calculator():
     """Sliders: s, b, h, a, t, cp; the stacked bar and the totals."""
-    import ipywidgets as w
-
-    sl = build(ACTIVATION_CONTROLS)
-    out = w.Output()
-
-    def draw():
-        with out:
-            out.clear_output(wait=True)
-            activation_figure(**values(sl)).show()
-
-    on_change(sl, draw)
-    draw()
-    return w.VBox([w.HBox(list(sl.values())[:3]), w.HBox(list(sl.values())[3:]), out])
+    return live(ACTIVATION_CONTROLS, lambda **v: activation_figure(**v).show(), rows=(3, 3))
 
 
 COMM_CONTROLS = [rng("b", "b", 1, 16, 1, 1),
@@ -135,19 +123,7 @@ COMM_CONTROLS = [rng("b", "b", 1, 16, 1, 1),
 
 def comm_calculator():
     """Sliders: b, s, h, kv; bytes per layer of TP, TP+SP, ring CP and all-gather CP."""
-    import ipywidgets as w
-
-    sl = build(COMM_CONTROLS)
-    out = w.Output()
-
-    def draw():
-        with out:
-            out.clear_output(wait=True)
-            comm_figure(**values(sl)).show()
-
-    on_change(sl, draw)
-    draw()
-    return w.VBox([w.HBox(list(sl.values())), out])
+    return live(COMM_CONTROLS, lambda **v: comm_figure(**v).show(), rows=(len(COMM_CONTROLS),))
 
 
 def layout_figure(T: int = 16, cp: int = 4):

@@ -8,6 +8,7 @@ controls (labkit.widgets.web) are both built from the same list.
                 check("sp", "sequence parallel", False)]
     ws = build(CONTROLS)                  # {name: ipywidget}, in the list's order
     values(ws)                            # {name: value}: what the text function takes
+    live(CONTROLS, lambda **v: print(summary(**v)))   # the controls over an output, redrawn
 
 A range whose min, step and value are integers is an integer slider (in the notebook and in the
 browser, labkit.widgets.web.from_inputs); a log range's min, max and step are exponents of 10
@@ -77,3 +78,25 @@ def on_change(ws: dict, fn) -> None:
     """Call fn() whenever any of the widgets changes value."""
     for x in ws.values():
         x.observe(lambda change: fn(), names="value")
+
+
+def live(controls: list, draw, rows=None):
+    """The controls over an ipywidgets Output that draw(**values) fills, cleared and drawn again
+    on every change; rows: how many controls each row holds (None: one control per line)."""
+    import ipywidgets as w  # optional here: the website's Pyodide reads the data, never this
+
+    ws = build(controls)
+    out = w.Output()
+
+    def redraw():
+        with out:
+            out.clear_output(wait=True)
+            draw(**values(ws))
+
+    on_change(ws, redraw)
+    redraw()
+    items = list(ws.values())
+    if rows is not None:
+        ends = [sum(rows[:i]) for i in range(len(rows) + 1)]
+        items = [w.HBox(items[a:b]) for a, b in zip(ends, ends[1:])]
+    return w.VBox([*items, out])

@@ -7,10 +7,9 @@
 """
 from __future__ import annotations
 
-import textwrap
-
 from labkit.costs import scaling
 from labkit.widgets.controls import build, rng
+from labkit.widgets.layout import fits_a_phone
 
 COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "wait": "#BAB0AC",
            "optimizer": "#54A24B", "comm": "#E45756", "pack": "#B279A2", "unpack": "#9D755D"}
@@ -38,7 +37,7 @@ def gantt(events, title: str = "one DDP step, per rank"):
                       height=120 + 28 * len(rows), yaxis=dict(categoryorder="array",
                                                                categoryarray=rows[::-1],
                                                                automargin=True))
-    _fits_a_phone(fig, 60)
+    fits_a_phone(fig, 60)
     return fig
 
 
@@ -92,7 +91,7 @@ def sweep_figure(rows, predicted=None):
     fig.update_layout(xaxis_type="log", xaxis_title="bucket size (MiB)",
                       yaxis_title="step time (ms)", title="Bucket-size sweep (measured, 2 ranks)",
                       height=420)
-    _fits_a_phone(fig, 60)
+    fits_a_phone(fig, 60)
     return fig
 
 
@@ -113,7 +112,7 @@ def scaling_figure(compute: float = 100.0, comm: float = 10.0, overlap: float = 
     fig.update_layout(xaxis_type="log", xaxis_title="GPUs (N)", yaxis_title="scaling efficiency",
                       yaxis_range=[0, 1.05], height=380,
                       title=f"compute {compute:g} ms, comm {comm:g} ms per step")
-    _fits_a_phone(fig, 60)
+    fits_a_phone(fig, 60)
     return fig
 
 
@@ -147,13 +146,3 @@ def calculator():
         print(summary(compute_ms, comm_ms, n, overlap, accum, slowdown))
 
     return w.interactive(show, **build(CONTROLS))
-
-
-def _fits_a_phone(fig, extra_height: int = 0) -> None:
-    """A 390 px phone as well as a notebook: the legend in rows at the foot of the figure (on the
-    right it takes half a phone's width from the plot), the title wrapped at 40 characters, no
-    fixed width (the page sizes the figure)."""
-    title = fig.layout.title.text or ""
-    fig.update_layout(title="<br>".join(textwrap.wrap(title, 40)),
-                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0, x=0),
-                      margin=dict(r=20, b=110), height=(fig.layout.height or 450) + extra_height)

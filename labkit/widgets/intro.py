@@ -18,24 +18,24 @@ GB = 1e9
 PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer states"))
 
 
-def state_rows(model, recipe: str, zero_stage: int = 0, dp: int = 1) -> dict:
+def state_rows(model, recipe: str, zero: int = 0, dp: int = 1) -> dict:
     """{'weights', 'gradients', 'optimizer states', 'total'} in GB (1e9 bytes) per GPU."""
     spec = model if isinstance(model, models.ModelSpec) else models.preset(model)
-    s = memory.model_states(models.num_params(spec), recipe=recipe, zero_stage=zero_stage, dp=dp)
+    s = memory.model_states(models.num_params(spec), recipe=recipe, zero=zero, dp=dp)
     out = {label: getattr(s, attr) / GB for attr, label in PARTS}
     out["total"] = s.total / GB
     return out
 
 
 def memory_figure(models_=("gpt2-124m", "llama2-7b", "llama2-13b", "llama2-70b", "gpt3-175b"),
-                  recipe: str = "mixed", zero_stage: int = 0, dp: int = 1, log: bool = True):
+                  recipe: str = "mixed", zero: int = 0, dp: int = 1, log: bool = True):
     """Stacked bars of model-state GB per GPU for several presets, with GPU capacities drawn."""
     import plotly.graph_objects as go
 
     if isinstance(models_, str):
         models_ = (models_,)
     names = [models.preset(m).name for m in models_]
-    rows = [state_rows(m, recipe, zero_stage, dp) for m in models_]
+    rows = [state_rows(m, recipe, zero, dp) for m in models_]
     fig = go.Figure()
     for _, label in PARTS:
         fig.add_bar(name=label, x=names, y=[r[label] for r in rows])
@@ -45,7 +45,7 @@ def memory_figure(models_=("gpt2-124m", "llama2-7b", "llama2-13b", "llama2-70b",
         # On a log axis plotly places annotations at log10(y) but lines at y: label by hand.
         fig.add_annotation(y=math.log10(y) if log else y, x=1, xref="paper", xanchor="right",
                            yanchor="bottom", text=f"{gpu} ({y:.0f} GB)", showarrow=False)
-    where = f"ZeRO-{zero_stage} over {dp} GPUs" if zero_stage else "one GPU"
+    where = f"ZeRO-{zero} over {dp} GPUs" if zero else "one GPU"
     fig.update_layout(barmode="stack", height=380, yaxis_type="log" if log else "linear",
                       title=f"Model states per GPU, recipe '{recipe}' "
                             f"({memory.get_recipe(recipe).total:g} bytes/param), {where}",
@@ -74,16 +74,16 @@ def triangle_figure():
     return fig
 
 
-def summary(model, recipe: str, zero_stage: int = 0, dp: int = 1) -> str:
+def summary(model, recipe: str, zero: int = 0, dp: int = 1) -> str:
     """The calculator's line of text (the website's calculator prints the same)."""
-    rows = state_rows(model, recipe, zero_stage, dp)
+    rows = state_rows(model, recipe, zero, dp)
     return (" + ".join(f"{k} {v:.1f}" for k, v in rows.items() if k != "total")
             + f" = {rows['total']:.1f} GB per GPU")
 
 
 CONTROLS = [sel("model", "model", list(models.PRESETS), "llama2-7b"),
             sel("recipe", "recipe", list(memory.RECIPES), "mixed"),
-            rng("zero_stage", "ZeRO stage", 0, 3, 1, 0),
+            rng("zero", "ZeRO stage", 0, 3, 1, 0),
             rng("dp", "GPUs (dp)", 1, 64, 1, 8)]   # the website's calculator: the same list
 
 
@@ -92,8 +92,8 @@ def calculator():
     import ipywidgets as w
     from IPython.display import display
 
-    def show(model, recipe, zero_stage, dp):
-        display(memory_figure((model,), recipe, zero_stage if dp > 1 else 0, dp, log=False))
-        print(summary(model, recipe, zero_stage, dp))
+    def show(model, recipe, zero, dp):
+        display(memory_figure((model,), recipe, zero if dp > 1 else 0, dp, log=False))
+        print(summary(model, recipe, zero, dp))
 
     return w.interactive(show, **build(CONTROLS))

@@ -2,7 +2,7 @@
 
     from labkit.widgets import memory as mw
     mw.calculator()                                   # the whole calculator (ipywidgets)
-    p = labkit.costs.memory.plan("llama2-7b", recipe="mixed", zero_stage=3, dp=8)
+    p = labkit.costs.memory.plan("llama2-7b", recipe="mixed", zero=3, dp=8)
     mw.plan_figure(p, "H100 80GB"); print(mw.plan_table(p))
     mw.measured_figure(rows)                          # rows from labkit.zero.measure.rows
     mw.loss_curves_figure(summary, reference)         # labkit.zero.tracking
@@ -73,7 +73,7 @@ def plan_figure(plan: memory.MemoryPlan, gpu="H100 80GB", unit: str = "GB"):
     s = plan.settings
     fits = "fits" if plan.fits(cap) else "does not fit"
     fig.update_layout(barmode="stack", height=420, width=520, legend_orientation="v",
-                      yaxis_title=unit, title=f"{s['model']}, ZeRO-{s['zero_stage']}, "
+                      yaxis_title=unit, title=f"{s['model']}, ZeRO-{s['zero']}, "
                       f"DP{s['dp']} TP{s['tp']} PP{s['pp']}: {plan.total / scale:.1f} {unit} "
                       f"({fits})", yaxis_range=[0, 1.15 * max(plan.total, cap) / scale])
     return fig
@@ -162,7 +162,7 @@ def prefetch_figure(events_by_mode):
     return fig
 
 
-def configuration(spec, seq_len, micro_batch, dp, tp, pp, cp, zero_stage, recipe, recompute,
+def configuration(spec, seq_len, micro_batch, dp, tp, pp, cp, zero, recipe, recompute,
                   sequence_parallel, offload, attention: str = "flash") -> memory.MemoryPlan:
     """The calculator's plan for one setting (offload: 0 none, 1 optimizer, 2 optimizer + params;
     attention "flash", PyTorch's default, or "eager"). Raises ValueError with the reason when the
@@ -172,7 +172,7 @@ def configuration(spec, seq_len, micro_batch, dp, tp, pp, cp, zero_stage, recipe
                          f"sequence length divisible by {2 * cp}")
     # CP (chapter 07): each GPU keeps the activations of s/cp tokens, and the cp ranks hold the
     # same weights, so ZeRO shards over dp x cp (as torchtitan does)
-    return memory.plan(spec, recipe=recipe, zero_stage=zero_stage, dp=dp * cp, tp=tp, pp=pp,
+    return memory.plan(spec, recipe=recipe, zero=zero, dp=dp * cp, tp=tp, pp=pp,
                        seq_len=seq_len // cp, micro_batch=micro_batch, recompute=recompute,
                        sequence_parallel=sequence_parallel and tp > 1,
                        offload_optimizer=offload >= 1, offload_params=offload == 2,
@@ -192,7 +192,7 @@ CONTROLS = [
     sel("tp", "TP degree", [1, 2, 4, 8], 1),
     sel("pp", "PP degree", [1, 2, 4, 8, 16], 1),
     sel("cp", "CP degree", [1, 2, 4, 8, 16, 32], 1),
-    sel("zero_stage", "ZeRO stage", [("0 (DDP)", 0), ("1: optimizer", 1), ("2: + gradients", 2),
+    sel("zero", "ZeRO stage", [("0 (DDP)", 0), ("1: optimizer", 1), ("2: + gradients", 2),
                                      ("3: + parameters (FSDP)", 3)], 1),
     sel("offload", "offload", [("none", 0), ("optimizer -> CPU", 1),
                                ("optimizer + params -> CPU", 2)], 0),
@@ -248,7 +248,7 @@ def calculator():
         with out:
             try:
                 p = configuration(spec_now(), v["seq_len"], v["micro_batch"], v["dp"], v["tp"],
-                                  v["pp"], v["cp"], v["zero_stage"], v["recipe"], v["recompute"],
+                                  v["pp"], v["cp"], v["zero"], v["recipe"], v["recompute"],
                                   v["sp"], v["offload"], v["attention"])
             except (ValueError, KeyError) as err:
                 print(f"cannot compute this configuration: {err}")
@@ -268,7 +268,7 @@ def calculator():
     for wd in [x for name, x in ctl.items() if name != "model"] + custom + [custom_gib]:
         wd.observe(update, "value")
     left = w.VBox([ctl["model"], custom_box] + [ctl[n] for n in LEFT[1:]])
-    right = w.VBox([ctl[n] for n in ("dp", "tp", "pp", "cp", "zero_stage", "offload", "gpu")]
+    right = w.VBox([ctl[n] for n in ("dp", "tp", "pp", "cp", "zero", "offload", "gpu")]
                    + [custom_gib, ctl["unit"]])
     update()
     return w.VBox([w.HBox([left, right]), out])

@@ -9,11 +9,10 @@
 """
 from __future__ import annotations
 
-import textwrap
-
 from labkit.costs import comm
 from labkit.costs import tensor_parallel as tpc
-from labkit.widgets.controls import build, on_change, rng, sel, values
+from labkit.widgets.controls import live, rng, sel
+from labkit.widgets.layout import fits_a_phone
 
 COLOURS = ["#4C78A8", "#F58518", "#54A24B", "#E45756"]
 
@@ -56,7 +55,7 @@ def bytes_figure(rows, title: str = "bytes of every TP all-reduce: logged vs for
                    marker=dict(symbol="x", size=12, color=COLOURS[3]),
                    name="formula b*s*h*4 bytes")])
     fig.update_layout(title=title, yaxis_title="bytes per all-reduce", height=380)
-    _fits_a_phone(fig, 40)
+    fits_a_phone(fig, 40)
     return fig
 
 
@@ -74,7 +73,7 @@ def wire_figure(rows, title: str = "bytes each rank sent in one TP forward + bac
                    marker=dict(symbol="line-ew-open", size=40, line_width=3, color="black"),
                    name="labkit.costs (ring)")])
     fig.update_layout(title=title, yaxis_title="bytes sent per rank", height=360)
-    _fits_a_phone(fig, 40)
+    fits_a_phone(fig, 40)
     return fig
 
 
@@ -98,7 +97,7 @@ def scaling_figure(b: int, s: int, h: int, links=("NVLink 4 (H100 SXM)", "Infini
                             "TFLOP/s sustained (alpha-beta model)",
                       xaxis=dict(title="TP degree", type="log", tickvals=list(tps)),
                       yaxis=dict(title="ms per layer", type="log"), height=420)
-    _fits_a_phone(fig, 60)
+    fits_a_phone(fig, 60)
     return fig
 
 
@@ -122,27 +121,6 @@ CONTROLS = [rng("b", "b", 1, 32, 1, 1),
 
 def calculator():
     """Sliders: b, s, h, TP, link -> bytes per all-reduce, per layer, and the time split."""
-    import ipywidgets as w
-    from IPython.display import display
+    from IPython.display import display  # only in a notebook: the website imports this module
 
-    out = w.Output()
-    ctl = build(CONTROLS)
-
-    def show():
-        with out:
-            out.clear_output(wait=True)
-            print(summary(**values(ctl)))
-
-    on_change(ctl, show)
-    show()
-    display(w.VBox([*ctl.values(), out]))
-
-
-def _fits_a_phone(fig, extra_height: int = 0) -> None:
-    """A 390 px phone as well as a notebook: the legend in rows at the foot of the figure (on the
-    right it takes half a phone's width from the plot), the title wrapped at 40 characters, no
-    fixed width (the page sizes the figure)."""
-    title = fig.layout.title.text or ""
-    fig.update_layout(title="<br>".join(textwrap.wrap(title, 40)),
-                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0, x=0),
-                      margin=dict(r=20, b=110), height=(fig.layout.height or 450) + extra_height)
+    display(live(CONTROLS, lambda **v: print(summary(**v))))

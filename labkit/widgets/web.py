@@ -37,7 +37,7 @@ class Calculator:
 
 def _memory_text(v):
     p = memview.configuration(models.preset(v["model"]), v["seq_len"], v["micro_batch"], v["dp"],
-                              v["tp"], v["pp"], v["cp"], v["zero_stage"], v["recipe"],
+                              v["tp"], v["pp"], v["cp"], v["zero"], v["recipe"],
                               v["recompute"], v["sp"], v["offload"], v["attention"])
     return memview.plan_table(p, v["gpu"], v["unit"])
 

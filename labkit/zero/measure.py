@@ -108,7 +108,7 @@ def rows(per_rank, cfg: GPTConfig = LAB_MODEL, recipe=FP32_ADAM) -> list:
     out = []
     for stage in [k for k in per_rank[0] if k in (0, 1, 2, 3)]:   # other entries: ignored
         numel = per_rank[0][stage]["numel"]
-        ms = memory.model_states(numel, recipe=recipe, zero_stage=stage, dp=world)
+        ms = memory.model_states(numel, recipe=recipe, zero=stage, dp=world)
         pred = {"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer}
         held = {k: max(r[stage]["held"][k] for r in per_rank) for k in PARTS}
         counted = [r[stage]["sent"] for r in per_rank]

@@ -165,7 +165,7 @@ def _precision(v):
 
 def _intro(v):
     n = models.num_params(models.preset(v["model"]))
-    s = memory.model_states(n, recipe=v["recipe"], zero_stage=int(v["zero_stage"]), dp=int(v["dp"]))
+    s = memory.model_states(n, recipe=v["recipe"], zero=int(v["zero"]), dp=int(v["dp"]))
     return f"= {s.total / 1e9:.1f} GB per GPU"
 
 

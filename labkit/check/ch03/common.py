@@ -47,22 +47,22 @@ def assert_state_sharded(result, world: int) -> None:
              f"{result['numel']} parameters a shard is at most about {bound}")
 
 
-def predicted_held(numel: int, stage: int, world: int) -> dict:
+def predicted_held(numel: int, zero: int, world: int) -> dict:
     """labkit.costs.memory's prediction of what a rank keeps, fp32 params/grads, Adam m and v."""
 
     fp32_adam = memory.Precision("fp32 Adam", 4, 4, 8)
-    ms = memory.model_states(numel, recipe=fp32_adam, zero_stage=stage, dp=world)
+    ms = memory.model_states(numel, recipe=fp32_adam, zero=zero, dp=world)
     return {"params": ms.params, "grads": ms.grads, "optimizer": ms.optimizer}
 
 
-def assert_held_bytes(held: dict, numel: int, n_tensors: int, stage: int, world: int) -> None:
+def assert_held_bytes(held: dict, numel: int, n_tensors: int, zero: int, world: int) -> None:
     """Measured bytes per rank = prediction, up to the padding (< N elements per tensor)."""
-    pred = predicted_held(numel, stage, world)
+    pred = predicted_held(numel, zero, world)
     for part, want in pred.items():
         slack = 4 * world * n_tensors * (2 if part == "optimizer" else 1)
         got = held[part]
         if not (want - 1e-6 <= got <= want + slack):
-            fail(f"ZeRO-{stage} at {world} ranks holds {got:.0f} bytes of {part}; the model "
+            fail(f"ZeRO-{zero} at {world} ranks holds {got:.0f} bytes of {part}; the model "
                  f"predicts {want:.0f} (+ at most {slack} of padding): this stage does not "
                  f"shard its {part} as it claims")
 

@@ -1,6 +1,6 @@
 """Exercise 6.3: predict a sharded checkpoint's bytes on disk, then measure them.
 
-    labkit.check.ch06.checkpoint_size(predict_checkpoint_bytes)   # (n_params, recipe, stage,
+    labkit.check.ch06.checkpoint_size(predict_checkpoint_bytes)   # (n_params, recipe, zero,
                                                                   #  world) -> {"total",
                                                                   #  "largest_file"}
 
@@ -33,14 +33,14 @@ def size_model_params() -> int:
     return sum(p.numel() for p in GPT(GPTConfig(**SIZE_MODEL), seed=0).parameters())
 
 
-def costs_prediction(n_params: float, recipe: str, stage: int, world: int) -> dict:
+def costs_prediction(n_params: float, recipe: str, zero: int, world: int) -> dict:
     """labkit.costs' answer: weights + optimizer states (gradients are never saved); below stage 3
     the weights are replicated and written once, by rank 0; below stage 1 so is the optimizer."""
 
     r = memory.get_recipe(recipe)
     saved = memory.Precision(r.name, r.weights, 0, r.optimizer)
     return {"total": n_params * saved.total,
-            "largest_file": n_params * memory.zero_bytes_per_param(saved, stage, world)}
+            "largest_file": n_params * memory.zero_bytes_per_param(saved, zero, world)}
 
 
 def _size_state(recipe: str):
@@ -57,14 +57,14 @@ def _size_state(recipe: str):
     return weights, opt
 
 
-def _size_layout(weights: dict, opt: dict, stage: int, world: int) -> dict:
+def _size_layout(weights: dict, opt: dict, zero: int, world: int) -> dict:
     """ZeRO's layout: optimizer states split from stage 1, weights from stage 3; the rest
     replicated (every rank holds it, labkit's save writes it once, from the lowest rank)."""
     # lazy: a module the ranks import must not load labkit.checkpoint (6.2 watches its import)
     from labkit.checkpoint.sharded import Piece, shapes_of, zero_layout
 
     shapes = shapes_of({**weights, **opt})
-    split = (set(opt) if stage >= 1 else set()) | (set(weights) if stage == 3 else set())
+    split = (set(opt) if zero >= 1 else set()) | (set(weights) if zero == 3 else set())
     pieces = zero_layout({k: shapes[k] for k in split}, world)["pieces"]
     for k in shapes.keys() - split:
         n = int(torch.Size(shapes[k][0]).numel())
@@ -72,12 +72,12 @@ def _size_layout(weights: dict, opt: dict, stage: int, world: int) -> dict:
     return {"world": world, "tensors": shapes, "pieces": pieces}
 
 
-def _size_job(recipe: str, stage: int, root: str) -> None:
+def _size_job(recipe: str, zero: int, root: str) -> None:
     # lazy: a module the ranks import must not load labkit.checkpoint (6.2 watches its import)
     from labkit.checkpoint import sharded
 
     weights, opt = _size_state(recipe)
-    layout = _size_layout(weights, opt, stage, dist.get_world_size())
+    layout = _size_layout(weights, opt, zero, dist.get_world_size())
     mine = sharded.shard_state({**weights, **opt}, layout, dist.get_rank())
     sharded.save_sharded(root, 1, mine, layout)
 
@@ -100,33 +100,33 @@ def size_mistakes(key: str, recipe: str, world: int) -> list:
         ((p + g + o) / (p + o), "Gradients are not saved: the next step recomputes them.")]
 
 
-def _size_hint(key, got, measured, recipe, stage, world) -> str:
+def _size_hint(key, got, measured, recipe, zero, world) -> str:
     said = f"{key}: predicted {got / 1e6:.3f} MB, measured {measured / 1e6:.3f} MB. "
-    default = ((f"At ZeRO stage {stage}, which states are sharded and which are whole on every "
+    default = ((f"At ZeRO stage {zero}, which states are sharded and which are whole on every "
                 "rank? A whole tensor is written once: by which rank?")
-               if key == "largest_file" and stage < 3 else
-               (f"What does a rank hold at ZeRO stage {stage} under recipe {recipe!r} "
+               if key == "largest_file" and zero < 3 else
+               (f"What does a rank hold at ZeRO stage {zero} under recipe {recipe!r} "
                 "(labkit.costs.memory.RECIPES), and which of it goes into a checkpoint?"))
     return said + diagnose(got / measured, size_mistakes(key, recipe, world), default, TOLERANCE)
 
 
 @graded("6.3")
 def checkpoint_size(fn):
-    """Exercise 6.3: fn(n_params, recipe, stage, world) -> {"total": bytes of all the
+    """Exercise 6.3: fn(n_params, recipe, zero, world) -> {"total": bytes of all the
     checkpoint's files, "largest_file": bytes of the largest one}."""
     c = Checker(EXERCISE, TITLE, POINTS)
     n = size_model_params()
-    for i, (recipe, stage, world) in enumerate(SIZE_CASES):
+    for i, (recipe, zero, world) in enumerate(SIZE_CASES):
         hidden = i == len(SIZE_CASES) - 1
-        with c.case("hidden case" if hidden else f"{recipe}, ZeRO-{stage}, {world} ranks"):
-            got = fn(n, recipe, stage, world)
+        with c.case("hidden case" if hidden else f"{recipe}, ZeRO-{zero}, {world} ranks"):
+            got = fn(n, recipe, zero, world)
             if not (isinstance(got, dict) and all(isinstance(got.get(k), (int, float))
                                                   for k in ("total", "largest_file"))):
                 fail('return {"total": bytes, "largest_file": bytes}, numbers')
             with tempfile.TemporaryDirectory(prefix="labkit-ch06-size-") as root:
-                c.measure(_size_job, world, args=(recipe, stage, root))
+                c.measure(_size_job, world, args=(recipe, zero, root))
                 measured = measure_on_disk(f"{root}/step_00000001")
-            want = costs_prediction(n, recipe, stage, world)
+            want = costs_prediction(n, recipe, zero, world)
             if not hidden:                # predicted beside measured, in the table
                 c.cases[-1]["name"] += "".join(
                     f"\n      {k}: predicted {got[k] / 1e6:.2f} MB, measured "
@@ -136,5 +136,5 @@ def checkpoint_size(fn):
                     fail(f"labkit.costs says {want[key]:.4g} B for {key}, the disk {measured[key]}"
                          " B: the checker disagrees with itself (please report it)")
                 if abs(got[key] / measured[key] - 1) > TOLERANCE:
-                    fail(_size_hint(key, got[key], measured[key], recipe, stage, world))
+                    fail(_size_hint(key, got[key], measured[key], recipe, zero, world))
     return c.finish()

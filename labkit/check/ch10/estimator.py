@@ -25,15 +25,17 @@ TOLERANCE = 0.005        # memory and step time within 0.5% of labkit.costs.plan
 _70B, _175B = SCENARIOS["llama2-70b on 128 A100 80GB"], SCENARIOS["gpt3-175b on 256 A100 80GB"]
 _8B, _13B = SCENARIOS["llama3-8b on 16 H100 80GB"], SCENARIOS["llama2-13b on 32 A100 40GB"]
 ESTIMATE_CASES = [  # (name, config, job, cluster, hidden)
-    ("llama2-70b, TP8 x PP4 x DP4, ZeRO-1, micro-batch 1", Config(8, 4, 4, 1, 1), *_70B, False),
-    ("gpt3-175b, TP8 x PP8 x DP4, ZeRO-2, micro-batch 2", Config(8, 8, 4, 2, 2), *_175B, False),
-    ("hidden: ZeRO-3, no TP or PP", Config(1, 1, 16, 3, 2), *_8B, True),
-    ("hidden: TP across nodes", Config(16, 2, 4, 0, 1), *_70B, True),
-    ("hidden: ZeRO-3, short sequences", Config(8, 1, 16, 3, 1),
+    ("llama2-70b, TP8 x PP4 x DP4, ZeRO-1, micro-batch 1",
+     Config(dp=4, tp=8, pp=4, zero=1, micro_batch=1), *_70B, False),
+    ("gpt3-175b, TP8 x PP8 x DP4, ZeRO-2, micro-batch 2",
+     Config(dp=4, tp=8, pp=8, zero=2, micro_batch=2), *_175B, False),
+    ("hidden: ZeRO-3, no TP or PP", Config(dp=16, tp=1, pp=1, zero=3, micro_batch=2), *_8B, True),
+    ("hidden: TP across nodes", Config(dp=4, tp=16, pp=2, zero=0, micro_batch=1), *_70B, True),
+    ("hidden: ZeRO-3, short sequences", Config(dp=16, tp=8, pp=1, zero=3, micro_batch=1),
      Job("llama2-70b", global_batch=64, seq_len=512, recipe="mixed"), _70B[1], True),
-    ("hidden: fewer micro-batches than stages", Config(1, 8, 4, 1, 1),
+    ("hidden: fewer micro-batches than stages", Config(dp=4, tp=1, pp=8, zero=1, micro_batch=1),
      Job("llama2-13b", global_batch=16, seq_len=4096, recipe="mixed"), _13B[1], True),
-    ("hidden: 40 layers on 3 stages", Config(8, 3, 1, 0, 4),
+    ("hidden: 40 layers on 3 stages", Config(dp=1, tp=8, pp=3, zero=0, micro_batch=4),
      Job("llama2-13b", global_batch=96, seq_len=4096, recipe="mixed"),
      Cluster(24, gpus_per_node=8, gpu="A100 80GB"), True),
 ]

@@ -22,7 +22,7 @@ def judge(config, job: Job, cluster: Cluster, margin: float = MARGIN) -> P.Estim
 
     Shared by the checkers and the tests."""
     if not isinstance(config, Config):
-        fail(f"return a labkit.costs.plan_inputs.Config(tp=..., pp=..., dp=..., zero=..., "
+        fail(f"return a labkit.costs.plan_inputs.Config(dp=..., tp=..., pp=..., zero=..., "
              f"micro_batch=...), got {type(config).__name__}")
     c, n, g = config, cluster.n_gpus, cluster.gpus_per_node
     if c.tp * c.pp * c.dp != n:

@@ -8,7 +8,7 @@ costs.checkpoint.
     job = planner.Job("gpt3-175b", global_batch=1536, seq_len=2048)
     best = planner.plan(job, cluster)[:5]        # Estimates, fastest first
     print(planner.table(best)); print(planner.reasons(best[0], job, cluster))
-    planner.evaluate(planner.Config(tp=8, pp=4, dp=8, zero=1), job, cluster)
+    planner.evaluate(planner.Config(dp=8, tp=8, pp=4, zero=1), job, cluster)
     planner.stability(job, cluster, inter_bw=[12.5e9, 25e9, 50e9])   # does the ranking hold?
     planner.plan(planner.Job("llama3-8b", global_batch=32, seq_len=131072), cluster)  # tries CP
     planner.plan(planner.Job("mixtral-8x7b", global_batch=1024, seq_len=4096), cluster)  # EP

@@ -137,7 +137,7 @@ def memory_of(c: Config, job: Job, K: int) -> memory.MemoryPlan:
     """costs.memory.plan for s/cp tokens per GPU, states sharded over dp*cp; a mixture's expert
     states / ep, and its MLP activations kept once per expert a token visits (k times)."""
     spec, seq = job.spec, job.seq_len // c.cp
-    kw = dict(recipe=job.recipe, zero_stage=c.zero, offload_optimizer=c.offload)
+    kw = dict(recipe=job.recipe, zero=c.zero, offload_optimizer=c.offload)
     act_kw = dict(seq_len=seq, micro_batch=c.micro_batch, recompute=job.recompute, tp=c.tp,
                   sequence_parallel=job.sequence_parallel and c.tp > 1, attention=job.attention)
     alive = min(K, c.pp)

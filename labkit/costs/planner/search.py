@@ -62,7 +62,8 @@ def candidates(job: Job, cluster: Cluster, micro_batches=(1, 2, 4, 8), cps=None)
                     continue
                 dp = rest // pp
                 for ep in ep_degrees(job, dp):
-                    _stages(job, Config(tp, pp, dp, cp=cp, ep=ep), micro_batches, out, skip)
+                    config = Config(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+                    _stages(job, config, micro_batches, out, skip)
     return out, skipped
 
 

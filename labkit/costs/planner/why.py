@@ -101,7 +101,7 @@ def _ep_reason(est: Estimate, job: Job, cluster: Cluster) -> list:
     c, spec, gb = est.config, job.spec, 1e9
     if not spec.n_experts:
         return []
-    kw = dict(recipe=job.recipe, zero_stage=c.zero, offload_optimizer=c.offload)
+    kw = dict(recipe=job.recipe, zero=c.zero, offload_optimizer=c.offload)
     experts = models.expert_params(spec) / (c.tp * c.pp)                # on one GPU without EP
     every = memory.model_states(experts, dp=c.dp * c.cp, **kw).total
     if c.ep == 1:
