@@ -16,12 +16,16 @@ from labkit.launch import run
 from labkit.model import GPT, GPTConfig
 from labkit.zero.precision import MixedPrecisionPolicy, one_dimensional
 from labkit.zero.train import TINY, real_reference, sharded_train
+from labkit.zero.unit import fsdp2_units
 
 REAL = dict(freeze=("wpe.weight",), unused=True, groups=True)
 # (ZeRO3 keywords, no_sync for the first of 2 micro-batches)
 VARIANTS = {"prefetch": (dict(prefetch=True), False),
             "keep": (dict(prefetch=True, reshard_after_forward=False), True),
-            "offload": (dict(prefetch=True, offload=True), True)}
+            "offload": (dict(prefetch=True, offload=True), True),
+            # FSDP2's wrapping: the model as root unit (embeddings, tied head, final norm, the
+            # unused head), kept whole from forward to backward, and each block
+            "root": (dict(prefetch=True, units=fsdp2_units), True)}
 SMALL = GPTConfig(vocab_size=96, block_size=16, n_layer=3, n_head=2, n_embd=32,
                   tie_weights=False)
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
