@@ -2,11 +2,19 @@
 
     labkit bench zero [--ranks 4] [--runs 3] [--steps 6] [--n-embd 64] [--n-layer 4]
 
-All variants train the same GPT (AdamW) on the same ranks in the same run, one step of each in turn
-(interleaved, so drifting load hits all alike); the step time is the median over steps of the
-slowest rank, reported with its ratio to torch DDP and to FSDP2 (the bf16 rows: to FSDP2 with the
-same MixedPrecisionPolicy). ZeRO-3 runs without and with prefetch (labkit.zero.prefetch; FSDP2
-prefetches in backward by default), with a bf16 policy, and with the optimizer offloaded to the CPU
+All variants train the same GPT (AdamW, fp32 unless the row says bf16) on the same ranks in the
+same run, after the same warm-up steps, one step of each in turn (interleaved, so drifting load
+hits all alike; each step starts at the next variant, so none always follows the same one); the
+step time is the median over steps of the slowest rank, reported with its ratio to torch DDP and
+to FSDP2 (the bf16 rows: to FSDP2 with the same MixedPrecisionPolicy). ZeRO-3 and FSDP2 cut the
+model into the same units (labkit.zero.unit.fsdp2_units: fully_shard on each block, then on the
+model, whose root group holds the embeddings, final norm and head and stays whole from forward
+to backward in both). Prefetch: FSDP2 runs with its defaults (implicit backward prefetch, no
+explicit forward prefetch; unshard_async_op False, so on a CPU its all-gathers are synchronous:
+torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, unshard); "ZeRO-3" prefetches nothing,
+"ZeRO-3 prefetch" posts the next unit's all-gather, asynchronously, in forward and in backward.
+ZeRO-3 runs without and with prefetch (labkit.zero.prefetch), with a bf16 policy, and with the
+optimizer offloaded to the CPU
 (ZeRO-2 too: ZeRO-Offload's own stage); ZeRO-1 with the bf16 policy is the ZeRO paper's 16-byte
 mixed precision. ZeRO-2 runs with its 64 KB buckets and with one bucket (what its buckets' latency
 costs where, as on a CPU, backward leaves nothing to overlap them with). Bytes are what each rank
@@ -38,6 +46,7 @@ from labkit.table import table as format_table
 from labkit.zero.precision import MixedPrecisionPolicy as Policy
 from labkit.zero.shard import optimizer_state_bytes, storage_bytes
 from labkit.zero.train import make_stage
+from labkit.zero.unit import fsdp2_units
 
 VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 1 bucket", "ZeRO-2 offload",
             "ZeRO-3", "ZeRO-3 prefetch", "ZeRO-3 offload", "torch FSDP2", "ZeRO-1 bf16",
@@ -84,13 +93,14 @@ def _on_rank(cfg, steps, warmup, batch_size):
             kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                      reduce_dtype=torch.float32)) \
                 if name.endswith("bf16") else {}
-            for block in model.blocks:
-                fully_shard(block, mesh=mesh, **kw)
-            fully_shard(model, mesh=mesh, **kw)
+            for unit in reversed(fsdp2_units(model)):       # the blocks, then the root
+                fully_shard(unit, mesh=mesh, **kw)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
             variants[name] = (model, opt.step, lambda o=opt: o.zero_grad(), opt, model)
         else:
             kw = dict(STAGE_KW.get(name, {}))
+            if RECIPE[name][0] == 3:
+                kw["units"] = fsdp2_units          # FSDP2's units, as fully_shard wraps above
             if kw.pop("bf16", False):
                 kw["mp_policy"] = Policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             zero = make_stage(RECIPE[name][0], model, "adamw", **kw)
@@ -101,7 +111,9 @@ def _on_rank(cfg, steps, warmup, batch_size):
     for step in range(warmup + steps):
         x, y = get_batch(tokens, batch_size, cfg.block_size, step)
         x, y = shard_rows(x, rank, world), shard_rows(y, rank, world)
-        for name, (fwd, step_fn, zero_grad, holder, model) in variants.items():
+        names = VARIANTS[step % len(VARIANTS):] + VARIANTS[:step % len(VARIANTS)]
+        for name in names:
+            fwd, step_fn, zero_grad, holder, model = variants[name]
             dist.barrier()
             t0 = time.perf_counter()
             fwd(x, y)[1].backward()
