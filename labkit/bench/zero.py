@@ -2,7 +2,8 @@
 
     labkit bench zero [--ranks 4] [--runs 3] [--steps 6] [--n-embd 64] [--n-layer 4]
 
-All variants train the same GPT (AdamW, fp32 unless the row says bf16) on the same ranks in the
+All variants train the same GPT (the same AdamW, labkit.reference.OPTIMIZERS["adamw"], torch's
+default single-tensor update on a CPU; fp32 unless the row says bf16) on the same ranks in the
 same run, after the same warm-up steps, one step of each in turn (interleaved, so drifting load
 hits all alike; each step starts at the next variant, so none always follows the same one); the
 step time is the median over steps of the slowest rank, reported with its ratio to torch DDP and
@@ -42,6 +43,7 @@ from labkit.cliargs import add_gpt_size, at_least_zero, bench_parser, count
 from labkit.costs import memory, models
 from labkit.launch import run
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.reference import optimizer_spec
 from labkit.table import table as format_table
 from labkit.zero.precision import MixedPrecisionPolicy as Policy
 from labkit.zero.shard import optimizer_state_bytes, storage_bytes
@@ -72,6 +74,7 @@ RECIPE = {"torch DDP": (0, 4, 4, 8, False), "torch FSDP2": (3, 4, 4, 8, False),
           **{n: (3, 4, 4, 8, False) for n in ("ZeRO-3 prefetch", "ZeRO-3 bf16")},
           "ZeRO-2 1 bucket": (2, 4, 4, 8, False),
           **{f"ZeRO-{s}": (s, 4, 4, 8, False) for s in range(4)}}
+adamw, ADAMW = optimizer_spec("adamw")      # the torch rows' optimizer: the ZeRO rows' own
 PEER = {"ZeRO-3 bf16": "torch FSDP2 bf16", "torch FSDP2 bf16": "torch FSDP2 bf16",
         "ZeRO-1 bf16": "torch FSDP2 bf16"}
 
@@ -86,7 +89,7 @@ def _on_rank(cfg, steps, warmup, batch_size):
         model = GPT(cfg, seed=0)
         if name == "torch DDP":
             wrapped = DDP(model)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            opt = adamw(model.parameters(), **ADAMW)
             variants[name] = (wrapped, opt.step, lambda o=opt: o.zero_grad(), opt, model)
         elif name.startswith("torch FSDP2"):
             mesh = init_device_mesh("cpu", (world,))
@@ -95,7 +98,7 @@ def _on_rank(cfg, steps, warmup, batch_size):
                 if name.endswith("bf16") else {}
             for unit in reversed(fsdp2_units(model)):       # the blocks, then the root
                 fully_shard(unit, mesh=mesh, **kw)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            opt = adamw(model.parameters(), **ADAMW)
             variants[name] = (model, opt.step, lambda o=opt: o.zero_grad(), opt, model)
         else:
             kw = dict(STAGE_KW.get(name, {}))
@@ -236,6 +239,9 @@ def main(argv=()) -> dict:
     print(f"GPT n_layer={args.n_layer} n_embd={args.n_embd} (Ψ = {_numel(cfg):,}), AdamW; "
           f"bytes = params + grads + optimizer state kept by the largest rank after a step, by "
           f"storage; vs FSDP2: the bf16 rows against FSDP2 with the same policy")
+    print("ZeRO-3 and FSDP2 on the same units (each block; the root: embeddings, final norm, "
+          "head); FSDP2 with its default prefetch (implicit, backward; synchronous on a CPU), "
+          "'ZeRO-3 prefetch' posting the next unit's all-gather in forward and backward")
     print(table(rows), flush=True)
     for r in rows:
         if "prefetch_speedup" in r:
