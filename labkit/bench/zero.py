@@ -1,6 +1,6 @@
 """Benchmark: step time and bytes per rank of ZeRO stages 0-3, against PyTorch's DDP and FSDP2.
 
-    labkit bench zero [--ranks 4] [--runs 3] [--steps 6] [--n-embd 64] [--n-layer 4]
+    labkit bench zero [--ranks 4] [--runs 3] [--steps 6] [--n-embd 64] [--n-layer 4] [--foreach]
 
 All variants train the same GPT (the same AdamW, labkit.reference.OPTIMIZERS["adamw"], torch's
 default single-tensor update on a CPU; fp32 unless the row says bf16) on the same ranks in the
@@ -14,6 +14,11 @@ to backward in both). Prefetch: FSDP2 runs with its defaults (implicit backward 
 explicit forward prefetch; unshard_async_op False, so on a CPU its all-gathers are synchronous:
 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, unshard); "ZeRO-3" prefetches nothing,
 "ZeRO-3 prefetch" posts the next unit's all-gather, asynchronously, in forward and in backward.
+"of it optimizer" is the optimizer step's part of the step (same median): on a CPU torch's AdamW
+updates one tensor at a time, and each op on FSDP2's DTensor parameters pays DTensor's dispatch;
+--foreach gives every variant foreach=True (torch's default on GPUs, DTensors included:
+torch/optim/optimizer.py, _default_to_fused_or_foreach), which takes most of that away, so what
+is left of the comparison is forward and backward.
 ZeRO-3 runs without and with prefetch (labkit.zero.prefetch), with a bf16 policy, and with the
 optimizer offloaded to the CPU
 (ZeRO-2 too: ZeRO-Offload's own stage); ZeRO-1 with the bf16 policy is the ZeRO paper's 16-byte
@@ -30,6 +35,7 @@ prefetch stepped at or under FSDP2.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -79,7 +85,7 @@ PEER = {"ZeRO-3 bf16": "torch FSDP2 bf16", "torch FSDP2 bf16": "torch FSDP2 bf16
         "ZeRO-1 bf16": "torch FSDP2 bf16"}
 
 
-def _on_rank(cfg, steps, warmup, batch_size):
+def _on_rank(cfg, steps, warmup, batch_size, foreach=None):
 
 
 
@@ -89,7 +95,7 @@ def _on_rank(cfg, steps, warmup, batch_size):
         model = GPT(cfg, seed=0)
         if name == "torch DDP":
             wrapped = DDP(model)
-            opt = adamw(model.parameters(), **ADAMW)
+            opt = adamw(model.parameters(), **ADAMW, foreach=foreach)
             variants[name] = (wrapped, opt.step, lambda o=opt: o.zero_grad(), opt, model)
         elif name.startswith("torch FSDP2"):
             mesh = init_device_mesh("cpu", (world,))
@@ -98,7 +104,7 @@ def _on_rank(cfg, steps, warmup, batch_size):
                 if name.endswith("bf16") else {}
             for unit in reversed(fsdp2_units(model)):       # the blocks, then the root
                 fully_shard(unit, mesh=mesh, **kw)
-            opt = adamw(model.parameters(), **ADAMW)
+            opt = adamw(model.parameters(), **ADAMW, foreach=foreach)
             variants[name] = (model, opt.step, lambda o=opt: o.zero_grad(), opt, model)
         else:
             kw = dict(STAGE_KW.get(name, {}))
@@ -106,10 +112,10 @@ def _on_rank(cfg, steps, warmup, batch_size):
                 kw["units"] = fsdp2_units          # FSDP2's units, as fully_shard wraps above
             if kw.pop("bf16", False):
                 kw["mp_policy"] = Policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            zero = make_stage(RECIPE[name][0], model, "adamw", **kw)
+            zero = make_stage(RECIPE[name][0], model, "adamw", foreach=foreach, **kw)
             variants[name] = (model, zero.step, zero.zero_grad, zero, model)
     tokens = tiny_corpus()
-    times = {n: [] for n in VARIANTS}
+    times, opt_times = {n: [] for n in VARIANTS}, {n: [] for n in VARIANTS}
     held = {}
     for step in range(warmup + steps):
         x, y = get_batch(tokens, batch_size, cfg.block_size, step)
@@ -120,14 +126,16 @@ def _on_rank(cfg, steps, warmup, batch_size):
             dist.barrier()
             t0 = time.perf_counter()
             fwd(x, y)[1].backward()
+            t1 = time.perf_counter()
             step_fn()
             dt = time.perf_counter() - t0
             if step >= warmup:
                 times[name].append(dt)
+                opt_times[name].append(time.perf_counter() - t1)
             if step == warmup + steps - 1:
                 held[name] = _held(name, holder, model, optimizer_state_bytes)
             zero_grad()
-    return {"times": times, "held": held}
+    return {"times": times, "opt_times": opt_times, "held": held}
 
 
 def _held(name, holder, model, optimizer_state_bytes):
@@ -145,14 +153,15 @@ def _held(name, holder, model, optimizer_state_bytes):
                                        for v in s.values() if v.dim() > 0)}
 
 
-def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600) -> list:
+def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600,
+            foreach=None) -> list:
 
     batch_size = batch_size or 2 * nprocs
-    per_rank = run(_on_rank, nprocs, args=(cfg, steps, warmup, batch_size), timeout=timeout,
-                   echo=False)
+    per_rank = run(_on_rank, nprocs, args=(cfg, steps, warmup, batch_size, foreach),
+                   timeout=timeout, echo=False)
     numel = sum(v for v in [_numel(cfg)])
-    med = {n: statistics.median(max(r["times"][n][i] for r in per_rank) for i in range(steps))
-           for n in VARIANTS}
+    med, opt = ({n: statistics.median(max(r[key][n][i] for r in per_rank) for i in range(steps))
+                 for n in VARIANTS} for key in ("times", "opt_times"))
     rows = []
     for n in VARIANTS:
         stage, w, g, o, off = RECIPE[n]
@@ -164,6 +173,7 @@ def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600) -> lis
                   for r in per_rank)
         peer = PEER.get(n, "torch FSDP2")
         rows.append({"ranks": nprocs, "variant": n, "stage": stage, "step_s": med[n],
+                     "optimizer_s": opt[n],
                      "ratio_to_torch_ddp": med[n] / med["torch DDP"],
                      "ratio_to_fsdp2": med[n] / med[peer], "fsdp2_peer": peer,
                      "bytes_per_rank": held, "bytes_predicted": ms.total,
@@ -184,7 +194,8 @@ def over_runs(runs: list) -> list:
     for i, first in enumerate(runs[0]):
         same = [run_rows[i] for run_rows in runs]
         row = dict(first, runs=len(runs))
-        for key in ("step_s", "ratio_to_torch_ddp", "ratio_to_fsdp2", "prefetch_speedup"):
+        for key in ("step_s", "optimizer_s", "ratio_to_torch_ddp", "ratio_to_fsdp2",
+                    "prefetch_speedup"):
             if key in first:
                 values = [r[key] for r in same]
                 row[key] = statistics.median(values)
@@ -203,6 +214,7 @@ def table(rows) -> str:
         ("ranks", "ranks"),
         ("variant", "variant"),
         ("step ms", lambda r: r["step_s"] * 1e3, ".1f"),
+        ("of it optimizer", lambda r: r.get("optimizer_s", math.nan) * 1e3, ".1f"),
         ("vs DDP", "ratio_to_torch_ddp", lambda v: f"{v:.2f}x", ">"),
         ("vs FSDP2", "ratio_to_fsdp2", lambda v: f"{v:.2f}x", ">"),
         ("FSDP2 range", lambda r: r.get("ratio_to_fsdp2_runs", [r["ratio_to_fsdp2"]]),
@@ -221,6 +233,9 @@ def options(argv=()):
                    help="separate interleaved runs; ratios are their median, with the range")
     p.add_argument("--steps", type=count, default=6, help="timed steps")
     p.add_argument("--warmup", type=at_least_zero, default=2, help="untimed steps first")
+    p.add_argument("--foreach", action="store_true",
+                   help="every variant's AdamW with foreach=True (torch's default on GPUs; on a "
+                        "CPU torch runs one tensor at a time, which costs FSDP2's DTensors most)")
     add_gpt_size(p, n_layer=4, n_embd=64)
     return p.parse_known_args(list(argv or ()))
 
@@ -232,7 +247,8 @@ def main(argv=()) -> dict:
                     tie_weights=False)
     rows = []
     for n in args.ranks:
-        rows += over_runs([measure(n, cfg, steps=args.steps, warmup=args.warmup)
+        rows += over_runs([measure(n, cfg, steps=args.steps, warmup=args.warmup,
+                                   foreach=args.foreach or None)
                            for _ in range(args.runs)])
     print(f"{args.runs} runs, each interleaving every variant step by step; step ms and ratios: "
           f"the median over runs, FSDP2 range: lowest to highest ratio to FSDP2 over the runs")
@@ -242,6 +258,7 @@ def main(argv=()) -> dict:
     print("ZeRO-3 and FSDP2 on the same units (each block; the root: embeddings, final norm, "
           "head); FSDP2 with its default prefetch (implicit, backward; synchronous on a CPU), "
           "'ZeRO-3 prefetch' posting the next unit's all-gather in forward and backward")
+    print(f"AdamW foreach={bool(args.foreach)} for every variant", flush=True)
     print(table(rows), flush=True)
     for r in rows:
         if "prefetch_speedup" in r:
