@@ -101,7 +101,13 @@ class ZeRO3:
     norm weights, biases) stay whole on every rank, are never gathered, and their gradients are
     all-reduced (averaged), one message per unit; their optimizer state is replicated too.
     prefetch, reshard_after_forward, offload: see the module docstring. timeline: a
-    labkit.ddp.common.Timeline that gets one compute span per unit and phase."""
+    labkit.ddp.common.Timeline that gets one compute span per unit and phase.
+
+    units: modules, or a function model -> modules (default labkit.zero.unit.default_units).
+    Units may nest, as fully_shard calls do: a unit manages the parameters no unit inside it
+    manages, so labkit.zero.unit.fsdp2_units (each block, then the model) is FSDP2's usual
+    wrapping: one root unit for the embeddings, final norm and head. The model as a unit is
+    FSDP2's root and stays whole from its forward to its backward, which starts with it."""
 
     stage = 3
 
