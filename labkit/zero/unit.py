@@ -25,6 +25,10 @@ parameter views, so its backward receives each use's parameter gradients directl
 tied between two units (the embedding and the head) gets one gradient from each, reduced by each
 as the ZeRO-3 unit it belongs to, and no unsharded .grad is ever stored.
 
+Units may nest, as fully_shard calls do (`own_params`: a unit manages what no unit inside it
+manages); `fsdp2_units` is FSDP2's usual wrapping, each block plus the model as root unit, and
+the root is not freed after forward, as FSDP2 leaves its root (backward begins with it).
+
 Frozen parameters are gathered (forward and backward need them) but get no gradient.
 """
 from __future__ import annotations
