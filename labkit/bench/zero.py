@@ -1,25 +1,26 @@
 """Benchmark: step time and bytes per rank of ZeRO stages 0-3, against PyTorch's DDP and FSDP2.
 
     labkit bench zero [--ranks 4] [--runs 3] [--steps 6] [--n-embd 64] [--n-layer 4] [--foreach]
+                      [--zero3-units fsdp2|modules]
 
 All variants train the same GPT (the same AdamW, labkit.reference.OPTIMIZERS["adamw"], torch's
-default single-tensor update on a CPU; fp32 unless the row says bf16) on the same ranks in the
-same run, after the same warm-up steps, one step of each in turn (interleaved, so drifting load
-hits all alike; each step starts at the next variant, so none always follows the same one); the
-step time is the median over steps of the slowest rank, reported with its ratio to torch DDP and
-to FSDP2 (the bf16 rows: to FSDP2 with the same MixedPrecisionPolicy). ZeRO-3 and FSDP2 cut the
-model into the same units (labkit.zero.unit.fsdp2_units: fully_shard on each block, then on the
-model, whose root group holds the embeddings, final norm and head and stays whole from forward
-to backward in both). Prefetch: FSDP2 runs with its defaults (implicit backward prefetch, no
-explicit forward prefetch; unshard_async_op False, so on a CPU its all-gathers are synchronous:
-torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, unshard); "ZeRO-3" prefetches nothing,
-"ZeRO-3 prefetch" posts the next unit's all-gather, asynchronously, in forward and in backward.
-"of it step()" is the part spent in the stage's step() call (same median): the optimizer, and
-for ZeRO-0/1/2 the communication their step does. On a CPU torch's AdamW updates one tensor at a
-time, and each op on FSDP2's DTensor parameters pays DTensor's dispatch;
---foreach gives every variant foreach=True (torch's default on GPUs, DTensors included:
-torch/optim/optimizer.py, _default_to_fused_or_foreach), which takes most of that away, so what
-is left of the comparison is forward and backward.
+default single-tensor update on a CPU; fp32 unless the row says bf16) on the same ranks in the same
+run, after the same warm-up steps, one step of each in turn (interleaved, so drifting load hits all
+alike; each step starts at the next variant, so none always follows the same one); the step time is
+the median over steps of the slowest rank, reported with its ratio to torch DDP and to FSDP2 (the
+bf16 rows: to FSDP2 with the same MixedPrecisionPolicy). ZeRO-3 and FSDP2 cut the model into the
+same units (labkit.zero.unit.fsdp2_units: fully_shard on each block, then on the model, whose root
+group holds the embeddings, final norm and head and stays whole from forward to backward in both;
+--zero3-units modules gives ZeRO-3 its default_units instead). Prefetch: FSDP2 runs with its
+defaults (implicit backward prefetch, no explicit forward prefetch; unshard_async_op False, so on a
+CPU its all-gathers are synchronous: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py,
+unshard); "ZeRO-3" prefetches nothing, "ZeRO-3 prefetch" posts the next unit's all-gather,
+asynchronously, in forward and in backward. "of it step()" is the part spent in the stage's step()
+call (same median): the optimizer, and for ZeRO-0/1/2 the communication their step does. On a CPU
+torch's AdamW updates one tensor at a time, and each op on FSDP2's DTensor parameters pays
+DTensor's dispatch; --foreach gives every variant foreach=True (torch's default on GPUs, DTensors
+included: torch/optim/optimizer.py, _default_to_fused_or_foreach), which takes most of that away,
+so what is left of the comparison is forward and backward.
 ZeRO-3 runs without and with prefetch (labkit.zero.prefetch), with a bf16 policy, and with the
 optimizer offloaded to the CPU
 (ZeRO-2 too: ZeRO-Offload's own stage); ZeRO-1 with the bf16 policy is the ZeRO paper's 16-byte
@@ -86,7 +87,7 @@ PEER = {"ZeRO-3 bf16": "torch FSDP2 bf16", "torch FSDP2 bf16": "torch FSDP2 bf16
         "ZeRO-1 bf16": "torch FSDP2 bf16"}
 
 
-def _on_rank(cfg, steps, warmup, batch_size, foreach=None):
+def _on_rank(cfg, steps, warmup, batch_size, foreach=None, zero3_units="fsdp2"):
 
 
 
@@ -109,7 +110,7 @@ def _on_rank(cfg, steps, warmup, batch_size, foreach=None):
             variants[name] = (model, opt.step, lambda o=opt: o.zero_grad(), opt, model)
         else:
             kw = dict(STAGE_KW.get(name, {}))
-            if RECIPE[name][0] == 3:
+            if RECIPE[name][0] == 3 and zero3_units == "fsdp2":
                 kw["units"] = fsdp2_units          # FSDP2's units, as fully_shard wraps above
             if kw.pop("bf16", False):
                 kw["mp_policy"] = Policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -155,10 +156,11 @@ def _held(name, holder, model, optimizer_state_bytes):
 
 
 def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600,
-            foreach=None) -> list:
+            foreach=None, zero3_units="fsdp2") -> list:
 
     batch_size = batch_size or 2 * nprocs
-    per_rank = run(_on_rank, nprocs, args=(cfg, steps, warmup, batch_size, foreach),
+    per_rank = run(_on_rank, nprocs,
+                   args=(cfg, steps, warmup, batch_size, foreach, zero3_units),
                    timeout=timeout, echo=False)
     numel = sum(v for v in [_numel(cfg)])
     med, opt = ({n: statistics.median(max(r[key][n][i] for r in per_rank) for i in range(steps))
@@ -234,6 +236,10 @@ def options(argv=()):
                    help="separate interleaved runs; ratios are their median, with the range")
     p.add_argument("--steps", type=count, default=6, help="timed steps")
     p.add_argument("--warmup", type=at_least_zero, default=2, help="untimed steps first")
+    p.add_argument("--zero3-units", choices=("fsdp2", "modules"), default="fsdp2",
+                   help="the ZeRO-3 rows' units: FSDP2's (each block + the root, as the FSDP2 "
+                        "rows wrap) or labkit's default_units (each block, each embedding, the "
+                        "final norm and the head apart: more, smaller messages)")
     p.add_argument("--foreach", action="store_true",
                    help="every variant's AdamW with foreach=True (torch's default on GPUs; on a "
                         "CPU torch runs one tensor at a time, which costs FSDP2's DTensors most)")
@@ -249,7 +255,8 @@ def main(argv=()) -> dict:
     rows = []
     for n in args.ranks:
         rows += over_runs([measure(n, cfg, steps=args.steps, warmup=args.warmup,
-                                   foreach=args.foreach or None)
+                                   foreach=args.foreach or None,
+                                   zero3_units=args.zero3_units)
                            for _ in range(args.runs)])
     print(f"{args.runs} runs, each interleaving every variant step by step; step ms and ratios: "
           f"the median over runs, FSDP2 range: lowest to highest ratio to FSDP2 over the runs")
@@ -259,7 +266,8 @@ def main(argv=()) -> dict:
     print("ZeRO-3 and FSDP2 on the same units (each block; the root: embeddings, final norm, "
           "head); FSDP2 with its default prefetch (implicit, backward; synchronous on a CPU), "
           "'ZeRO-3 prefetch' posting the next unit's all-gather in forward and backward")
-    print(f"AdamW foreach={bool(args.foreach)} for every variant", flush=True)
+    print(f"AdamW foreach={bool(args.foreach)} for every variant; ZeRO-3 units: "
+          f"{args.zero3_units}", flush=True)
     print(table(rows), flush=True)
     for r in rows:
         if "prefetch_speedup" in r:
