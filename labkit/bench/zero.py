@@ -263,9 +263,12 @@ def main(argv=()) -> dict:
     print(f"GPT n_layer={args.n_layer} n_embd={args.n_embd} (Ψ = {_numel(cfg):,}), AdamW; "
           f"bytes = params + grads + optimizer state kept by the largest rank after a step, by "
           f"storage; vs FSDP2: the bf16 rows against FSDP2 with the same policy")
-    print("ZeRO-3 and FSDP2 on the same units (each block; the root: embeddings, final norm, "
-          "head); FSDP2 with its default prefetch (implicit, backward; synchronous on a CPU), "
-          "'ZeRO-3 prefetch' posting the next unit's all-gather in forward and backward")
+    units = ("ZeRO-3 and FSDP2 on the same units (each block; the root: embeddings, final norm, "
+             "head)") if args.zero3_units == "fsdp2" else ("ZeRO-3 on labkit's default units (each "
+                                                          "block, embedding, norm, head apart), "
+                                                          "FSDP2 on each block + the root")
+    print(f"{units}; FSDP2 with its default prefetch (implicit, backward; synchronous on a CPU), "
+          f"'ZeRO-3 prefetch' posting the next unit's all-gather in forward and backward")
     print(f"AdamW foreach={bool(args.foreach)} for every variant; ZeRO-3 units: "
           f"{args.zero3_units}", flush=True)
     print(table(rows), flush=True)
