@@ -16,12 +16,16 @@ from labkit.launch import run
 from labkit.model import GPT, GPTConfig
 from labkit.zero.precision import MixedPrecisionPolicy, one_dimensional
 from labkit.zero.train import TINY, real_reference, sharded_train
+from labkit.zero.unit import fsdp2_units, own_params
 
 REAL = dict(freeze=("wpe.weight",), unused=True, groups=True)
 # (ZeRO3 keywords, no_sync for the first of 2 micro-batches)
 VARIANTS = {"prefetch": (dict(prefetch=True), False),
             "keep": (dict(prefetch=True, reshard_after_forward=False), True),
-            "offload": (dict(prefetch=True, offload=True), True)}
+            "offload": (dict(prefetch=True, offload=True), True),
+            # FSDP2's wrapping: the model as root unit (embeddings, tied head, final norm, the
+            # unused head), kept whole from forward to backward, and each block
+            "root": (dict(prefetch=True, units=fsdp2_units), True)}
 SMALL = GPTConfig(vocab_size=96, block_size=16, n_layer=3, n_head=2, n_embd=32,
                   tie_weights=False)
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -51,6 +55,26 @@ def _two_devices():
     return model
 
 
+def _root_kept(world):
+    """FSDP2's wrapping: which whole-parameter buffers hold storage after forward (the root's,
+    kept for backward; no block's) and after the step (none); and the held bytes then."""
+    from labkit.model import get_batch, shard_rows, tiny_corpus
+    from labkit.zero import ZeRO3
+
+    model = GPT(SMALL)
+    zero = ZeRO3(model, torch.optim.AdamW, prefetch=True, units=fsdp2_units, lr=1e-3)
+    x, y = get_batch(tiny_corpus(), 6, SMALL.block_size, 0)                        # (B, T)
+    rank = torch.distributed.get_rank()
+    loss = model(shard_rows(x, rank, world), shard_rows(y, rank, world))[1]
+    names = {id(p): n for n, p in model.named_parameters()}
+    whole = lambda: {names[k] for k, b in zip(zero.flat, zero.full_buffers())   # noqa: E731
+                     if b.untyped_storage().nbytes()}
+    after_forward = whole()
+    loss.backward()
+    zero.step()
+    return {"after_forward": after_forward, "after_step": whole(), "held": zero.held_bytes()}
+
+
 def _everything(world):
     from labkit.zero.overlap import prefetch_lab
 
@@ -66,6 +90,7 @@ def _everything(world):
                      ("replicate", dict(replicate=one_dimensional))):
         out[("held", name)] = sharded_train(3, TINY, "adamw", steps=1, stage_kw=kw)["held"]
     out["bad"] = _bad_inputs()
+    out["root kept"] = _root_kept(world)
     return out
 
 
@@ -157,6 +182,33 @@ def test_bytes_held_with_offload_and_replication_match_the_calculator(runs, worl
                         "optimizer": 8 * (rs + whole)}, held
         ms = memory.model_states(numel, recipe="fp32", zero=3, dp=world, replicated=whole)
         assert ms.total <= sum(held.values()) < ms.total + 16 * world * 30
+
+
+def test_a_unit_manages_what_no_unit_inside_it_manages():
+    """fsdp2_units: the model is the root unit, holding what no block holds; each parameter
+    belongs to exactly one unit (the tied embedding/head weight once, to the root)."""
+    model = GPT(TINY)
+    units = fsdp2_units(model)
+    owned = [own_params(u, units) for u in units]
+    ids = [id(p) for ps in owned for p in ps]
+    assert sorted(ids) == sorted({id(p) for p in model.parameters()})     # each exactly once
+    root = {id(p) for m in (model.wte, model.wpe, model.ln_f, model.lm_head)
+            for p in m.parameters()}
+    assert {id(p) for p in owned[0]} == root
+    assert [len(ps) for ps in owned[1:]] == [len(list(b.parameters())) for b in model.blocks]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_root_unit_stays_whole_from_forward_to_backward(runs, world):
+    """As FSDP2's root: its parameters are not freed after forward (backward starts with
+    them), every block's are; after the step nothing is whole and the bytes are the shards'."""
+    s = sum(math.ceil(p.numel() / world) for p in GPT(SMALL).parameters())
+    for r in runs[1][world]:
+        root = r["root kept"]
+        assert root["after_forward"] == {"wte.weight", "wpe.weight", "ln_f.weight",
+                                         "ln_f.bias", "lm_head.weight"}, root
+        assert root["after_step"] == set()
+        assert root["held"] == {"params": 4 * s, "grads": 4 * s, "optimizer": 8 * s}, root
 
 
 def test_bad_input_is_a_clear_error(runs):

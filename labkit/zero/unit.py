@@ -25,6 +25,10 @@ parameter views, so its backward receives each use's parameter gradients directl
 tied between two units (the embedding and the head) gets one gradient from each, reduced by each
 as the ZeRO-3 unit it belongs to, and no unsharded .grad is ever stored.
 
+Units may nest, as fully_shard calls do (`own_params`: a unit manages what no unit inside it
+manages); `fsdp2_units` is FSDP2's usual wrapping, each block plus the model as root unit, and
+the root is not freed after forward, as FSDP2 leaves its root (backward begins with it).
+
 Frozen parameters are gathered (forward and backward need them) but get no gradient.
 """
 from __future__ import annotations
@@ -46,10 +50,36 @@ def default_units(model: nn.Module) -> list:
     return others + blocks
 
 
-def param_slots(unit: nn.Module) -> list:
-    """[(module, name, parameter)] of every parameter registered inside the unit (a tensor
-    registered twice, e.g. a tied weight, appears at each place)."""
-    return [(m, name, p) for m in unit.modules() for name, p in m._parameters.items()
+def fsdp2_units(model: nn.Module) -> list:
+    """FSDP2's usual wrapping (fully_shard on each block, then on the model): the model itself
+    as the root unit, holding what no block holds (embeddings, final norm, head), plus each
+    block of model.blocks."""
+    return [model, *getattr(model, "blocks", [])]
+
+
+def own_modules(unit: nn.Module, units) -> list:
+    """The unit's modules less those of other units nested inside it: as with FSDP2's
+    fully_shard, a unit manages only the parameters no unit inside it manages."""
+    inside = {id(m) for m in unit.modules()}
+    nested = {id(m) for u in units if u is not unit and id(u) in inside for m in u.modules()}
+    return [m for m in unit.modules() if id(m) not in nested]
+
+
+def own_params(unit: nn.Module, units) -> list:
+    """The parameters the unit manages (own_modules'), once each, in registration order."""
+    seen, out = set(), []
+    for m in own_modules(unit, units):
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def param_slots(unit: nn.Module, units=()) -> list:
+    """[(module, name, parameter)] of every parameter the unit manages (a tensor registered
+    twice, e.g. a tied weight, appears at each place)."""
+    return [(m, name, p) for m in own_modules(unit, units) for name, p in m._parameters.items()
             if p is not None]
 
 
@@ -104,7 +134,10 @@ def _swap(slots, values) -> list:
 
 def wrap_forward(zero, unit, orig_forward):
     """unit.forward for ZeRO-3: gather, run with the whole parameters, free, hook backward."""
-    params, slots = zero.unit_params[id(unit)], param_slots(unit)
+    params, slots = zero.unit_params[id(unit)], param_slots(unit, zero.units)
+    # FSDP2's root (_fsdp_state.py, _lazy_init: the root's post_forward_mesh_info = None) is not
+    # resharded after forward: backward starts with it, so it would be gathered again at once
+    keep = unit is zero.model
 
     def forward(*args, **kwargs):
         if zero.cast_forward_inputs:         # FSDP2's cast at the unit boundary
@@ -133,7 +166,7 @@ def wrap_forward(zero, unit, orig_forward):
             zero._release(params)
             raise
         hooked = [t for t in _tensors(y) if t.requires_grad] if grad_on else []
-        if zero.reshard_after_forward or not hooked:
+        if (zero.reshard_after_forward and not keep) or not hooked:
             zero._release(params)                        # only shards remain
         else:
             call.held = True                             # kept whole until post-backward

@@ -75,7 +75,12 @@ from labkit.zero.shard import (
     shard_of,
     unique_params,
 )
-from labkit.zero.unit import default_units, wrap_forward  # noqa: F401 (default_units: this API)
+from labkit.zero.unit import (  # noqa: F401 (default_units, fsdp2_units: this API)
+    default_units,
+    fsdp2_units,
+    own_params,
+    wrap_forward,
+)
 
 
 class ZeRO3:
@@ -96,7 +101,13 @@ class ZeRO3:
     norm weights, biases) stay whole on every rank, are never gathered, and their gradients are
     all-reduced (averaged), one message per unit; their optimizer state is replicated too.
     prefetch, reshard_after_forward, offload: see the module docstring. timeline: a
-    labkit.ddp.common.Timeline that gets one compute span per unit and phase."""
+    labkit.ddp.common.Timeline that gets one compute span per unit and phase.
+
+    units: modules, or a function model -> modules (default labkit.zero.unit.default_units).
+    Units may nest, as fully_shard calls do: a unit manages the parameters no unit inside it
+    manages, so labkit.zero.unit.fsdp2_units (each block, then the model) is FSDP2's usual
+    wrapping: one root unit for the embeddings, final norm and head. The model as a unit is
+    FSDP2's root and stays whole from its forward to its backward, which starts with it."""
 
     stage = 3
 
@@ -146,11 +157,12 @@ class ZeRO3:
         self._holds, self._calls = {}, []    # id(p) -> units holding it whole; calls in flight
         # makes the views handed to a unit require grad, so labkit.zero.unit.PostBackward runs
         self.anchor = torch.empty(0, device=self.device, requires_grad=True)
-        self.units = default_units(model) if units is None else list(units)
+        self.units = default_units(model) if units is None else \
+            list(units(model) if callable(units) else units)
         self.unit_params, self.orig_forward = {}, {}
         covered = set()
         for unit in self.units:
-            ps = unique_params(unit)
+            ps = own_params(unit, self.units)      # less the units nested in it (FSDP2's root)
             self.unit_params[id(unit)] = ps
             covered |= {id(p) for p in ps}
             self.orig_forward[id(unit)] = unit.forward
