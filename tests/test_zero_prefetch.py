@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from labkit.costs import memory
+from labkit.labs.zero.train import TINY, real_reference, sharded_train
 from labkit.launch import run
 from labkit.model import GPT, GPTConfig
 from labkit.zero.precision import MixedPrecisionPolicy, one_dimensional
-from labkit.zero.train import TINY, real_reference, sharded_train
 
 REAL = dict(freeze=("wpe.weight",), unused=True, groups=True)
 # (ZeRO3 keywords, no_sync for the first of 2 micro-batches)
@@ -52,7 +52,7 @@ def _two_devices():
 
 
 def _everything(world):
-    from labkit.zero.overlap import prefetch_lab
+    from labkit.labs.zero.overlap import prefetch_lab
 
     out = {}
     for name, (kw, quiet) in VARIANTS.items():

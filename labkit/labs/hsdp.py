@@ -21,6 +21,8 @@ import torch.distributed as dist
 from labkit.cliargs import BadOption, count, lab_parser
 from labkit.costs import zero as costs_zero
 from labkit.labs import ran_on, rank_place
+from labkit.labs.zero.measure import LAB_MODEL, moved_numel, predicted_sent
+from labkit.labs.zero.train import gathered_grads, real_model, sharded_train
 from labkit.launch import device, note, run
 from labkit.model import get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
@@ -28,8 +30,6 @@ from labkit.progress import Progress
 from labkit.reference import TrainSpec, optimizer_spec, train
 from labkit.table import table
 from labkit.zero.hsdp import HSDP, hsdp_mesh
-from labkit.zero.measure import LAB_MODEL, moved_numel, predicted_sent
-from labkit.zero.train import gathered_grads, real_model, sharded_train
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
@@ -75,7 +75,7 @@ def hsdp_train(replicate: int, steps: int, batch: int, cfg=None, optimizer: str 
 
 def predicted(replicate: int, world: int) -> dict:
     """labkit.costs' bytes per rank and step for the lab's model (fp32 on the wire), with Ψ as
-    ZeRO-3 moves it (each parameter padded to a multiple of its group: labkit.zero.measure)."""
+    ZeRO-3 moves it (each parameter padded to a multiple of its group: labkit.labs.zero.measure)."""
 
     shard = world // replicate
     psi_s = moved_numel(LAB_MODEL, 3, shard)            # padded to multiples of S

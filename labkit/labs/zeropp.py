@@ -20,16 +20,17 @@ import torch.distributed as dist
 
 from labkit.cliargs import BadOption, count, lab_parser
 from labkit.costs import zero as costs_zero
+from labkit.flat import chunk_size
 from labkit.labs import ran_on, rank_place
+from labkit.labs.zero.measure import LAB_MODEL
+from labkit.labs.zero.train import real_model
 from labkit.launch import device, note, run
 from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
 from labkit.progress import Progress
 from labkit.reference import optimizer_spec
 from labkit.table import table
-from labkit.zero.measure import LAB_MODEL
-from labkit.zero.shard import chunk_size, unique_params
-from labkit.zero.train import real_model
+from labkit.zero.shard import unique_params
 from labkit.zero.unit import default_units
 from labkit.zero.zeropp import BLOCK, ZeROpp
 

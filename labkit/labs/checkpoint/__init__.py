@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from labkit import faults
 from labkit.checkpoint import sharded as sh
-from labkit.checkpoint.resume import RunConfig, resume_jobs
 from labkit.cliargs import ArgParser, count
+from labkit.labs.checkpoint.resume import RunConfig, resume_jobs
 from labkit.launch import run
 from labkit.launch import under_torchrun as _under_torchrun
 from labkit.progress import Progress

@@ -1,7 +1,7 @@
 """What ZeRO-3's backward keeps and runs, next to PyTorch's FSDP2 (chapter 03, section 4).
 
     from labkit.launch import run
-    from labkit.zero.backward import backward_lab
+    from labkit.labs.zero.backward import backward_lab
     per_rank = run(backward_lab, 2, args=(OVERLAP_MODEL,))
     per_rank[0]["ZeRO-3"]   # {"step_s", "forwards_in_backward", "saved_bytes", "inputs_bytes"}
     per_rank[0]["plain"]    # {"saved_bytes"}: one process's model on the same rows

@@ -14,8 +14,8 @@ those files (labkit.profiling), compute, communication, and how much of it overl
 import os
 
 from labkit.cliargs import count, lab_parser, positive
-from labkit.ddp.verify import spec, train_on_rank
 from labkit.labs import ran_on, rank_place
+from labkit.labs.ddp.verify import spec, train_on_rank
 from labkit.launch import run
 from labkit.profiling import folder, jobs, read
 from labkit.profiling.folder import check_folder

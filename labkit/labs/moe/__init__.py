@@ -21,6 +21,8 @@ import torch.distributed as dist
 
 from labkit.cliargs import count, lab_parser, positive
 from labkit.labs import ran_on
+from labkit.labs.parallel.compare import differences
+from labkit.labs.parallel.job import train
 from labkit.launch import device, run
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 from labkit.moe.expert_parallel import ExpertParallelMoE
@@ -28,8 +30,6 @@ from labkit.moe.layer import MoE, moe_layers, update_biases
 from labkit.moe.router import capacity, route
 from labkit.observe import netcount
 from labkit.parallel import Plan, check_plan
-from labkit.parallel.compare import differences
-from labkit.parallel.job import train
 from labkit.progress import Progress
 from labkit.reference import reference_train
 from labkit.table import table

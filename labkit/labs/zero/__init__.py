@@ -17,12 +17,12 @@ import os
 
 from labkit.cliargs import BadOption, at_least_zero, count, lab_parser
 from labkit.labs import ran_on, rank_place
+from labkit.labs.zero.measure import LAB_MODEL, rows, table
+from labkit.labs.zero.train import sharded_train
 from labkit.launch import run
 from labkit.profiling.folder import check_folder
 from labkit.progress import Progress
 from labkit.reference import TrainSpec, train
-from labkit.zero.measure import LAB_MODEL, rows, table
-from labkit.zero.train import sharded_train
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 

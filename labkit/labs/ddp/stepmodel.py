@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 
 from labkit.ddp.bucketed import assign_buckets
-from labkit.ddp.common import Timeline
-from labkit.ddp.timing import BENCH, _setup, _step
-from labkit.ddp.verify import build_model
+from labkit.labs.ddp.timing import BENCH, _setup, _step
+from labkit.labs.ddp.verify import build_model
 from labkit.launch import device
 from labkit.model import get_batch, tiny_corpus
+from labkit.observe.timeline import Timeline
 from labkit.timing import now
 
 
