@@ -97,17 +97,25 @@ def _private(part: str) -> bool:
     return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
 
 
-def test_core_never_imports_check_labs_or_widgets():
+def _imports_of(importers, forbidden) -> tuple:
+    """(offending lines, LABS_ALLOWED pairs seen): imports of a `forbidden` package by the
+    modules `importers(name)` picks, the allowed (file, module) pairs excepted."""
     bad, seen = [], set()
     for name, path in MODULES.items():
-        if any(_within(name, t) for t in TOP):
+        if not importers(name):
             continue
         for mod, _, line in _imports(name, path):
             key = (str(path.relative_to(ROOT)), mod)
             if key in LABS_ALLOWED:
                 seen.add(key)
-            elif any(_within(mod, f) for f in FORBIDDEN_FOR_CORE):
-                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+            elif any(_within(mod, f) for f in forbidden):
+                bad.append(f"{key[0]}:{line} imports {mod}")
+    return bad, seen
+
+
+def test_core_never_imports_check_labs_or_widgets():
+    bad, seen = _imports_of(lambda name: not any(_within(name, t) for t in TOP),
+                            FORBIDDEN_FOR_CORE)
     assert not bad, ("core modules import the layers above them (move the shared code into the "
                      "core, e.g. labkit.testing):\n" + "\n".join(bad))
     stale = set(LABS_ALLOWED) - seen
@@ -117,17 +125,11 @@ def test_core_never_imports_check_labs_or_widgets():
 def test_topic_packages_hold_the_algorithm_not_its_experiments():
     """labkit/TOPIC/ never imports labkit.labs (its experiments live there, above it): issue #39
     item 5's rule, checked on its own (today's one exception: LABS_ALLOWED, with its owner)."""
-    bad = []
-    for name, path in MODULES.items():
-        if not any(_within(name, f"labkit.{t}") for t in TOPICS):
-            continue
-        for mod, _, line in _imports(name, path):
-            if _within(mod, "labkit.labs") and (str(path.relative_to(ROOT)), mod) \
-                    not in LABS_ALLOWED:
-                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    assert all(any(_within(n, f"labkit.{t}") for n in MODULES) for t in TOPICS), TOPICS
+    bad, _ = _imports_of(lambda name: any(_within(name, f"labkit.{t}") for t in TOPICS),
+                         ("labkit.labs",))
     assert not bad, ("a topic package imports an experiment (move the shared piece into the "
                      "topic package, or the importer into labkit/labs/TOPIC/):\n" + "\n".join(bad))
-    assert all(any(_within(n, f"labkit.{t}") for n in MODULES) for t in TOPICS), TOPICS
 
 
 def test_no_private_name_is_imported_across_packages():

@@ -18,7 +18,7 @@ import os
 
 import torch.distributed as dist
 
-from labkit.cliargs import BadOption, count, lab_parser
+from labkit.cliargs import group_lab_args
 from labkit.costs import zero as costs_zero
 from labkit.labs import ran_on, rank_place
 from labkit.labs.zero.measure import LAB_MODEL, moved_numel, predicted_sent
@@ -118,19 +118,9 @@ def report(got: list, ref: dict, replicate: int, steps: int) -> str:
 
 
 def main(argv=()):
-    # here, not at the top: `labkit list` and bad options import no torch
-
-    p = lab_parser("hsdp", nproc=4)
-    p.add_argument("--replicate", type=count, default=2,
-                   help="replica groups R (the shard groups have nproc / R ranks)")
-    p.add_argument("--steps", type=count, default=2, help="AdamW steps")
-    args = p.parse_args(list(argv))
+    args = group_lab_args(argv, "hsdp", "--replicate", "replica groups R (the shard groups have "
+                          "nproc / R ranks)", steps=2, sizes=False, what="HSDP")
     n, r = args.nproc, args.replicate
-    if n % r or n // r < 2:
-        working = 2 if n % 2 == 0 and n >= 4 else 1
-        raise BadOption(f"--replicate {r} must divide --nproc {n} into groups of at least 2 "
-                        f"ranks; use --replicate {working}" + (
-                            "" if n >= 2 else f" with --nproc 4 (now {n})"))
     batch = 2 * n
     prog = Progress("hsdp", total=2)
     ref = train(LAB_MODEL, TrainSpec(steps=args.steps, batch=batch, optimizer="adamw"))

@@ -18,7 +18,7 @@ import os
 
 import torch.distributed as dist
 
-from labkit.cliargs import BadOption, count, lab_parser
+from labkit.cliargs import group_lab_args
 from labkit.costs import zero as costs_zero
 from labkit.flat import chunk_size
 from labkit.labs import ran_on, rank_place
@@ -153,19 +153,10 @@ def report(got: list, g: int, steps: int) -> tuple:
 
 
 def main(argv=()):
-    # here, not at the top: `labkit list` and bad options import no torch
-
-    p = lab_parser("zeropp", nproc=4)
-    p.add_argument("--hpz", type=count, default=2,
-                   help="ranks per hpZ group (a node): the secondary shards' group size")
-    p.add_argument("--steps", type=count, default=3, help="AdamW steps per configuration")
-    args = p.parse_args(list(argv))
+    args = group_lab_args(argv, "zeropp", "--hpz", "ranks per hpZ group (a node): the secondary "
+                          "shards' group size", steps=3, sizes=True, what="ZeRO++",
+                          steps_help="AdamW steps per configuration")
     n, g = args.nproc, args.hpz
-    if n < 2:
-        raise BadOption(f"--nproc {n}: ZeRO++ needs ranks to shard over; use --nproc 4")
-    if n % g or g < 2:
-        raise BadOption(f"--hpz {g} must divide --nproc {n} into groups of 2 or more; use "
-                        f"--hpz {2 if n % 2 == 0 else n}")
     batch = 2 * n
     prog = Progress("zeropp", total=1)
     got = run(zeropp_train, n, args=(g, args.steps, batch), timeout=300)
