@@ -26,9 +26,9 @@ from labkit.labs.zero.train import gathered_grads, real_model, sharded_train
 from labkit.launch import device, note, run
 from labkit.model import get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
+from labkit.observe.measured import Measured, measured_table
 from labkit.progress import Progress
 from labkit.reference import TrainSpec, optimizer_spec, train
-from labkit.table import table
 from labkit.zero.hsdp import HSDP, hsdp_mesh
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
@@ -103,13 +103,10 @@ def report(got: list, ref: dict, replicate: int, steps: int) -> str:
     if "zero3_sent" in got[0]:
         parts.append((f"ZeRO-3 over all {n}", "zero3_sent", want["zero3"]))
     for what, key, pred in parts:
-        sent = max(g[key] for g in got)
-        # one replica (or one shard): the formula is 0 bytes, there is no ratio to take
-        rows.append((what, sent / 1e3, pred / 1e3, sent / pred if pred else None))
-    out.append(table(rows, [("per rank, one step", 0), ("sent KB (kernel)", 1, ".1f"),
-                            ("predicted KB", 2, ".1f"),
-                            ("ratio", 3, lambda v: "n.a." if v is None else f"{v:.3f}")],
-                     title="HSDP: bytes each rank sent, per mesh dimension"))
+        # one replica (or one shard): the formula is 0 bytes, and Measured takes no ratio
+        rows.append(Measured(what, max(g[key] for g in got) / 1e3, pred / 1e3,
+                             counter="kernel TCP", unit="KB"))
+    out.append(measured_table(rows, title="HSDP: bytes each rank sent, per mesh dimension"))
     out.append("KB = 1e3 bytes, largest rank. predicted: labkit.costs.zero.hsdp_comm_per_rank "
                "(3(S-1)/S Ψ on the shard dimension, 2(R-1)/R Ψ/S on the replicate one; Ψ padded "
                "to multiples of S) and comm_per_rank for ZeRO-3; the excess is Gloo's message "

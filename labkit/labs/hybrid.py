@@ -26,6 +26,7 @@ from labkit.labs.parallel.compare import bytes_rows, differences, tolerances
 from labkit.labs.parallel.job import train
 from labkit.launch import run
 from labkit.model import GPTConfig
+from labkit.observe.measured import Measured
 from labkit.parallel import Plan, check_plan
 from labkit.progress import Progress
 from labkit.reference import reference_train
@@ -130,8 +131,9 @@ def report(plan, cfg, a, results, ref, diffs, brows) -> str:
             "(labkit.observe.commlog) vs labkit.costs.parallel",
             table(brows, ["rank", "dim", "calls", ("logged B", "logged", ","),
                           ("predicted B", "predicted", ","),
-                          ("ratio", lambda b: b["logged"] / b["predicted"] if b["predicted"]
-                           else None, ".3f"), ("blocked s", "seconds", ".4f")])]
+                          ("ratio", lambda b: Measured(b["dim"], b["logged"], b["predicted"],
+                                                       counter="commlog", unit="bytes").ratio,
+                           ".3f"), ("blocked s", "seconds", ".4f")])]
     rows = []
     for rank, r in enumerate(results):
         sec = {d: r["comm"].get(d, {}).get("seconds", 0.0) for d in ("tp", "cp", "pp", "dp")}

@@ -27,6 +27,7 @@ from labkit.labs.zero.train import real_model
 from labkit.launch import device, note, run
 from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
+from labkit.observe.measured import Measured
 from labkit.progress import Progress
 from labkit.reference import optimizer_spec
 from labkit.table import table
@@ -128,8 +129,9 @@ def report(got: list, g: int, steps: int) -> tuple:
         fw = max(r[name]["forward_sent"] or 0 for r in got)
         bw = max(r[name]["backward_sent"] or 0 for r in got)
         both = want[name]["forward"] + want[name]["backward"]
+        sent = Measured(f"{name} bytes", fw + bw, both, counter="kernel TCP", unit="bytes")
         rows.append((name, fw / 1e3, want[name]["forward"] / 1e3, bw / 1e3,
-                     want[name]["backward"] / 1e3, (fw + bw) / both, *moved[name]))
+                     want[name]["backward"] / 1e3, sent.ratio, *moved[name]))
     if got[0]["ZeRO-3"]["forward_sent"] is None:
         out.append(f"bytes on the wire: not counted here ({got[0]['ZeRO-3']['reason']})")
     out.append(table(rows, [("config", 0), ("fwd KB", 1, ".1f"), ("predicted", 2, ".1f"),

@@ -29,6 +29,7 @@ from labkit.moe.expert_parallel import ExpertParallelMoE
 from labkit.moe.layer import MoE, moe_layers, update_biases
 from labkit.moe.router import capacity, route
 from labkit.observe import netcount
+from labkit.observe.measured import Measured
 from labkit.parallel import Plan, check_plan
 from labkit.progress import Progress
 from labkit.reference import reference_train
@@ -88,7 +89,8 @@ def bytes_rows(per_rank: list, ep: int) -> list:
         out.append({"rank": me, "tokens": r["tokens"], "rows out": mine_out,
                     "rows back": theirs_back, "formula B": payload, "ids+counts B": extra,
                     "kernel B": r["sent"],
-                    "ratio": (r["sent"] / (payload + extra)) if r["sent"] else None})
+                    "ratio": Measured("all-to-all bytes", r["sent"], payload + extra,
+                                      counter="kernel TCP", unit="bytes").ratio})
     return out
 
 

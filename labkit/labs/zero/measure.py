@@ -32,6 +32,7 @@ from labkit.labs.zero.train import sharded_train
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
+from labkit.observe.measured import Measured
 from labkit.zero.precision import MixedPrecisionPolicy
 from labkit.zero.shard import unique_params
 from labkit.zero.zero3 import ZeRO3, default_units
@@ -121,7 +122,8 @@ def rows(per_rank, cfg: GPTConfig = LAB_MODEL, recipe=FP32_ADAM) -> list:
                     "total_measured": sum(held.values()), "total_predicted": ms.total,
                     "sent_measured": sent, "sent_predicted": formula,
                     # one rank: the formula is 0 bytes and there is no ratio to take
-                    "sent_ratio": None if sent is None or not formula else sent / formula,
+                    "sent_ratio": Measured("bytes sent", sent, formula, counter="kernel TCP",
+                                           unit="bytes").ratio,
                     "sent_in_psi": None if sent is None else sent / (numel * recipe.weights),
                     "wire_reason": per_rank[0][stage].get("wire_reason")})
     return out
