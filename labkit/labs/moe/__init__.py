@@ -11,6 +11,9 @@ The jobs below are what chapter 08 runs too:
   balance_run      one process: tokens per expert at every step of a short training run,
                    with no balancing, the Switch loss, or DeepSeek-V3's loss-free bias
   drops_at         one process: dropped assignments of a random router at capacity factors
+
+Beside it: alltoall (labkit.moe.alltoall's schedules timed against dist.all_to_all_single, for
+`labkit bench moe` and chapter 08).
 """
 from __future__ import annotations
 

@@ -12,6 +12,15 @@ labkit.costs.zero's 2(N-1)/N Ψ for stages 0-2 and 3(N-1)/N Ψ for stage 3, with
 With --trace DIR (stage 3 among --stages) one more ZeRO-3 step runs under torch.profiler
 (labkit.profiling.jobs.zero3_job), one trace per rank in DIR, and rank 0 prints compute,
 communication and their overlap read back from those files.
+
+Beside it, chapter 03's experiments (the algorithm is labkit.zero's):
+  train     sharded_train: the same few steps for every stage, and the one-process references
+  fsdp      the same training with PyTorch's FSDP2 fully_shard and ZeroRedundancyOptimizer
+  measure   bytes held and sent per stage next to labkit.costs (this lab, bench, chapter)
+  overlap   ZeRO-3's prefetch measured: a step's timeline, hidden share, peak unsharded bytes
+  backward  what ZeRO-3's backward keeps and runs, next to FSDP2
+  tracking  50 steps under bf16 / fp16 policies vs the fp32 reference and FSDP2
+  crossover where a ZeRO-3 step turns communication-bound (the overlap_zero3 lab's sweep)
 """
 import os
 
