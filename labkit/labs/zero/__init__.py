@@ -86,6 +86,7 @@ def main(argv=()):
           f"'Ψ vals': sent / (4 bytes x Ψ); the ring predicts 2(N-1)/N = {2 * (n - 1) / n:.2f} "
           f"for stages 0-2 and 3(N-1)/N = {3 * (n - 1) / n:.2f} for stage 3")
     if args.trace:
+        # here: the profiler and its readers load only when --trace asks for them
         from labkit.profiling import folder, jobs, read
 
         run(jobs.zero3_job, n, args=(str(args.trace),), kwargs=dict(batch=max(1, batch // n)))
