@@ -15,7 +15,8 @@
 `labkit run` exits 0 when the lab ran, 1 when a rank failed or hung (its report is printed), and
 2 on bad input (one line saying what to change, e.g. a DP x TP that does not fit --nproc).
 
-Labs live in labkit/labs/NAME.py (a `main(argv)` function), benchmarks in labkit/bench/NAME.py
+Labs live in labkit/labs/NAME.py or labkit/labs/NAME/__init__.py (a `main(argv)` function; a
+package without one holds experiments only), benchmarks in labkit/bench/NAME.py
 (a `main(argv)` function returning a dict with "rows"); both are found by name.
 """
 from __future__ import annotations
@@ -32,7 +33,10 @@ from labkit import chapters
 
 def _names(package: str) -> list:
     mod = importlib.import_module(package)
-    return sorted(m.name for m in pkgutil.iter_modules(mod.__path__) if not m.name.startswith("_"))
+    names = sorted(m.name for m in pkgutil.iter_modules(mod.__path__) if not m.name.startswith("_"))
+    if package == "labkit.labs":  # labs/parallel/ holds chapter 10's experiments, not a lab
+        names = [n for n in names if mod.is_lab(n)]
+    return names
 
 
 def _load(package: str, name: str):

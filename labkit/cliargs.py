@@ -6,7 +6,8 @@
     a = p.parse_args(argv)     # "--steps 0" -> BadOption("labkit run ddp: argument --steps: ...")
 
 The options every lab or benchmark shares are declared once here: lab_parser (`labkit run NAME`
-and its --nproc), bench_parser (`labkit bench NAME`, its --ranks and --repeats), add_gpt_size.
+and its --nproc), bench_parser (`labkit bench NAME`, its --ranks and --repeats), add_gpt_size,
+group_lab_args (a lab whose flag cuts the ranks into groups: HSDP's replicas, ZeRO++'s hpZ).
 
 argparse's own error() prints the whole usage and exits; a lab's main may run under torchrun or
 inside `labkit bench`, so here a bad option raises BadOption (a ValueError): labkit.cli turns it
@@ -62,6 +63,28 @@ def add_gpt_size(p: ArgParser, n_layer: int, n_embd: int, embd_help: str = "hidd
     """--n-layer and --n-embd: the depth and width of the tiny GPT (labkit.model)."""
     p.add_argument("--n-layer", type=count, default=n_layer, help="transformer blocks")
     p.add_argument("--n-embd", type=count, default=n_embd, help=embd_help)
+
+
+def group_lab_args(argv, name: str, flag: str, group_help: str, steps: int, *, sizes: bool,
+                   what: str, steps_help: str = "AdamW steps") -> argparse.Namespace:
+    """A lab that cuts its ranks into groups (HSDP's --replicate, ZeRO++'s --hpz), with --nproc
+    (4), `flag` (2) and --steps (AdamW steps, `steps`): the options, checked. `flag` is a group's
+    size (sizes=True) or the number of groups (sizes=False); each group needs 2 ranks or more,
+    else BadOption naming the flag and a value that works (`what` names the method)."""
+    p = lab_parser(name, nproc=4)
+    p.add_argument(flag, type=count, default=2, help=group_help)
+    p.add_argument("--steps", type=count, default=steps, help=steps_help)
+    args = p.parse_args(list(argv))
+    nproc, value = args.nproc, getattr(args, flag.lstrip("-").replace("-", "_"))
+    if nproc < 2:
+        raise BadOption(f"--nproc {nproc}: {what} needs ranks to shard over; use --nproc 4")
+    size = value if sizes else nproc // value
+    if nproc % value or size < 2:
+        even = nproc % 2 == 0
+        use = (2 if even else nproc) if sizes else (2 if even and nproc >= 4 else 1)
+        raise BadOption(f"{flag} {value} must divide --nproc {nproc} into groups of at least 2 "
+                        f"ranks; use {flag} {use}")
+    return args
 
 
 def count(text: str) -> int:

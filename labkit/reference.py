@@ -9,9 +9,10 @@ A parallel run (any mesh: labkit.parallel) trains the same GPT (same seed) on th
 batches (labkit.model.get_batch is deterministic in the step) with the same optimizer from
 OPTIMIZERS, so its losses, gradients and parameters must equal these up to float rounding
 (labkit.testing.tensors_close says how close is close for each dtype). This is the one reference
-training entry: the DDP, ZeRO and pipeline runs build a TrainSpec for it (labkit.ddp.verify.spec,
-labkit.zero.train.real_reference); `reference_train` is the same with the options as keywords,
-kept for chapters 08 and 10 and the hybrid, context and MoE labs.
+training entry: the DDP, ZeRO and pipeline runs build a TrainSpec for it
+(labkit.labs.ddp.verify.spec, labkit.labs.zero.train.real_reference); `reference_train` is the
+same with the options as keywords, kept for chapters 08 and 10 and the hybrid, context and MoE
+labs.
 """
 from __future__ import annotations
 

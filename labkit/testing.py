@@ -6,7 +6,7 @@
     worst_difference(run["params"], ref["params"])          # a number for a table, no assert
 
 compare_dicts is the one comparator of runs against labkit.reference (DDP, pipeline, tests);
-labkit.parallel.compare prints worst_difference per rank. A checker may keep its own oracle
+labkit.labs.parallel.compare prints worst_difference per rank. A checker may keep its own oracle
 on purpose, to stay independent of the code it grades.
 
 A parallel run computes the same sums as the one-process reference, in a different order (a

@@ -71,7 +71,8 @@ def ImplicitDevice(files):
 RANK_SIDE = ("labkit/collectives.py", "labkit/bench/collectives.py", "labkit/tp/operators.py",
              "labkit/tp/layers.py", "labkit/tp/blocks.py", "labkit/tp/gpt.py",
              "labkit/tp/measure.py", "labkit/pipeline/executor.py", "labkit/pipeline/measure.py",
-             "labkit/labs/hybrid.py", "labkit/parallel/parallelize.py", "labkit/parallel/job.py",
+             "labkit/labs/hybrid.py", "labkit/parallel/parallelize.py",
+             "labkit/labs/parallel/job.py",
              "labkit/parallel/mesh.py", "labkit/observe/commlog.py")
 
 
@@ -87,7 +88,7 @@ FACTORY_NAMES = {"empty", "zeros", "ones", "full", "rand", "randn", "randint", "
                  "arange", "tensor", "as_tensor", "eye", "linspace", "logspace", "empty_strided",
                  "scalar_tensor"}
 OPT_OUT = re.compile(r"#\s*cpu:\s*\S")
-STATIC_GLOBS = ("labkit/labs/*.py", "labkit/check/*.py", "chapters/*.ipynb", "solutions/*.ipynb")
+STATIC_GLOBS = ("labkit/labs/**/*.py", "labkit/check/*.py", "chapters/*.ipynb", "solutions/*.ipynb")
 
 
 @dataclass(frozen=True)
@@ -262,9 +263,10 @@ def all_static_findings(root: Path) -> list:
 
 OWNERS = {  # who fixes a finding (the helpers' lanes of this session), by file
     "labkit/labs/intro.py": "H5", "labkit/labs/ring.py": "H5", "labkit/check/ch00.py": "H5",
-    "labkit/check/ch01.py": "H5", "labkit/labs/ddp.py": "H6", "labkit/labs/checkpoint.py": "H6",
+    "labkit/check/ch01.py": "H5", "labkit/labs/ddp/__init__.py": "H6",
+    "labkit/labs/checkpoint/__init__.py": "H6",
     "labkit/labs/train_ft.py": "H6", "labkit/check/ch02.py": "H6", "labkit/check/ch06.py": "H6",
-    "labkit/labs/zero.py": "H2", "labkit/labs/tp.py": "H2", "labkit/check/ch03.py": "H2",
+    "labkit/labs/zero/__init__.py": "H2", "labkit/labs/tp.py": "H2", "labkit/check/ch03.py": "H2",
     "labkit/check/ch04.py": "H2", "labkit/labs/pipeline.py": "H3", "labkit/check/ch05.py": "H3",
     "labkit/check/ch10.py": "H4", "labkit/labs/hybrid.py": "lead", "labkit/check/__init__.py": "H1",
     "labkit/labs/__init__.py": "lead"}

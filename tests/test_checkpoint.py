@@ -13,7 +13,7 @@ from labkit.checkpoint.errors import (
     WrongModelError,
 )
 from labkit.checkpoint.full import load_full, save_full
-from labkit.checkpoint.resume import RunConfig, build, resume_jobs, train
+from labkit.labs.checkpoint.resume import RunConfig, build, resume_jobs, train
 from labkit.launch import run
 
 CFG = RunConfig()
@@ -86,7 +86,7 @@ def _fake_world(root, model, opt):
 
 
 def test_sigkill_during_save_leaves_previous_checkpoint(tmp_path):
-    from labkit.checkpoint.crash import crash_during_save
+    from labkit.labs.checkpoint.crash import crash_during_save
 
     crash_during_save(tmp_path, atomic=True)
     assert (tmp_path / ".step_00000002.tmp").is_dir(), \
@@ -108,8 +108,8 @@ def _reshard_job(root, ops, dcp_in=None, dcp_out=None):
     loaded under the same layout kind (a real chain), or cuts them from the demo state."""
     import torch.distributed as dist
 
-    from labkit.checkpoint.dcp_compare import dcp_load, dcp_save
     from labkit.checkpoint.full import rank_world
+    from labkit.labs.checkpoint.dcp_compare import dcp_load, dcp_save
 
     rank, world = rank_world()
     state = sh.demo_state()
@@ -258,7 +258,7 @@ def test_checker_helpers_catch_incomplete_rng_capture():
 
 
 def test_naive_save_killed_midway_loses_the_checkpoint(tmp_path):
-    from labkit.checkpoint.crash import crash_during_save
+    from labkit.labs.checkpoint.crash import crash_during_save
 
     crash_during_save(tmp_path, atomic=False)
     with pytest.raises(CorruptCheckpointError, match="cannot be read"):

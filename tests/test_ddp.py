@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from labkit.ddp import assign_buckets
-from labkit.ddp.verify import SMALL, assert_launches, assert_matches, build_model, spec
+from labkit.labs.ddp.verify import SMALL, assert_launches, assert_matches, build_model, spec
 from labkit.launch import run
 from labkit.reference import train
 
@@ -40,7 +40,7 @@ def _configs():
 
 
 def _job(configs, batch, frozen, accum_cfg):
-    from labkit.ddp.verify import train_on_rank
+    from labkit.labs.ddp.verify import train_on_rank
 
     out = [train_on_rank(kind, optimizer=opt, bucket_mb=mb, batch=batch, frozen=frozen)
            for kind, opt, mb in configs]
@@ -201,7 +201,7 @@ def test_overlap_costs_the_compute_it_overlaps():
         scaling.step_time(100, 10, 8, overlap=0.5, slowdown=-0.1)
 
 def test_step_model_sends_the_sizes_each_version_sends():
-    from labkit.ddp.stepmodel import message_sizes
+    from labkit.labs.ddp.stepmodel import message_sizes
 
     params = list(build_model(SMALL).parameters())
     total = sum(p.numel() for p in params)
@@ -213,7 +213,7 @@ def test_step_model_sends_the_sizes_each_version_sends():
 
 
 def _model_job(variants):
-    from labkit.ddp.stepmodel import model_vs_measured
+    from labkit.labs.ddp.stepmodel import model_vs_measured
 
     return model_vs_measured(variants, SMALL, batch=4, rounds=1, warmup=1)
 

@@ -48,7 +48,7 @@ def test_torchrun_restarts_after_sigkill_and_matches_uninterrupted_run(tmp_path)
 
     import torch
 
-    from labkit.checkpoint.resume import RunConfig, resume_jobs
+    from labkit.labs.checkpoint.resume import RunConfig, resume_jobs
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "params.pt"

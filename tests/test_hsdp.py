@@ -9,17 +9,17 @@ import pytest
 from labkit.check import ch03
 from labkit.costs import zero as costs_zero
 from labkit.labs.hsdp import hsdp_train, predicted
+from labkit.labs.zero.train import TINY
 from labkit.launch import run
 from labkit.reference import TrainSpec, train
 from labkit.testing import compare_dicts
-from labkit.zero.train import TINY
 
 STEPS = 2
 BATCH = 12
 
 
 def _everything(replicate: int, world: int):
-    from labkit.zero.fsdp import fsdp2_train
+    from labkit.labs.zero.fsdp import fsdp2_train
 
     out = {opt: hsdp_train(replicate, STEPS, BATCH, cfg=TINY, optimizer=opt, against_zero3=False)
            for opt in ("sgd", "adamw")}

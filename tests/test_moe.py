@@ -2,12 +2,12 @@
 import pytest
 import torch
 
+from labkit.labs.parallel.compare import differences
+from labkit.labs.parallel.job import train
 from labkit.launch import run
 from labkit.model import GPT, MLP, GPTConfig, get_batch, tiny_corpus
 from labkit.moe import router as R
 from labkit.parallel import Plan, PlanError, check_plan
-from labkit.parallel.compare import differences
-from labkit.parallel.job import train
 from labkit.reference import reference_train
 
 MOE = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, n_expert=4, expert_top_k=2,

@@ -4,11 +4,11 @@ dimension on purpose is caught; bytes per dimension equal labkit.costs.parallel.
 import pytest
 
 from labkit.ddp import assign_buckets
+from labkit.labs.parallel.compare import bytes_rows, differences
+from labkit.labs.parallel.job import train
 from labkit.launch import run
 from labkit.model import GPT, GPTConfig
 from labkit.parallel import Plan, PlanError, check_plan
-from labkit.parallel.compare import bytes_rows, differences
-from labkit.parallel.job import train
 from labkit.reference import reference_train
 
 CFG = dict(n_layer=4, n_embd=32, n_head=4, block_size=16)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from labkit.check import ch03
+from labkit.flat import chunk_size, padded_flat, shard_of
+from labkit.labs.zero.measure import LAB_MODEL, moved_numel, predicted_sent
+from labkit.labs.zero.train import TINY, make_stage, sharded_train
 from labkit.launch import run
 from labkit.model import GPT
 from labkit.reference import TrainSpec, train
-from labkit.zero import chunk_size, padded_flat, shard_of
-from labkit.zero.measure import LAB_MODEL, moved_numel, predicted_sent
-from labkit.zero.train import TINY, make_stage, sharded_train
 
 STEPS = 3
 
@@ -22,7 +22,7 @@ def _step_wrong(params, shards, optimizer, group=None):
     """A typical mistake: step with the SUM of the gradients over ranks, not their mean."""
     import torch.distributed as dist
 
-    from labkit.zero import all_gather_full, reduce_scatter_mean
+    from labkit.flat import all_gather_full, reduce_scatter_mean
 
     n = dist.get_world_size(group)
     for p, s in zip(params, shards):
@@ -37,7 +37,7 @@ def _reduce_scatter_paths():
     """labkit's ring and the backend's reduce-scatter give the same chunk (odd sizes too)."""
     import torch.distributed as dist
 
-    from labkit.zero.shard import reduce_scatter_algorithm, reduce_scatter_sum
+    from labkit.flat import reduce_scatter_algorithm, reduce_scatter_sum
 
     n, out = dist.get_world_size(), {"algorithm": reduce_scatter_algorithm()}
     for c in (1, 7, 1000):
@@ -49,7 +49,7 @@ def _reduce_scatter_paths():
 
 
 def _everything(world):
-    from labkit.zero.fsdp import fsdp2_train, zero_redundancy_train
+    from labkit.labs.zero.fsdp import fsdp2_train, zero_redundancy_train
 
     out = {(st, opt): sharded_train(st, TINY, opt, steps=STEPS)
            for opt in ("sgd", "adamw") for st in range(4)}
@@ -238,7 +238,7 @@ def _real(world):
 
 @pytest.fixture(scope="module")
 def real_runs():
-    from labkit.zero.train import real_reference
+    from labkit.labs.zero.train import real_reference
 
     refs = {"adamw": real_reference(TINY, "adamw", steps=2, max_grad_norm=0.5, **REAL),
             "sgd": real_reference(TINY, "sgd", steps=2, unused=True)}
@@ -311,7 +311,7 @@ def test_accumulation_no_sync_trades_bytes_sent_for_full_gradients_held():
     storage) and sends one. ZeRO-3 unsharded across the micro-batches (FSDP2's
     set_reshard_after_backward(False) with no_sync) gathers once per step instead of 2k times and
     holds every whole parameter meanwhile."""
-    from labkit.zero.measure import accumulation_tradeoff
+    from labkit.labs.zero.measure import accumulation_tradeoff
 
     world, k = 2, 4
     out = run(accumulation_tradeoff, world, kwargs=dict(micro_batches=k), timeout=200,

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from labkit.costs import memory
+from labkit.labs.zero.train import TINY, real_reference, sharded_train
 from labkit.launch import run
 from labkit.model import GPT
 from labkit.zero.precision import MixedPrecisionPolicy
-from labkit.zero.train import TINY, real_reference, sharded_train
 
 REAL = dict(freeze=("wpe.weight",), unused=True, groups=True)
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

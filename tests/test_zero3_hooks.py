@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from labkit.labs.zero.train import TINY
 from labkit.launch import run
-from labkit.zero.train import TINY
 
 
 class _Weights(TorchFunctionMode):

@@ -1,13 +1,13 @@
-"""The ZeRO-3 crossover sweep's pieces (labkit.zero.crossover, labs.overlap_zero3) and the PP vs
-ZeRO-3 byte count (labkit.pipeline.versus_zero3) on tiny cases: quantities, not timings."""
+"""The ZeRO-3 crossover sweep's pieces (labkit.labs.zero.crossover, labs.overlap_zero3) and the
+PP vs ZeRO-3 byte count (labkit.pipeline.versus_zero3) on tiny cases: quantities, not timings."""
 import pytest
 
 from labkit.costs import hiding
+from labkit.labs.zero.crossover import spans, sweep
+from labkit.labs.zero.measure import moved_numel
 from labkit.launch import run
 from labkit.model import GPT, GPTConfig
 from labkit.observe.commlog import Event
-from labkit.zero.crossover import spans, sweep
-from labkit.zero.measure import moved_numel
 
 TINY = GPTConfig(vocab_size=96, block_size=8, n_layer=2, n_head=4, n_embd=32, tie_weights=False)
 

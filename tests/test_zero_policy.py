@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from labkit.check import ch03
+from labkit.labs.zero.train import TINY, real_reference, sharded_train
 from labkit.launch import run
 from labkit.reference import TrainSpec, train
 from labkit.testing import tensors_close
 from labkit.zero.precision import MixedPrecisionPolicy, one_dimensional, resolve
-from labkit.zero.train import TINY, real_reference, sharded_train
 
 STEPS = 3
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -129,8 +129,8 @@ def _bad_policies():
 
 
 def _everything(world):
-    from labkit.zero.fsdp import fsdp2_train
-    from labkit.zero.measure import precision_traffic
+    from labkit.labs.zero.fsdp import fsdp2_train
+    from labkit.labs.zero.measure import precision_traffic
 
     out = {}
     for opt in ("sgd", "adamw"):

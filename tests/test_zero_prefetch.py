@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from labkit.costs import memory
+from labkit.labs.zero.train import TINY, real_reference, sharded_train
 from labkit.launch import run
 from labkit.model import GPT, GPTConfig
 from labkit.zero.precision import MixedPrecisionPolicy, one_dimensional
-from labkit.zero.train import TINY, real_reference, sharded_train
 from labkit.zero.unit import fsdp2_units, own_params
 
 REAL = dict(freeze=("wpe.weight",), unused=True, groups=True)
@@ -76,7 +76,7 @@ def _root_kept(world):
 
 
 def _everything(world):
-    from labkit.zero.overlap import prefetch_lab
+    from labkit.labs.zero.overlap import prefetch_lab
 
     out = {}
     for name, (kw, quiet) in VARIANTS.items():

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from labkit.costs import memory
+from labkit.labs.zero.train import TINY
 from labkit.launch import run
 from labkit.model import GPT
 from labkit.zero.precision import MixedPrecisionPolicy
-from labkit.zero.train import TINY
 
 BF16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 UNTIED = dataclasses.replace(TINY, tie_weights=False)
@@ -26,10 +26,10 @@ def _overflow_on_one_rank(stage: int) -> dict:
     """Two steps; on the first, rank 1 alone puts an inf in a gradient it holds before the step."""
     import torch.distributed as dist
 
+    from labkit.labs.zero.train import make_stage
     from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
     from labkit.zero import ShardedLossScaler
     from labkit.zero.scaling import grads_before_step
-    from labkit.zero.train import make_stage
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = GPT(TINY)
@@ -53,8 +53,8 @@ def _overflow_on_one_rank(stage: int) -> dict:
 
 
 def _everything():
-    from labkit.zero.tracking import CURVE_MODEL, policy_curves
-    from labkit.zero.train import sharded_train
+    from labkit.labs.zero.tracking import CURVE_MODEL, policy_curves
+    from labkit.labs.zero.train import sharded_train
 
     return {"overflow": {st: _overflow_on_one_rank(st) for st in (0, 1, 2, 3)},
             "curves": policy_curves(CURVE_MODEL, steps=STEPS),

@@ -7,10 +7,10 @@ import torch
 
 from labkit.check import ch03
 from labkit.costs import zero as costs_zero
+from labkit.labs.zero.measure import LAB_MODEL
 from labkit.labs.zeropp import CONFIGS, drift, predicted, tolerances, zeropp_train
 from labkit.launch import run
 from labkit.reference import TrainSpec, train
-from labkit.zero.measure import LAB_MODEL
 from labkit.zero.zeropp import dequantize, quantize
 
 STEPS = 2

@@ -19,8 +19,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from labkit.checkpoint import sharded as sh
 from labkit.checkpoint.async_save import measure_stall
-from labkit.checkpoint.dcp_compare import to_dtensors
 from labkit.cliargs import bench_parser, positive
+from labkit.labs.checkpoint.dcp_compare import to_dtensors
 from labkit.launch import run
 from labkit.table import table
 

@@ -8,7 +8,7 @@ to `torch.nn.parallel.DistributedDataParallel` measured in the same run (lower i
 from __future__ import annotations
 
 from labkit.cliargs import add_gpt_size, bench_parser, count, positive
-from labkit.ddp.timing import BENCH, time_steps
+from labkit.labs.ddp.timing import BENCH, time_steps
 from labkit.launch import run
 from labkit.table import table as format_table
 

@@ -10,8 +10,8 @@ for a buffer of S bytes per rank. Reported as a ratio to the built-in measured i
 from __future__ import annotations
 
 from labkit.cliargs import bench_parser, count, positive
+from labkit.labs.moe.alltoall import bench_job
 from labkit.launch import run
-from labkit.moe.alltoall import bench_job
 from labkit.table import table
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import statistics
 
 from labkit.cliargs import BadOption, add_gpt_size, bench_parser, count
+from labkit.labs.parallel.compare import bytes_rows
+from labkit.labs.parallel.job import train
 from labkit.launch import run
 from labkit.model import GPTConfig
 from labkit.parallel import Plan, check_plan
-from labkit.parallel.compare import bytes_rows
-from labkit.parallel.job import train
 from labkit.table import table
 
 PLANS = [dict(), dict(dp=2, tp=2), dict(dp=2, pp=2), dict(tp=2, pp=2), dict(dp=2, tp=2, pp=2),

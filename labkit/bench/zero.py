@@ -49,13 +49,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from labkit.cliargs import add_gpt_size, at_least_zero, bench_parser, count
 from labkit.costs import memory, models
+from labkit.labs.zero.train import make_stage
 from labkit.launch import run
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe.storage import storage_bytes
 from labkit.reference import optimizer_spec
 from labkit.table import table as format_table
 from labkit.zero.precision import MixedPrecisionPolicy as Policy
-from labkit.zero.shard import optimizer_state_bytes, storage_bytes
-from labkit.zero.train import make_stage
+from labkit.zero.shard import optimizer_state_bytes
 from labkit.zero.unit import fsdp2_units
 
 VARIANTS = ("torch DDP", "ZeRO-0", "ZeRO-1", "ZeRO-2", "ZeRO-2 1 bucket", "ZeRO-2 offload",

@@ -6,10 +6,11 @@
     labkit.checkpoint.sharded    per-rank shards + one layout file; resharding N -> M on load
     labkit.checkpoint.async_save copy to CPU, write in a background thread (one in flight)
     labkit.checkpoint.errors     what can be wrong with a checkpoint, said clearly
-    labkit.checkpoint.resume     a tiny run that uses every generator (the exact-resume lab)
     labkit.checkpoint.activation activation checkpointing: saved bytes and time, measured
-    labkit.checkpoint.dcp_compare the same state through torch.distributed.checkpoint (DCP)
-    labkit.checkpoint.crash      SIGKILL a process mid-save and see what survives
+
+Chapter 06's experiments live with its lab (labkit/labs/checkpoint/): resume (a tiny run that
+uses every generator, the exact-resume lab), crash (SIGKILL a process mid-save and see what
+survives), dcp_compare (the same state through torch.distributed.checkpoint, DCP).
 
 Import the submodule you need (nothing runs at import).
 """

@@ -32,10 +32,10 @@ import torch.nn.functional as F
 
 from labkit.context.layout import LAYOUTS, positions, sizes
 from labkit.context.ring_attention import all_gather_kv_attention, ring_attention
+from labkit.flat import all_gather_flat
 from labkit.observe import commlog
 from labkit.tp.blocks import TensorParallelAttention
 from labkit.tp.operators import f
-from labkit.zero.shard import all_gather_flat
 
 METHODS = {"ring": ring_attention, "all_gather": all_gather_kv_attention}
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from labkit.collectives import exchange
 from labkit.context.layout import check_layout, positions, sizes
 from labkit.context.tiled import BLOCK, attend, attend_backward, merge_partials, tiled_attention
-from labkit.zero.shard import all_gather_flat, reduce_scatter_sum
+from labkit.flat import all_gather_flat, reduce_scatter_sum
 
 TAG_K, TAG_V, TAG_DK, TAG_DV = 1, 2, 3, 4
 

@@ -40,12 +40,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from labkit.flat import reduce_scatter_sum
 from labkit.layers import MLP
 from labkit.observe import commlog
 from labkit.tp.blocks import TensorParallelAttention, TensorParallelMLP
 from labkit.tp.gpt import apply_tp
 from labkit.tp.operators import conjugate, f, world_of
-from labkit.zero.shard import reduce_scatter_sum
 
 
 def check_sequence(T: int, tp: int) -> None:

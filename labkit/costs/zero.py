@@ -122,7 +122,7 @@ def offload_seconds(n_params: float, *, recipe, dp: int = 1, pcie_bw: float = 25
 
     The PCIe copies (offload_transfer_bytes over pcie_bw) and the CPU's Adam over Ψ/N elements
     (costs.flops.cpu_adam_s: memory-bound, ADAM_BYTES_PER_PARAM bytes per element over cpu_bw).
-    cpu_bw is what labkit.zero.measure.offload_step measures on this machine's CPU; the
+    cpu_bw is what labkit.labs.zero.measure.offload_step measures on this machine's CPU; the
     planner takes the same number (labkit.costs.plan_inputs.Cluster(cpu_bw=...))."""
 
     pcie = offload_transfer_bytes(n_params, recipe=recipe, dp=dp)["total"] / pcie_bw

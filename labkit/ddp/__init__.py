@@ -18,14 +18,20 @@ All three broadcast rank 0's parameters and buffers when they wrap, skip frozen 
 synchronise a tied (shared) parameter once, support `no_sync()` for gradient accumulation, and
 take a process group (Gloo on CPU, NCCL on GPU). Every launch is recorded in `.launches`
 (start, end, bytes), so a timeline and the count of all-reduces per step can be drawn.
-Measuring them: `labkit.ddp.timing` (step times, one step's timeline), `labkit.ddp.stepmodel`
-(the step-time model's pieces, measured, against the measured step), `labkit.ddp.crossover`
+Their spans go on a labkit.observe.timeline.Timeline (`timeline=`); `no_sync()` is
+labkit.accumulate.sync_paused. Measuring them is chapter 02's lab's (labkit/labs/ddp/): `verify`
+(train on real ranks, compare with one process), `timing` (step times, one step's timeline),
+`stepmodel` (the step-time model's pieces, measured, against the measured step), `crossover`
 (FLOP/s and a per-rank batch sweep: where the step turns communication-bound).
+
+    bucketed    BucketedDDP, assign_buckets (the reducer's rule: labkit.buckets)
+    common      DDPBase (the wrapper, broadcast, launch records), broadcast_module
+    naive       NaiveDDP
+    overlap     OverlapDDP
 """
 from labkit.ddp.bucketed import BucketedDDP, assign_buckets
-from labkit.ddp.common import Timeline, broadcast_module
+from labkit.ddp.common import broadcast_module
 from labkit.ddp.naive import NaiveDDP
 from labkit.ddp.overlap import OverlapDDP
 
-__all__ = ["NaiveDDP", "OverlapDDP", "BucketedDDP", "assign_buckets", "Timeline",
-           "broadcast_module"]
+__all__ = ["NaiveDDP", "OverlapDDP", "BucketedDDP", "assign_buckets", "broadcast_module"]

@@ -1,4 +1,5 @@
-"""What every DDP version shares: the initial broadcast, the wrapper, launch records, timelines."""
+"""What every DDP version shares: the initial broadcast, the wrapper, launch records (drawn on a
+labkit.observe.timeline.Timeline)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,36 +9,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
+from labkit.accumulate import sync_paused
 from labkit.observe import commlog
+from labkit.observe.timeline import Timeline
 from labkit.timing import now
-
-
-class Timeline:
-    """Spans (name, lane, start, end) in seconds since `t0`, on this rank's clock.
-
-    Lanes used in the book: "compute" (forward, backward, optimizer) and "comm" (all-reduces).
-    The clock is `labkit.timing.now(device)`: on a GPU it waits for the queued kernels first, so a
-    span ends when its work has run, not when it was queued."""
-
-    def __init__(self, device=None):
-        self.device = device
-        self.t0 = now(device)
-        self.events: list[dict] = []
-
-    def now(self) -> float:
-        return now(self.device) - self.t0
-
-    @contextlib.contextmanager
-    def span(self, name: str, lane: str = "compute", **info):
-        start = self.now()
-        try:
-            yield
-        finally:
-            self.events.append({"name": name, "lane": lane, "start": start, "end": self.now(),
-                                **info})
-
-    def reset(self) -> None:
-        self.t0, self.events = now(self.device), []
 
 
 @torch.no_grad()
@@ -58,17 +33,6 @@ def broadcast_tensors(tensors, group=None) -> None:
         dist.broadcast(flat, src=src, group=group)
         for t, piece in zip(same, flat.split([t.numel() for t in same])):
             t.copy_(piece.view_as(t))
-
-
-@contextlib.contextmanager
-def sync_paused(wrapper):
-    """no_sync() of every data-parallel wrapper: `wrapper._sync` is False inside, so backward
-    accumulates local gradients and sends nothing; the value before is restored after (nests)."""
-    old, wrapper._sync = wrapper._sync, False
-    try:
-        yield
-    finally:
-        wrapper._sync = old
 
 
 class DDPBase(nn.Module):

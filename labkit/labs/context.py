@@ -36,12 +36,12 @@ from labkit.context import apply_sp
 from labkit.context.sequence_parallel import check_sequence
 from labkit.costs import activations, models
 from labkit.labs import ran_on
+from labkit.labs.parallel.compare import bytes_rows, differences
+from labkit.labs.parallel.job import train
 from labkit.launch import device, run
 from labkit.model import GPT, GPTConfig
 from labkit.observe.saved import SavedTensors
 from labkit.parallel import Plan, check_plan
-from labkit.parallel.compare import bytes_rows, differences
-from labkit.parallel.job import train
 from labkit.progress import Progress
 from labkit.reference import reference_train
 from labkit.table import table

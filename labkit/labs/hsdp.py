@@ -18,18 +18,18 @@ import os
 
 import torch.distributed as dist
 
-from labkit.cliargs import BadOption, count, lab_parser
+from labkit.cliargs import group_lab_args
 from labkit.costs import zero as costs_zero
 from labkit.labs import ran_on, rank_place
+from labkit.labs.zero.measure import LAB_MODEL, moved_numel, predicted_sent
+from labkit.labs.zero.train import gathered_grads, real_model, sharded_train
 from labkit.launch import device, note, run
 from labkit.model import get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
+from labkit.observe.measured import Measured, measured_table
 from labkit.progress import Progress
 from labkit.reference import TrainSpec, optimizer_spec, train
-from labkit.table import table
 from labkit.zero.hsdp import HSDP, hsdp_mesh
-from labkit.zero.measure import LAB_MODEL, moved_numel, predicted_sent
-from labkit.zero.train import gathered_grads, real_model, sharded_train
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
@@ -75,7 +75,7 @@ def hsdp_train(replicate: int, steps: int, batch: int, cfg=None, optimizer: str 
 
 def predicted(replicate: int, world: int) -> dict:
     """labkit.costs' bytes per rank and step for the lab's model (fp32 on the wire), with Ψ as
-    ZeRO-3 moves it (each parameter padded to a multiple of its group: labkit.zero.measure)."""
+    ZeRO-3 moves it (each parameter padded to a multiple of its group: labkit.labs.zero.measure)."""
 
     shard = world // replicate
     psi_s = moved_numel(LAB_MODEL, 3, shard)            # padded to multiples of S
@@ -103,13 +103,10 @@ def report(got: list, ref: dict, replicate: int, steps: int) -> str:
     if "zero3_sent" in got[0]:
         parts.append((f"ZeRO-3 over all {n}", "zero3_sent", want["zero3"]))
     for what, key, pred in parts:
-        sent = max(g[key] for g in got)
-        # one replica (or one shard): the formula is 0 bytes, there is no ratio to take
-        rows.append((what, sent / 1e3, pred / 1e3, sent / pred if pred else None))
-    out.append(table(rows, [("per rank, one step", 0), ("sent KB (kernel)", 1, ".1f"),
-                            ("predicted KB", 2, ".1f"),
-                            ("ratio", 3, lambda v: "n.a." if v is None else f"{v:.3f}")],
-                     title="HSDP: bytes each rank sent, per mesh dimension"))
+        # one replica (or one shard): the formula is 0 bytes, and Measured takes no ratio
+        rows.append(Measured(what, max(g[key] for g in got) / 1e3, pred / 1e3,
+                             counter="kernel TCP", unit="KB"))
+    out.append(measured_table(rows, title="HSDP: bytes each rank sent, per mesh dimension"))
     out.append("KB = 1e3 bytes, largest rank. predicted: labkit.costs.zero.hsdp_comm_per_rank "
                "(3(S-1)/S Ψ on the shard dimension, 2(R-1)/R Ψ/S on the replicate one; Ψ padded "
                "to multiples of S) and comm_per_rank for ZeRO-3; the excess is Gloo's message "
@@ -118,19 +115,9 @@ def report(got: list, ref: dict, replicate: int, steps: int) -> str:
 
 
 def main(argv=()):
-    # here, not at the top: `labkit list` and bad options import no torch
-
-    p = lab_parser("hsdp", nproc=4)
-    p.add_argument("--replicate", type=count, default=2,
-                   help="replica groups R (the shard groups have nproc / R ranks)")
-    p.add_argument("--steps", type=count, default=2, help="AdamW steps")
-    args = p.parse_args(list(argv))
+    args = group_lab_args(argv, "hsdp", "--replicate", "replica groups R (the shard groups have "
+                          "nproc / R ranks)", steps=2, sizes=False, what="HSDP")
     n, r = args.nproc, args.replicate
-    if n % r or n // r < 2:
-        working = 2 if n % 2 == 0 and n >= 4 else 1
-        raise BadOption(f"--replicate {r} must divide --nproc {n} into groups of at least 2 "
-                        f"ranks; use --replicate {working}" + (
-                            "" if n >= 2 else f" with --nproc 4 (now {n})"))
     batch = 2 * n
     prog = Progress("hsdp", total=2)
     ref = train(LAB_MODEL, TrainSpec(steps=args.steps, batch=batch, optimizer="adamw"))

@@ -22,11 +22,12 @@ import re
 
 from labkit.cliargs import ArgParser, count
 from labkit.labs import ran_on
+from labkit.labs.parallel.compare import bytes_rows, differences, tolerances
+from labkit.labs.parallel.job import train
 from labkit.launch import run
 from labkit.model import GPTConfig
+from labkit.observe.measured import Measured
 from labkit.parallel import Plan, check_plan
-from labkit.parallel.compare import bytes_rows, differences, tolerances
-from labkit.parallel.job import train
 from labkit.progress import Progress
 from labkit.reference import reference_train
 from labkit.table import table
@@ -117,7 +118,7 @@ def report(plan, cfg, a, results, ref, diffs, brows) -> str:
                           (f"loss ({plan.describe()})", 2, ".6f")]), "",
            f"worst |difference| from the one-process run (tolerance: loss {tol['loss']:g}, "
            f"first-step gradients {tol['grads']:g}, parameters after {a.steps} {a.optim} steps "
-           f"{tol['params']:g}; labkit.parallel.compare says why)",
+           f"{tol['params']:g}; labkit.labs.parallel.compare says why)",
            table([dict(d, held=r["local_params"]) for d, r in zip(diffs, results)],
                  ["rank", ("(pp,dp,cp,tp)", lambda d: str(tuple(d["coords"][k]
                                                              for k in ("pp", "dp", "cp", "tp")))),
@@ -130,8 +131,9 @@ def report(plan, cfg, a, results, ref, diffs, brows) -> str:
             "(labkit.observe.commlog) vs labkit.costs.parallel",
             table(brows, ["rank", "dim", "calls", ("logged B", "logged", ","),
                           ("predicted B", "predicted", ","),
-                          ("ratio", lambda b: b["logged"] / b["predicted"] if b["predicted"]
-                           else None, ".3f"), ("blocked s", "seconds", ".4f")])]
+                          ("ratio", lambda b: Measured(b["dim"], b["logged"], b["predicted"],
+                                                       counter="commlog", unit="bytes").ratio,
+                           ".3f"), ("blocked s", "seconds", ".4f")])]
     rows = []
     for rank, r in enumerate(results):
         sec = {d: r["comm"].get(d, {}).get("seconds", 0.0) for d in ("tp", "cp", "pp", "dp")}

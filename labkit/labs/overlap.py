@@ -18,10 +18,10 @@ import plotly.graph_objects as go
 
 from labkit.cliargs import positive
 from labkit.costs import hiding
-from labkit.ddp import crossover
-from labkit.ddp.crossover import WIDE
 from labkit.labs import _crossover as cx
 from labkit.labs import ran_on, rank_place
+from labkit.labs.ddp import crossover
+from labkit.labs.ddp.crossover import WIDE
 from labkit.labs.intro import all_reduce_times, medians
 from labkit.launch import run
 from labkit.table import table

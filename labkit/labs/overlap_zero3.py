@@ -4,8 +4,8 @@
 
 On the same N processes: (1) the backend's all-gather timed over sizes and fitted to the ring's
 alpha-beta model (labkit.labs.intro); (2) the machine's FLOP/s on the model's own matmul shapes
-(labkit.ddp.crossover.matmul_rate); (3) ZeRO3 steps with prefetch at several per-rank
-micro-batches, read from ZeRO-3's own timeline and commlog records (labkit.zero.crossover).
+(labkit.labs.ddp.crossover.matmul_rate); (3) ZeRO3 steps with prefetch at several per-rank
+micro-batches, read from ZeRO-3's own timeline and commlog records (labkit.labs.zero.crossover).
 From (1) and (2), costs.hiding.zero3 predicts the tokens per rank per micro-batch at which the
 two all-gathers and the reduce-scatter take as long as the forward and backward; (3) measures
 where they do: the collectives' busy time against the compute's, their ratio fitted as a power
@@ -17,15 +17,15 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from labkit.costs import hiding
-from labkit.ddp.crossover import matmul_rate
 from labkit.labs import _crossover as cx
 from labkit.labs import ran_on, rank_place
+from labkit.labs.ddp.crossover import matmul_rate
 from labkit.labs.intro import collective_times, medians
+from labkit.labs.zero import crossover
+from labkit.labs.zero.crossover import WIDE
 from labkit.launch import run
 from labkit.model import GPTConfig
 from labkit.table import table
-from labkit.zero import crossover
-from labkit.zero.crossover import WIDE
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 ROWS = (1, 2, 4, 8, 16, 32)               # per-rank micro-batch, sequences of block_size tokens

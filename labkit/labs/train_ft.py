@@ -33,8 +33,8 @@ import torch.distributed as dist
 
 from labkit.checkpoint import atomic
 from labkit.checkpoint.full import load_full, save_full
-from labkit.checkpoint.resume import RunConfig, build, flat_params, train
 from labkit.cliargs import ArgParser, at_least_zero, count
+from labkit.labs.checkpoint.resume import RunConfig, build, flat_params, train
 from labkit.launch import RankError, note, run
 from labkit.launch import under_torchrun as _under_torchrun
 from labkit.progress import Progress

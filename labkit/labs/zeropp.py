@@ -18,18 +18,20 @@ import os
 
 import torch.distributed as dist
 
-from labkit.cliargs import BadOption, count, lab_parser
+from labkit.cliargs import group_lab_args
 from labkit.costs import zero as costs_zero
+from labkit.flat import chunk_size
 from labkit.labs import ran_on, rank_place
+from labkit.labs.zero.measure import LAB_MODEL
+from labkit.labs.zero.train import real_model
 from labkit.launch import device, note, run
 from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
+from labkit.observe.measured import Measured
 from labkit.progress import Progress
 from labkit.reference import optimizer_spec
 from labkit.table import table
-from labkit.zero.measure import LAB_MODEL
-from labkit.zero.shard import chunk_size, unique_params
-from labkit.zero.train import real_model
+from labkit.zero.shard import unique_params
 from labkit.zero.unit import default_units
 from labkit.zero.zeropp import BLOCK, ZeROpp
 
@@ -127,8 +129,9 @@ def report(got: list, g: int, steps: int) -> tuple:
         fw = max(r[name]["forward_sent"] or 0 for r in got)
         bw = max(r[name]["backward_sent"] or 0 for r in got)
         both = want[name]["forward"] + want[name]["backward"]
+        sent = Measured(f"{name} bytes", fw + bw, both, counter="kernel TCP", unit="bytes")
         rows.append((name, fw / 1e3, want[name]["forward"] / 1e3, bw / 1e3,
-                     want[name]["backward"] / 1e3, (fw + bw) / both, *moved[name]))
+                     want[name]["backward"] / 1e3, sent.ratio, *moved[name]))
     if got[0]["ZeRO-3"]["forward_sent"] is None:
         out.append(f"bytes on the wire: not counted here ({got[0]['ZeRO-3']['reason']})")
     out.append(table(rows, [("config", 0), ("fwd KB", 1, ".1f"), ("predicted", 2, ".1f"),
@@ -152,19 +155,10 @@ def report(got: list, g: int, steps: int) -> tuple:
 
 
 def main(argv=()):
-    # here, not at the top: `labkit list` and bad options import no torch
-
-    p = lab_parser("zeropp", nproc=4)
-    p.add_argument("--hpz", type=count, default=2,
-                   help="ranks per hpZ group (a node): the secondary shards' group size")
-    p.add_argument("--steps", type=count, default=3, help="AdamW steps per configuration")
-    args = p.parse_args(list(argv))
+    args = group_lab_args(argv, "zeropp", "--hpz", "ranks per hpZ group (a node): the secondary "
+                          "shards' group size", steps=3, sizes=True, what="ZeRO++",
+                          steps_help="AdamW steps per configuration")
     n, g = args.nproc, args.hpz
-    if n < 2:
-        raise BadOption(f"--nproc {n}: ZeRO++ needs ranks to shard over; use --nproc 4")
-    if n % g or g < 2:
-        raise BadOption(f"--hpz {g} must divide --nproc {n} into groups of 2 or more; use "
-                        f"--hpz {2 if n % 2 == 0 else n}")
     batch = 2 * n
     prog = Progress("zeropp", total=1)
     got = run(zeropp_train, n, args=(g, args.steps, batch), timeout=300)

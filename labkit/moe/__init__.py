@@ -8,4 +8,7 @@ Modules, one idea each:
                      DeepSeek-V3's loss-free bias
     layer            MoE: the one-process layer (the reference)
     expert_parallel  experts sharded over an ep group; tokens moved by all-to-all
+    alltoall         all-to-all from point-to-point sends (naive and pairwise schedules)
+
+Timing the schedules on real ranks is an experiment: labkit/labs/moe/alltoall.py.
 """

@@ -6,6 +6,7 @@
     saved      SavedTensors: bytes autograd saves for backward (saved-tensor hooks)
     storage    nbytes(t) and storage_bytes(tensors): the one way bytes of memory are counted
     measured   Measured(what, measured, predicted, counter) and its table
+    timeline   Timeline: spans (name, lane, start, end) of one rank's step, on one clock
 
 Import the module you need (`from labkit.observe import commlog`); this package imports none of
 them, so that using one never loads the others.

@@ -10,8 +10,9 @@
     labkit run hybrid --dp 2 --tp 2 --pp 2      # the 3D lab (8 processes)
 
 Modules: plan (the plan and its one up-front check), mesh (init_device_mesh over pp, dp, tp;
-groups named in observe.commlog), parallelize (tp, then pp, then dp: the transforms in order),
-job (the rank-side training run the lab, the tests and the benchmark share).
+groups named in observe.commlog), parallelize (tp, then pp, then dp: the transforms in order).
+The rank-side training run that the lab, the tests and the benchmark share, and its comparison
+with one process, are chapter 10's experiments: labkit/labs/parallel/ (job, compare).
 """
 from labkit.parallel.mesh import Mesh, build_mesh
 from labkit.parallel.parallelize import ParallelGPT, parallelize

@@ -2,7 +2,7 @@
 by the kernel, at several tokens per micro-batch, against costs.hiding.pp_vs_zero3.
 
     from labkit.pipeline.versus_zero3 import measure
-    res = measure(rows=(8, 16, 32, 64, 128))      # 2 ranks, labkit.zero.measure.LAB_MODEL
+    res = measure(rows=(8, 16, 32, 64, 128))      # 2 ranks, labkit.labs.zero.measure.LAB_MODEL
     res["measured_tokens"], res["predicted_tokens"]
 
 A pipeline moves activations: each micro-batch of t tokens crosses each stage boundary as its
@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 
 from labkit.costs import hiding
+from labkit.labs.zero.measure import LAB_MODEL, moved_numel
 from labkit.launch import device, run
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 from labkit.observe import netcount
 from labkit.pipeline import schedules
 from labkit.pipeline.executor import run_schedule
 from labkit.table import table as tab
-from labkit.zero.measure import LAB_MODEL, moved_numel
 from labkit.zero.zero3 import ZeRO3
 
 ROWS = (8, 16, 32, 64, 128)     # rows per micro-batch (of block_size tokens)

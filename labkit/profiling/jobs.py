@@ -8,19 +8,19 @@
 Each job traces its last step only (`steps - 1` steps run first, untraced: the first step opens
 Gloo's connections and warms the allocator, which would dominate a one-step trace). Beside the
 trace each returns labkit's own timeline of the traced step: spans {name, lane, start, end} in
-seconds on labkit.timing's clock, from labkit.ddp.common.Timeline and labkit.observe.commlog, so the
-two views of one step can be set side by side.
+seconds on labkit.timing's clock, from labkit.observe.timeline.Timeline and labkit.observe.commlog,
+so the two views of one step can be set side by side.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from labkit.ddp.common import Timeline
-from labkit.ddp.verify import build_model, wrap
+from labkit.labs.ddp.verify import build_model, wrap
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe import commlog
+from labkit.observe.timeline import Timeline
 from labkit.pipeline import schedules
 from labkit.pipeline.executor import make_batch, run_schedule
 from labkit.pipeline.measure import DEFAULT_CFG

@@ -1,7 +1,7 @@
 """Chapter 02 views: per-rank timelines of a DDP step, the bucket sweep, the scaling calculator.
 
     from labkit.widgets import ddp as view
-    view.gantt(events)                 # measured spans from labkit.ddp.timing.trace_step
+    view.gantt(events)                 # measured spans from labkit.labs.ddp.timing.trace_step
     view.ideal_timeline()              # the idea: naive vs bucketed with overlap (a picture)
     view.calculator()                  # sliders over labkit.costs.scaling
 """

@@ -4,9 +4,9 @@
     mw.calculator()                                   # the whole calculator (ipywidgets)
     p = labkit.costs.memory.plan("llama2-7b", recipe="mixed", zero=3, dp=8)
     mw.plan_figure(p, "H100 80GB"); print(mw.plan_table(p))
-    mw.measured_figure(rows)                          # rows from labkit.zero.measure.rows
-    mw.loss_curves_figure(summary, reference)         # labkit.zero.tracking
-    mw.prefetch_figure({"no prefetch": events, ...})  # labkit.zero.overlap.prefetch_lab
+    mw.measured_figure(rows)                          # rows from labkit.labs.zero.measure.rows
+    mw.loss_curves_figure(summary, reference)         # labkit.labs.zero.tracking
+    mw.prefetch_figure({"no prefetch": events, ...})  # labkit.labs.zero.overlap.prefetch_lab
 
 Every number comes from labkit.costs.memory / labkit.costs.models, so the calculator, the worked
 answers and the checkers can never disagree.
@@ -115,7 +115,7 @@ def traffic_figure(rows):
 
 def loss_curves_figure(summary, reference):
     """The fp32 reference's loss and each policy's (labkit solid, FSDP2 dotted on top), per step;
-    `summary` from labkit.zero.tracking.summary."""
+    `summary` from labkit.labs.zero.tracking.summary."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -134,7 +134,7 @@ def loss_curves_figure(summary, reference):
 
 def prefetch_figure(events_by_mode):
     """One measured ZeRO-3 step per mode: compute spans (forward, backward) and gathers on a
-    comm row under them; events from labkit.zero.overlap.prefetch_lab (ms)."""
+    comm row under them; events from labkit.labs.zero.overlap.prefetch_lab (ms)."""
     import plotly.graph_objects as go
 
     colors = {"forward": "#4C78A8", "backward": "#F58518", "prefetch": "#54A24B",

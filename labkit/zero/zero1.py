@@ -21,17 +21,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from labkit.flat import (
+    all_gather_full,
+    all_gather_many,
+    reduce_scatter_mean,
+    reduce_scatter_mean_many,
+)
 from labkit.observe import commlog
 from labkit.observe.storage import storage_bytes
 from labkit.zero.params import clip_, flat_params, param_groups, require_grads, with_flags
 from labkit.zero.precision import resolve_model_policy
-from labkit.zero.shard import (
-    all_gather_full,
-    all_gather_many,
-    master_shards,
-    reduce_scatter_mean,
-    reduce_scatter_mean_many,
-)
+from labkit.zero.shard import master_shards
 
 
 def zero1_step(params, shards, optimizer, group=None) -> None:

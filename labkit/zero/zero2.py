@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import torch
 
+from labkit.accumulate import sync_paused
 from labkit.buckets import assign_buckets
-from labkit.ddp.common import sync_paused
+from labkit.flat import all_gather_many, reduce_scatter_mean_many
 from labkit.observe.storage import storage_bytes
 from labkit.zero.params import clip_, flat_params, param_groups
 from labkit.zero.precision import resolve_model_policy
-from labkit.zero.shard import (
-    all_gather_many,
-    master_shards,
-    reduce_scatter_mean_many,
-)
+from labkit.zero.shard import master_shards
 from labkit.zero.zero1 import DataParallel
 
 

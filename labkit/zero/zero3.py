@@ -61,20 +61,20 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from labkit.ddp.common import sync_paused
-from labkit.observe.storage import storage_bytes
-from labkit.zero.params import clip_
-from labkit.zero.params import param_groups as _param_groups
-from labkit.zero.precision import replicated_ids, resolve
-from labkit.zero.prefetch import ExecutionOrder, GatherInFlight
-from labkit.zero.shard import (
+from labkit.accumulate import sync_paused
+from labkit.flat import (
     all_gather_flat,
     all_gather_full,
     chunk_size,
     reduce_scatter_mean_many,
     shard_of,
-    unique_params,
 )
+from labkit.observe.storage import storage_bytes
+from labkit.zero.params import clip_
+from labkit.zero.params import param_groups as _param_groups
+from labkit.zero.precision import replicated_ids, resolve
+from labkit.zero.prefetch import ExecutionOrder, GatherInFlight
+from labkit.zero.shard import unique_params
 from labkit.zero.unit import (  # noqa: F401 (default_units, fsdp2_units: this API)
     default_units,
     fsdp2_units,
@@ -101,7 +101,7 @@ class ZeRO3:
     norm weights, biases) stay whole on every rank, are never gathered, and their gradients are
     all-reduced (averaged), one message per unit; their optimizer state is replicated too.
     prefetch, reshard_after_forward, offload: see the module docstring. timeline: a
-    labkit.ddp.common.Timeline that gets one compute span per unit and phase.
+    labkit.observe.timeline.Timeline that gets one compute span per unit and phase.
 
     units: modules, or a function model -> modules (default labkit.zero.unit.default_units).
     Units may nest, as fully_shard calls do: a unit manages the parameters no unit inside it

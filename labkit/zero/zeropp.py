@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from labkit.flat import all_gather_flat, padded_flat
 from labkit.observe import commlog
-from labkit.zero.shard import all_gather_flat, padded_flat
 from labkit.zero.zero3 import ZeRO3
 
 BLOCK = 256   # values per quantization block (one fp32 scale each)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from labkit import ddp
 from labkit.check import Checker, Forbidden, fail, graded
-from labkit.ddp.verify import SMALL, build_model
+from labkit.labs.ddp.verify import SMALL, build_model
 
 EXERCISE, TITLE, POINTS = "2.1", "assign gradients to buckets", 2
 FORBIDDEN = Forbidden(("labkit.ddp", "labkit.buckets", "torch.nn.parallel"),

@@ -17,7 +17,7 @@ from labkit.buckets import assign_buckets, cap_bytes
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.costs.comm import ring_bytes_sent_per_rank
 from labkit.ddp import BucketedDDP
-from labkit.ddp.verify import build_model
+from labkit.labs.ddp.verify import build_model
 from labkit.launch import device
 from labkit.model import get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount

@@ -7,7 +7,7 @@ in bucket order, no_sync, finish_gradient_synchronization. The class runs on rea
 world sizes 2 and 3 and a hidden 4 (3 and 4 do not divide their batches) against one process
 trained on the whole batch, with a frozen weight, a frozen bias and tied embeddings, under SGD
 and AdamW and with no_sync accumulation. Every all-reduce is counted and timed against the moment
-backward produced its last gradient (a dispatch mode in labkit.ddp.verify, the same code the
+backward produced its last gradient (a dispatch mode in labkit.labs.ddp.verify, the same code the
 tests use), and the bytes each rank sent during the steps are counted by the kernel
 (observe.netcount) against the ring's 2(N-1)/N per gradient byte plus 5%. The reader's code may
 not use labkit.ddp or torch's DistributedDataParallel.
@@ -19,7 +19,7 @@ import torch
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.costs.comm import ring_bytes_sent_per_rank
 from labkit.ddp import assign_buckets as reference_buckets
-from labkit.ddp.verify import (
+from labkit.labs.ddp.verify import (
     SMALL,
     assert_launches,
     assert_matches,

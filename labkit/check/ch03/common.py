@@ -7,7 +7,7 @@ import math
 
 from labkit.check import fail, tensors_close
 from labkit.costs import memory
-from labkit.zero.shard import chunk_size
+from labkit.flat import chunk_size
 
 # reduction, amplified a little by Adam's division by sqrt(v): 1e-4 relative, 5e-5 absolute.
 RTOL, ATOL = 1e-4, 5e-5

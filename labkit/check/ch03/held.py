@@ -13,10 +13,10 @@ from labkit.check import Checker, fail, graded
 from labkit.check.ch03.common import predicted_held
 from labkit.check.mistakes import diagnose
 from labkit.costs import zero as costs_zero
+from labkit.labs.zero.measure import LAB_MODEL
+from labkit.labs.zero.train import sharded_train
 from labkit.launch import run
 from labkit.model import GPT
-from labkit.zero.measure import LAB_MODEL
-from labkit.zero.train import sharded_train
 
 EXERCISE, TITLE, POINTS = "3.3", "predict what a ZeRO rank holds and sends, then measure it", 3
 # (zero, world): the first shown, the rest hidden

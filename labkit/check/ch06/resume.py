@@ -85,7 +85,7 @@ def assert_resume_matches(first: list, later: list, world: int, expect_equal: bo
 @graded("6.1")
 def exact_resume(capture, restore, worlds=(1, 2)):
     # lazy: a module the ranks import must not load labkit.checkpoint (6.2 watches its import)
-    from labkit.checkpoint.resume import RunConfig, resume_jobs
+    from labkit.labs.checkpoint.resume import RunConfig, resume_jobs
 
     c = Checker(EXERCISE, TITLE, POINTS)
     cfg = RunConfig()

@@ -12,9 +12,9 @@ from __future__ import annotations
 from labkit.check import Checker, fail, graded
 from labkit.check.ch10.common import FORBIDDEN
 from labkit.costs import parallel as pc
+from labkit.labs.parallel.job import train
 from labkit.model import GPTConfig
 from labkit.parallel import Plan
-from labkit.parallel.job import train
 
 EXERCISE, TITLE, POINTS = ("10.3", "predict a DP x TP run's bytes per rank per step, then measure "
                            "them", 3)

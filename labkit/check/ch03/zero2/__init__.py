@@ -46,8 +46,8 @@ from labkit.buckets import assign_buckets
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.check.ch03.common import HEADER_BYTES, assert_matches_reference, assert_ranks_agree
 from labkit.check.ch03.zero2.run import config, reference, zero2_job
+from labkit.flat import chunk_size
 from labkit.model import GPT
-from labkit.zero.shard import chunk_size
 
 EXERCISE, TITLE, POINTS = ("3.2", "a ZeRO-2 optimizer: buckets, flat shards, no_sync, a sharded "
                            "state_dict", 7)
@@ -58,7 +58,7 @@ FORBIDDEN = Forbidden(("labkit.zero", "torch.distributed.optim", "torch.distribu
                                  "reduce_scatter_mean", "DistributedDataParallel"}),
                       why="that is the answer already written. Build the buckets, shards, hooks "
                           "and collectives yourself (chapter 01's ring_reduce_scatter is allowed).")
-# world -> (model config, max_grad_norm, bucket_bytes). Config None: labkit.zero.train.TINY
+# world -> (model config, max_grad_norm, bucket_bytes). Config None: labkit.labs.zero.train.TINY
 # (18,500 parameters; its largest are 10,000 bytes). 2 ranks unclipped (clipping to a norm would
 # hide a sum where the mean belongs); 3 and 4 (hidden) clipped to a global norm of 0.5, below the
 # tiny GPT's, and with caps smaller than the largest parameters (a bucket of their own)

@@ -22,12 +22,12 @@ import io
 import torch
 import torch.distributed as dist
 
+from labkit.labs.zero.train import TINY
 from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
 from labkit.observe.dispatch import CollectiveLog
-from labkit.zero.shard import storage_bytes
-from labkit.zero.train import TINY
+from labkit.observe.storage import storage_bytes
 
 STEPS, BATCH = 3, 12
 ACCUM = 2                 # micro-batches of the last step; all but the last under no_sync()

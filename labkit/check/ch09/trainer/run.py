@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from labkit.launch import note
 from labkit.observe import netcount
-from labkit.zero.shard import storage_bytes
+from labkit.observe.storage import storage_bytes
 
 TINY = 2.0**-24        # the loss is this small: its fp16 gradients underflow unless scaled
 LR = 0.002 / TINY      # SGD on the tiny loss: an effective 0.002, most updates below half an ulp

@@ -11,6 +11,9 @@ The jobs below are what chapter 08 runs too:
   balance_run      one process: tokens per expert at every step of a short training run,
                    with no balancing, the Switch loss, or DeepSeek-V3's loss-free bias
   drops_at         one process: dropped assignments of a random router at capacity factors
+
+Beside it: alltoall (labkit.moe.alltoall's schedules timed against dist.all_to_all_single, for
+`labkit bench moe` and chapter 08).
 """
 from __future__ import annotations
 
@@ -21,15 +24,16 @@ import torch.distributed as dist
 
 from labkit.cliargs import count, lab_parser, positive
 from labkit.labs import ran_on
+from labkit.labs.parallel.compare import differences
+from labkit.labs.parallel.job import train
 from labkit.launch import device, run
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 from labkit.moe.expert_parallel import ExpertParallelMoE
 from labkit.moe.layer import MoE, moe_layers, update_biases
 from labkit.moe.router import capacity, route
 from labkit.observe import netcount
+from labkit.observe.measured import Measured
 from labkit.parallel import Plan, check_plan
-from labkit.parallel.compare import differences
-from labkit.parallel.job import train
 from labkit.progress import Progress
 from labkit.reference import reference_train
 from labkit.table import table
@@ -88,7 +92,8 @@ def bytes_rows(per_rank: list, ep: int) -> list:
         out.append({"rank": me, "tokens": r["tokens"], "rows out": mine_out,
                     "rows back": theirs_back, "formula B": payload, "ids+counts B": extra,
                     "kernel B": r["sent"],
-                    "ratio": (r["sent"] / (payload + extra)) if r["sent"] else None})
+                    "ratio": Measured("all-to-all bytes", r["sent"], payload + extra,
+                                      counter="kernel TCP", unit="bytes").ratio})
     return out
 
 

@@ -12,10 +12,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from labkit.collectives import Traffic, ring_all_reduce
-from labkit.ddp.common import Timeline
-from labkit.ddp.verify import build_model, wrap
+from labkit.labs.ddp.verify import build_model, wrap
 from labkit.launch import device
 from labkit.model import get_batch, tiny_corpus
+from labkit.observe.timeline import Timeline
 from labkit.timing import now
 
 BENCH = dict(n_layer=2, n_embd=64, n_head=4, block_size=32)

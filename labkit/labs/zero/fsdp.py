@@ -9,8 +9,8 @@ root (embeddings, final norm, tied head). Its parameters become DTensors sharded
 """
 from __future__ import annotations
 
+from labkit.labs.zero.train import optimizer_spec
 from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
-from labkit.zero.train import optimizer_spec
 
 
 def fsdp2_train(cfg, optimizer: str, steps: int = 3, batch_size: int = 12, seed: int = 0,

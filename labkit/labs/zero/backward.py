@@ -1,7 +1,7 @@
 """What ZeRO-3's backward keeps and runs, next to PyTorch's FSDP2 (chapter 03, section 4).
 
     from labkit.launch import run
-    from labkit.zero.backward import backward_lab
+    from labkit.labs.zero.backward import backward_lab
     per_rank = run(backward_lab, 2, args=(OVERLAP_MODEL,))
     per_rank[0]["ZeRO-3"]   # {"step_s", "forwards_in_backward", "saved_bytes", "inputs_bytes"}
     per_rank[0]["plain"]    # {"saved_bytes"}: one process's model on the same rows
@@ -67,8 +67,6 @@ class _Saved:
 
 def _build(name: str, cfg: GPTConfig, world: int):
     """(model, optimizer step, zero_grad, units) for one variant."""
-
-
     model = GPT(cfg, seed=0)
     units = default_units(model)
     if name == "torch FSDP2":
@@ -85,9 +83,6 @@ def _build(name: str, cfg: GPTConfig, world: int):
 def backward_lab(cfg: GPTConfig, steps: int = 4, batch_size: int = 8, variants=VARIANTS) -> dict:
     """Rank side: {variant: {"step_s", "forwards_in_backward", "saved_bytes", "inputs_bytes"}},
     saved_bytes and inputs_bytes from the last step (the same on every step)."""
-
-
-
     rank, world = dist.get_rank(), dist.get_world_size()
     built = {name: _build(name, cfg, world) for name in variants}
     probe = {name: {"phase": "idle", "backward": 0, "inputs": 0} for name in variants}
@@ -139,7 +134,7 @@ def backward_lab(cfg: GPTConfig, steps: int = 4, batch_size: int = 8, variants=V
     for name in variants:
         slowest = [0.0] * steps
         for i, t in enumerate(times[name]):
-            box = torch.tensor([t])
+            box = torch.tensor([t])  # cpu: this lab runs on the CPU (its FSDP2 mesh is "cpu")
             dist.all_reduce(box, op=dist.ReduceOp.MAX)
             slowest[i] = box.item()
         out[name]["step_s"] = statistics.median(slowest)

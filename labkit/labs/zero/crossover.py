@@ -16,18 +16,18 @@ reduce-scatters). From them, per step:
               a blocking call's whole time, a prefetch's wait only)
 
 Their ratio comm / compute crosses 1 where costs.hiding.zero3 says the traffic stops hiding.
-The FLOP/s and the all-gather's alpha-beta fit come from labkit.ddp.crossover.matmul_rate and
+The FLOP/s and the all-gather's alpha-beta fit come from labkit.labs.ddp.crossover.matmul_rate and
 labkit.labs.intro (the lab, labkit.labs.overlap_zero3, measures them on the same processes).
 """
 from __future__ import annotations
 
 import torch
 
-from labkit.ddp.common import Timeline
-from labkit.ddp.crossover import batches, busy, rotated_rounds
+from labkit.labs.ddp.crossover import batches, busy, rotated_rounds
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig
 from labkit.observe import commlog
+from labkit.observe.timeline import Timeline
 from labkit.timing import now
 from labkit.zero.zero3 import ZeRO3
 

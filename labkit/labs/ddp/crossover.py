@@ -10,7 +10,7 @@ they share the machine's load:
                reduced), the step, and the all-reduces' busy time (the union of their launch-to-
                completion intervals).
   batches, rotated_rounds   each rank's data and the interleaved timed rounds, shared with
-               labkit.zero.crossover's ZeRO-3 sweep.
+               labkit.labs.zero.crossover's ZeRO-3 sweep.
 The all-reduce's alpha and bandwidth come from labkit.labs.intro's timing and fit (the lab).
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ import torch.distributed as dist
 
 from labkit import roofline
 from labkit.ddp.bucketed import BucketedDDP
-from labkit.ddp.common import Timeline
-from labkit.ddp.verify import build_model
+from labkit.labs.ddp.verify import build_model
 from labkit.launch import device
 from labkit.model import get_batch, tiny_corpus
+from labkit.observe.timeline import Timeline
 
 # wide enough that a backward's matmuls, not Python, set its time near the crossover
 WIDE = dict(n_layer=2, n_embd=512, n_head=8, block_size=8)

@@ -1,7 +1,7 @@
 """Measured bytes per rank and bytes sent per step for ZeRO stages 0-3, next to labkit.costs.
 
     from labkit.launch import run
-    from labkit.zero.measure import LAB_MODEL, measure_stages, rows, table
+    from labkit.labs.zero.measure import LAB_MODEL, measure_stages, rows, table
     per_rank = run(measure_stages, 4, args=(LAB_MODEL,))
     print(table(rows(per_rank, LAB_MODEL)))
 
@@ -27,12 +27,14 @@ import torch.distributed as dist
 from labkit.costs import memory
 from labkit.costs import zero as costs_zero
 from labkit.costs.flops import ADAM_BYTES_PER_PARAM
+from labkit.flat import all_gather_flat, chunk_size, reduce_scatter_sum
+from labkit.labs.zero.train import sharded_train
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe import netcount
+from labkit.observe.measured import Measured
 from labkit.zero.precision import MixedPrecisionPolicy
-from labkit.zero.shard import all_gather_flat, chunk_size, reduce_scatter_sum, unique_params
-from labkit.zero.train import sharded_train
+from labkit.zero.shard import unique_params
 from labkit.zero.zero3 import ZeRO3, default_units
 
 # untied embeddings: every parameter belongs to exactly one ZeRO-3 unit, so the traffic is the
@@ -120,7 +122,8 @@ def rows(per_rank, cfg: GPTConfig = LAB_MODEL, recipe=FP32_ADAM) -> list:
                     "total_measured": sum(held.values()), "total_predicted": ms.total,
                     "sent_measured": sent, "sent_predicted": formula,
                     # one rank: the formula is 0 bytes and there is no ratio to take
-                    "sent_ratio": None if sent is None or not formula else sent / formula,
+                    "sent_ratio": Measured("bytes sent", sent, formula, counter="kernel TCP",
+                                           unit="bytes").ratio,
                     "sent_in_psi": None if sent is None else sent / (numel * recipe.weights),
                     "wire_reason": per_rank[0][stage].get("wire_reason")})
     return out

@@ -2,7 +2,7 @@
 compute, and the most unsharded parameter bytes a rank held, by storage.
 
     from labkit.launch import run
-    from labkit.zero.overlap import OVERLAP_MODEL, prefetch_lab
+    from labkit.labs.zero.overlap import OVERLAP_MODEL, prefetch_lab
     per_rank = run(prefetch_lab, 2, args=(OVERLAP_MODEL,))
     per_rank[0][("prefetch", True)]    # {"events", "step_s", "hidden", "blocked_s", "peak", ...}
 
@@ -21,13 +21,13 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from labkit.ddp.common import Timeline
+from labkit.flat import chunk_size
 from labkit.launch import device
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe import commlog
 from labkit.observe.storage import storage_bytes
+from labkit.observe.timeline import Timeline
 from labkit.timing import now
-from labkit.zero.shard import chunk_size
 from labkit.zero.zero3 import ZeRO3
 
 # big enough that a block's matmuls take as long as its gather on 2 cores; untied embeddings

@@ -10,12 +10,18 @@ on the whole batch, the all-reduces launched per step and how many started befor
 produced its last gradient. With --trace DIR each version trains one more step under
 torch.profiler, writing DIR/<version>/rank<r>.pt.trace.json, and rank 0 prints, read back from
 those files (labkit.profiling), compute, communication, and how much of it overlapped compute.
+
+Beside it, chapter 02's experiments (the algorithm is labkit.ddp's):
+  verify     train a DDP version on real ranks, compare with one process (lab, checker, tests)
+  timing     step times (benchmark, bucket sweep) and one step's timeline
+  stepmodel  the step-time model's pieces, measured, against the measured step
+  crossover  FLOP/s and a per-rank batch sweep (the overlap lab's)
 """
 import os
 
 from labkit.cliargs import count, lab_parser, positive
-from labkit.ddp.verify import spec, train_on_rank
 from labkit.labs import ran_on, rank_place
+from labkit.labs.ddp.verify import spec, train_on_rank
 from labkit.launch import run
 from labkit.profiling import folder, jobs, read
 from labkit.profiling.folder import check_folder

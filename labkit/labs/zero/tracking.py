@@ -3,7 +3,7 @@ bf16 and an fp16 MixedPrecisionPolicy, next to the one-process fp32 reference an
 FSDP2 (fully_shard with the same policy; fp16 with its ShardedGradScaler) on the same batches.
 
     from labkit.launch import run
-    from labkit.zero.tracking import CURVE_MODEL, policy_curves, summary
+    from labkit.labs.zero.tracking import CURVE_MODEL, policy_curves, summary
     per_rank = run(policy_curves, 2, args=(CURVE_MODEL,))
     summary(per_rank, reference_losses)      # worst relative gap per curve
 
@@ -19,13 +19,13 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from labkit.labs.zero.fsdp import fsdp2_train
+from labkit.labs.zero.train import TINY
 from labkit.launch import device
 from labkit.model import GPT, get_batch, shard_rows, tiny_corpus
 from labkit.reference import optimizer_spec
-from labkit.zero.fsdp import fsdp2_train
 from labkit.zero.precision import MixedPrecisionPolicy
 from labkit.zero.scaling import ShardedLossScaler
-from labkit.zero.train import TINY
 from labkit.zero.zero3 import ZeRO3
 
 # untied: labkit's units and FSDP2's groups hold the same parameters (bit-identical in bf16)

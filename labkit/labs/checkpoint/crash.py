@@ -21,7 +21,7 @@ _ATOMIC = textwrap.dedent("""
     import sys, time, torch
     from labkit.checkpoint import atomic
     from labkit.checkpoint.full import save_full
-    from labkit.checkpoint.resume import RunConfig, build
+    from labkit.labs.checkpoint.resume import RunConfig, build
     root = sys.argv[1]
     model, opt, data = build(RunConfig())
     save_full(root, 1, model, opt)
@@ -41,7 +41,7 @@ _ATOMIC = textwrap.dedent("""
 
 _NAIVE = textwrap.dedent("""
     import io, os, sys, time, torch
-    from labkit.checkpoint.resume import RunConfig, build
+    from labkit.labs.checkpoint.resume import RunConfig, build
     path = os.path.join(sys.argv[1], "ckpt.pt")
     model, opt, data = build(RunConfig())
     torch.save({"model": model.state_dict()}, path)

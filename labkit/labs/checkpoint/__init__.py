@@ -9,6 +9,11 @@ starting its own processes (the resharding row then saves and loads at that size
 
 Gloo only (BACKEND = "gloo"; `labkit run` hides the GPUs from it): the lesson is on the CPU:
 bit-for-bit equal resumes need the CPU's deterministic kernels and RNG, and checkpoints are files.
+
+Beside it, chapter 06's experiments (the algorithm is labkit.checkpoint's):
+  resume       a tiny run that draws from every generator (this lab, train_ft, the checker)
+  crash        SIGKILL a process mid-save and see what survives
+  dcp_compare  the same state through torch.distributed.checkpoint (DCP), resharded
 """
 from __future__ import annotations
 
@@ -21,8 +26,8 @@ import torch.distributed as dist
 
 from labkit import faults
 from labkit.checkpoint import sharded as sh
-from labkit.checkpoint.resume import RunConfig, resume_jobs
 from labkit.cliargs import ArgParser, count
+from labkit.labs.checkpoint.resume import RunConfig, resume_jobs
 from labkit.launch import run
 from labkit.launch import under_torchrun as _under_torchrun
 from labkit.progress import Progress

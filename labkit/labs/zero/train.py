@@ -2,7 +2,7 @@
 
     from labkit.launch import run
     from labkit.reference import TrainSpec, train
-    from labkit.zero.train import TINY, sharded_train
+    from labkit.labs.zero.train import TINY, sharded_train
     ref = train(TINY, TrainSpec(steps=3, batch=12, optimizer="adamw"))   # the one reference
     out = run(sharded_train, 3, args=(2, TINY, "adamw"), kwargs=dict(steps=3))
     # out[r]["params"] equals ref.params; out[r]["held"] is what rank r kept
@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from labkit import reference as _reference
+from labkit.flat import all_gather_full
 from labkit.launch import device, note
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe import commlog, netcount
@@ -28,7 +29,6 @@ from labkit.reference import OPTIMIZERS, make_optimizer, optimizer_spec  # noqa:
 from labkit.zero import DataParallel, ZeRO1, ZeRO2, ZeRO3
 from labkit.zero.param_gather import OverlappedParamGather
 from labkit.zero.params import weight_decay_groups
-from labkit.zero.shard import all_gather_full
 
 # n_embd 25, 5 heads: most parameters (625, 25, 2400, 400 elements ...) split unevenly in 2 or 3
 TINY = GPTConfig(vocab_size=96, block_size=16, n_layer=2, n_head=5, n_embd=25)
@@ -89,8 +89,6 @@ def full_params(zero, model) -> dict:
         return zero.full_parameters()
     if getattr(zero, "param_dtype", None) is not None or getattr(zero, "offload", False):
         # ZeRO-1/2 with mp_policy or offload: the masters (fp32, or in CPU memory)
-        from labkit.zero.shard import all_gather_full
-
         names = {id(p): n for n, p in model.named_parameters()}
         out = {n: p.detach().clone() for n, p in model.named_parameters()}   # frozen: as is
         out.update({names[id(p)]: all_gather_full(s.detach().to(p.device), p.shape,
@@ -143,7 +141,7 @@ def sharded_train(stage: int, cfg: GPTConfig, optimizer: str, steps: int = 3,
     accumulate: split this rank's rows into that many micro-batches, one backward each, before
     the step (gradient accumulation; the losses are scaled so the sum is the mean); no_sync: all
     but the last micro-batch inside zero.no_sync() (ZeRO-2/3: hold full gradients, send once).
-    freeze, unused: labkit.zero.train.real_model; groups: no decay on 1-D tensors. stage_kw for
+    freeze, unused: labkit.labs.zero.train.real_model; groups: no decay on 1-D tensors. stage_kw for
     ZeRO-3 also takes mp_policy= (labkit.zero.MixedPrecisionPolicy) and replicate= (e.g.
     labkit.zero.one_dimensional); both are off by default. Also returns
     "grads": the first step's mean gradient per name (gathered from the shards; None-free),

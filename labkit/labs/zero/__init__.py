@@ -12,17 +12,26 @@ labkit.costs.zero's 2(N-1)/N Ψ for stages 0-2 and 3(N-1)/N Ψ for stage 3, with
 With --trace DIR (stage 3 among --stages) one more ZeRO-3 step runs under torch.profiler
 (labkit.profiling.jobs.zero3_job), one trace per rank in DIR, and rank 0 prints compute,
 communication and their overlap read back from those files.
+
+Beside it, chapter 03's experiments (the algorithm is labkit.zero's):
+  train     sharded_train: the same few steps for every stage, and the one-process references
+  fsdp      the same training with PyTorch's FSDP2 fully_shard and ZeroRedundancyOptimizer
+  measure   bytes held and sent per stage next to labkit.costs (this lab, bench, chapter)
+  overlap   ZeRO-3's prefetch measured: a step's timeline, hidden share, peak unsharded bytes
+  backward  what ZeRO-3's backward keeps and runs, next to FSDP2
+  tracking  50 steps under bf16 / fp16 policies vs the fp32 reference and FSDP2
+  crossover where a ZeRO-3 step turns communication-bound (the overlap_zero3 lab's sweep)
 """
 import os
 
 from labkit.cliargs import BadOption, at_least_zero, count, lab_parser
 from labkit.labs import ran_on, rank_place
+from labkit.labs.zero.measure import LAB_MODEL, rows, table
+from labkit.labs.zero.train import sharded_train
 from labkit.launch import run
 from labkit.profiling.folder import check_folder
 from labkit.progress import Progress
 from labkit.reference import TrainSpec, train
-from labkit.zero.measure import LAB_MODEL, rows, table
-from labkit.zero.train import sharded_train
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
@@ -77,6 +86,7 @@ def main(argv=()):
           f"'Ψ vals': sent / (4 bytes x Ψ); the ring predicts 2(N-1)/N = {2 * (n - 1) / n:.2f} "
           f"for stages 0-2 and 3(N-1)/N = {3 * (n - 1) / n:.2f} for stage 3")
     if args.trace:
+        # here: the profiler and its readers load only when --trace asks for them
         from labkit.profiling import folder, jobs, read
 
         run(jobs.zero3_job, n, args=(str(args.trace),), kwargs=dict(batch=max(1, batch // n)))

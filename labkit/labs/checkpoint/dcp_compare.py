@@ -38,7 +38,9 @@ def dcp_load(shapes: dict, path: str, group=None) -> dict:
     """Load into fresh DTensors on this world size; return the whole tensors (for checking)."""
     import torch.distributed.checkpoint as dcp
 
-    empty = {k: torch.zeros(s, dtype=getattr(torch, d)) for k, (s, d) in shapes.items()}
+    # distribute_tensor moves each to the mesh's device (torch/distributed/tensor/_api.py)
+    empty = {k: torch.zeros(s, dtype=getattr(torch, d))  # cpu: moved to the mesh's device
+             for k, (s, d) in shapes.items()}
     target = to_dtensors(empty, _mesh(group))
     dcp.load(target, checkpoint_id=path)
     return {k: target[k].full_tensor().reshape(shapes[k][0]) for k in target}

@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 
 from labkit.ddp.bucketed import assign_buckets
-from labkit.ddp.common import Timeline
-from labkit.ddp.timing import BENCH, _setup, _step
-from labkit.ddp.verify import build_model
+from labkit.labs.ddp.timing import BENCH, _setup, _step
+from labkit.labs.ddp.verify import build_model
 from labkit.launch import device
 from labkit.model import get_batch, tiny_corpus
+from labkit.observe.measured import Measured
+from labkit.observe.timeline import Timeline
 from labkit.timing import now
 
 
@@ -185,6 +186,7 @@ def model_vs_measured(variants, cfg: dict = BENCH, *, batch: int = 8, rounds: in
         row = {"version": kind, "bucket_mb": mb, "messages": len(bs)}
         row.update({k: statistics.median(v) for k, v in d.items()})
         row["model"] = row["compute"] + row["pack"] + row["comm"]
-        row["ratio"] = row["step"] / row["model"]  # measured / predicted (no overlap)
+        # measured / predicted (the model has no overlap)
+        row["ratio"] = Measured("step", row["step"], row["model"], unit="s").ratio
         rows.append(row)
     return rows

@@ -2,7 +2,7 @@
 
     from labkit.launch import run
     from labkit.parallel import Plan
-    from labkit.parallel.job import train
+    from labkit.labs.parallel.job import train
     out = run(train, 8, args=(Plan(dp=2, tp=2, pp=2), cfg_kwargs, steps, batch))
 
 Every rank builds the same GPT (seed 0) on labkit.launch.device(), builds the mesh, applies the
