@@ -70,7 +70,8 @@ def ImplicitDevice(files):
 
 RANK_SIDE = ("labkit/collectives.py", "labkit/bench/collectives.py", "labkit/tp/operators.py",
              "labkit/tp/layers.py", "labkit/tp/blocks.py", "labkit/tp/gpt.py",
-             "labkit/tp/measure.py", "labkit/pipeline/executor.py", "labkit/pipeline/measure.py",
+             "labkit/labs/tp/measure.py", "labkit/pipeline/executor.py",
+             "labkit/labs/pipeline/measure.py",
              "labkit/labs/hybrid.py", "labkit/parallel/parallelize.py", "labkit/parallel/job.py",
              "labkit/parallel/mesh.py", "labkit/observe/commlog.py")
 
@@ -87,7 +88,7 @@ FACTORY_NAMES = {"empty", "zeros", "ones", "full", "rand", "randn", "randint", "
                  "arange", "tensor", "as_tensor", "eye", "linspace", "logspace", "empty_strided",
                  "scalar_tensor"}
 OPT_OUT = re.compile(r"#\s*cpu:\s*\S")
-STATIC_GLOBS = ("labkit/labs/*.py", "labkit/check/*.py", "chapters/*.ipynb", "solutions/*.ipynb")
+STATIC_GLOBS = ("labkit/labs/**/*.py", "labkit/check/*.py", "chapters/*.ipynb", "solutions/*.ipynb")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ left, as ring attention posts them) timed over sizes and fitted to t = alpha + b
 (costs.comm.fit_alpha_beta); (2) per tokens per rank c, the block of attention a rank computes
 while a hop is in flight (labkit.context.tiled.attend, the ring's own kernel, unmasked: 4 c^2 h
 FLOPs), the hop alone, and ring_attention's forward with its blocked wait read by commlog
-(labkit.context.crossover). From (1) and the attention FLOP/s of (2) at the middle c,
+(labkit.labs.context.crossover). From (1) and the attention FLOP/s of (2) at the middle c,
 costs.hiding.cp predicts the c at which the block takes as long as the hop; the measured
 crossover is where the measured hop / block ratio falls through 1, a power law between the two
 sizes around it (labkit.labs._crossover.first_crossing).
@@ -18,10 +18,10 @@ import math
 import statistics
 
 from labkit.cliargs import count
-from labkit.context import crossover
 from labkit.costs import comm, hiding
 from labkit.labs import _crossover as cx
 from labkit.labs import ran_on, rank_place
+from labkit.labs.context import crossover
 from labkit.labs.intro import medians
 from labkit.launch import run
 from labkit.table import table

@@ -5,7 +5,7 @@
 On the same N processes (the TP group): (1) Gloo's (or NCCL's) all-reduce timed over sizes,
 among them each width's (tokens, h) activation, and fitted to the ring's alpha-beta model
 (labkit.labs._crossover.fit_link); (2) one rank's forward matmuls of a Megatron layer
-(labkit.tp.crossover) at each width, all ranks at once. From the fit and the FLOP/s of (2) at
+(labkit.labs.tp.crossover) at each width, all ranks at once. From the fit and the FLOP/s of (2) at
 the middle width, costs.hiding.tp predicts the width at which the layer's matmuls take as long
 as its two all-reduces; the measured crossover is where the measured ratio (two all-reduces of
 the activation / the matmuls) falls through 1, a power law between the two widths around it
@@ -21,9 +21,9 @@ from labkit.costs import comm, hiding
 from labkit.labs import _crossover as cx
 from labkit.labs import ran_on, rank_place
 from labkit.labs.intro import all_reduce_times, medians
+from labkit.labs.tp import crossover
 from labkit.launch import run
 from labkit.table import table
-from labkit.tp import crossover
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 WIDTHS = (32, 64, 128, 256, 512)        # hidden widths h to sweep

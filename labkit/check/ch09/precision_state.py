@@ -13,8 +13,8 @@ import torch
 from labkit.check import Checker, Forbidden, fail, graded
 from labkit.check.mistakes import diagnose
 from labkit.costs import memory
+from labkit.labs.precision.memory import storage_nbytes
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-from labkit.precision.memory import storage_nbytes
 
 EXERCISE, TITLE, POINTS = ("9.4", "predict the bytes a precision recipe holds per parameter, then "
                            "measure them", 3)

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from labkit.cliargs import count, lab_parser
 from labkit.labs import ran_on
+from labkit.labs.pipeline import measure
 from labkit.launch import run
-from labkit.pipeline import executor, measure, schedules
+from labkit.pipeline import executor, schedules
 from labkit.profiling import folder, jobs, read
 from labkit.profiling.folder import check_folder
 from labkit.progress import Progress, is_rank_zero
@@ -79,7 +80,7 @@ def parse(argv):
     if min(a.pad_ms) < 0:
         raise ValueError(f"--pad-ms {a.pad_ms[0]:g} {a.pad_ms[1]:g}: sleeps cannot be negative; "
                          f"use --pad-ms 0 0 (real compute only) or more")
-    n_layer = measure.DEFAULT_CFG.n_layer
+    n_layer = executor.DEFAULT_CFG.n_layer
     names = a.schedules or list(SCHEDULES)
     reasons = {n: why_not(n, P, K, v, n_layer) for n in names}
     refused = [n for n in names if reasons[n]]
@@ -95,7 +96,7 @@ def parse(argv):
 def main(argv=()) -> int:
 
     a = parse(argv)
-    P, specs, cfg = a.nproc, a.specs, measure.DEFAULT_CFG
+    P, specs, cfg = a.nproc, a.specs, executor.DEFAULT_CFG
     if is_rank_zero():
         for line in a.skipped:
             print(f"(skipped: {line})")

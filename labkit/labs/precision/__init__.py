@@ -16,7 +16,7 @@ prints a line as each round finishes and a table at the end:
 6. fp8 accumulation emulated (fast, split every 128 products) against one H200's measured errors.
 7. with --microscaling: MXFP8's scale rounding (OCP floor vs round-up) and NVFP4 (per-tensor
    scale, random Hadamard transform, stochastic rounding), and one GEMM through every recipe
-   (labkit.precision.microscaling; emulated, no Blackwell speed).
+   (labkit.labs.precision.microscaling; emulated, no Blackwell speed).
 The numerics run on the CPU on purpose (casts are exact there); the fp8 part emulates the
 numerics and says nothing about speed.
 """
@@ -28,8 +28,9 @@ import torch.distributed as dist
 
 from labkit.cliargs import count, lab_parser
 from labkit.labs import ran_on, rank_place
+from labkit.labs.precision import compare, lossscale, master, memory, microscaling
 from labkit.launch import run
-from labkit.precision import accumulate, compare, lossscale, master, memory, microscaling
+from labkit.precision import accumulate
 from labkit.precision.scaler import DynamicLossScaler
 from labkit.progress import Progress
 

@@ -14,11 +14,11 @@ next to labkit.costs.tensor_parallel's n_layer * 4 * 2(N-1)/N * b*s*h*4.
 from labkit.cliargs import add_gpt_size, count, lab_parser
 from labkit.costs import tensor_parallel as tpc
 from labkit.labs import ran_on
+from labkit.labs.tp.measure import train_side_by_side
 from labkit.launch import run
 from labkit.model import GPTConfig
 from labkit.progress import Progress, is_rank_zero
 from labkit.tp.gpt import check_tp_sizes
-from labkit.tp.measure import train_side_by_side
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 

@@ -1,7 +1,7 @@
 """Measurements for chapter 04's lab, benchmark and notebook: log every TP collective on real
 processes, count the bytes the kernel saw, and time a layer's forward + backward as TP grows.
 
-    from labkit.tp.measure import count_layer_comm, count_wire, time_layers, train_side_by_side
+    from labkit.labs.tp.measure import count_layer_comm, count_wire, time_layers, train_side_by_side
     run(train_side_by_side, 2, args=(dict(n_layer=2), 2, 4))  # TP GPT next to the reference
     count_layer_comm(tp=2, b=4, s=16, h=32)   # rows: one per collective (the comm log's count)
     count_wire(tps=(2, 4))                    # bytes sent, counted by the kernel, vs the formula
