@@ -17,6 +17,10 @@ and the kernel's socket count) beside labkit.costs.parallel.
 Bad input (a --seq that 2*cp or tp does not divide, a tp that does not divide the 4 heads, a
 degree below 1) is a one-line error naming the flags and values that work, exit status 2, before
 any process starts.
+
+The experiment beside the lab (labkit.context holds the algorithms):
+    crossover   a ring hop against its block of attention, per tokens per rank: where ring
+                attention stops hiding (labkit run overlap_cp, costs.hiding.cp)
 """
 from __future__ import annotations
 

@@ -16,6 +16,12 @@ naming P, K and v and sizes that work; with the default --schedules (all) it is 
 line instead, and the others run. With --trace DIR each schedule runs one more step under
 torch.profiler (labkit.profiling.jobs.pipeline_job): DIR/<schedule>/rank<r>.pt.trace.json, and
 rank 0 prints the bubble read back from those files next to the one measured on labkit's clocks.
+
+The experiments beside the lab (labkit.pipeline holds schedules, validator, simulator, executor):
+    measure        schedules timed on real processes: measured vs simulated vs formula
+    back_to_back   steps back to back (no flush) against steps with a flush (`labkit bench
+                   pipeline --back-to-back`)
+    versus_zero3   bytes on the wire of a pipeline step and a ZeRO-3 step (chapter 05)
 """
 from __future__ import annotations
 

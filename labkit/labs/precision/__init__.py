@@ -19,6 +19,13 @@ prints a line as each round finishes and a table at the end:
    (labkit.labs.precision.microscaling; emulated, no Blackwell speed).
 The numerics run on the CPU on purpose (casts are exact there); the fp8 part emulates the
 numerics and says nothing about speed.
+
+The experiments beside the lab (labkit.precision holds the formats, scaler and quantizers):
+    master        bf16 weights that stop learning without an fp32 master copy
+    lossscale     fp16 gradients that underflow; a run held up by the dynamic loss scaler
+    compare       fp8 against bf16: error per linear layer, loss curves
+    memory        bytes per parameter of a real optimizer step, from storage sizes
+    microscaling  the MXFP8 / NVFP4 experiments as tables (--microscaling)
 """
 from __future__ import annotations
 

@@ -9,6 +9,12 @@ per SGD step, the loss of both models and the largest gradient difference, then 
 collective of one step as the comm log saw it (op, shape, bytes vs the formula b*s*h elements),
 and the bytes each rank's sockets sent in that step, counted by the kernel (observe.netcount),
 next to labkit.costs.tensor_parallel's n_layer * 4 * 2(N-1)/N * b*s*h*4.
+
+The experiments beside the lab (labkit.tp holds the algorithm):
+    measure            rank jobs that log every TP collective, count the bytes the kernel saw and
+                       time a layer as TP grows (this lab, `labkit bench tp`, chapter 04)
+    crossover          one rank's layer matmuls timed per width (labkit run overlap_tp)
+    collective_matmul  the collective matmul timed against gather-then-multiply (chapter 04)
 """
 
 from labkit.cliargs import add_gpt_size, count, lab_parser
