@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 from labkit.cliargs import ArgParser, count, lab_parser
 from labkit.costs import comm
 from labkit.labs.intro import fit_ring
+from labkit.observe.measured import Measured
 from labkit.progress import Progress
 from labkit.table import table
 
@@ -111,7 +112,7 @@ def batch_crossovers(steps, compute: str, flops, comm_model: float, ran_on) -> d
 def verdict(measured, predicted: float, xs, ran_on) -> dict:
     """The JSON's last keys: measured / predicted, whether the measured crossover lies outside the
     swept xs, where it ran and the load average."""
-    return {"ratio": measured / predicted if measured else None,
+    return {"ratio": Measured("crossover", measured, predicted).ratio,
             "extrapolated": measured is not None and not min(xs) <= measured <= max(xs),
             "ran_on": ran_on, "load": os.getloadavg()[0]}
 

@@ -27,6 +27,7 @@ from labkit import costs
 from labkit.launch import device, run
 from labkit.model import GPTConfig
 from labkit.observe import commlog, netcount
+from labkit.observe.measured import Measured
 from labkit.pipeline import causality, schedules
 from labkit.pipeline.base import Action
 from labkit.pipeline.executor import DEFAULT_CFG, GPT, make_batch, run_schedule
@@ -116,9 +117,11 @@ def measure(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, p
                     typical[p, kind, c] = d[len(d) // 2]
         t_p2p = transfer_latency(sched, timeline)
         sim = simulate(sched, t_p2p=t_p2p, durations=typical)
+        step = Measured("step time", statistics.median([r["step"] for r in repeats_]),
+                        sim.makespan, "the executor's clocks", "s")
         rows.append({"P": P, "schedule": name, "K": K, "v": v,
-                     "step_s": statistics.median([r["step"] for r in repeats_]),
-                     "predicted_step_s": sim.makespan, "t_p2p_s": t_p2p,
+                     "step_s": step.measured, "predicted_step_s": step.predicted,
+                     "overhead": step.ratio, "t_p2p_s": t_p2p,
                      "bubble": statistics.median([r["bubble"] for r in repeats_]),
                      "bubbles": [r["bubble"] for r in repeats_],
                      "critical_path_floor": statistics.median([r["critical_path"]
@@ -188,7 +191,7 @@ def table(rows) -> str:
     for r in rows:
         lines.append(f"{r['P']:>2} {r['schedule']:>11} {r['K']:>3} {r['v']:>2} "
                      f"{r['step_s'] * 1e3:>8.1f} {r['predicted_step_s'] * 1e3:>8.1f} "
-                     f"{r['step_s'] / r['predicted_step_s']:>7.2f}x {r['t_p2p_s'] * 1e3:>6.2f} "
+                     f"{r['overhead']:>7.2f}x {r['t_p2p_s'] * 1e3:>6.2f} "
                      f"{r['bubble']:>7.1%} {r['predicted_bubble']:>6.1%} "
                      f"{r['critical_path_floor']:>6.1%} {_pct(r['formula_bubble']):>7} "
                      f"{r['peak_in_flight'][0]:>8g} {r['peak_bytes'][0] / 1024:>9.0f} "

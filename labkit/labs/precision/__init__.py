@@ -37,6 +37,7 @@ from labkit.cliargs import count, lab_parser
 from labkit.labs import ran_on, rank_place
 from labkit.labs.precision import compare, lossscale, master, memory, microscaling
 from labkit.launch import run
+from labkit.observe.measured import Measured, measured_table
 from labkit.precision import accumulate
 from labkit.precision.scaler import DynamicLossScaler
 from labkit.progress import Progress
@@ -139,9 +140,10 @@ def main(argv=()) -> int:
           "of that token")
     for k in r["others"]:
         print(f"  {k:<8} {r['others'][k]:.4f} / {r['outlier'][k]:.4f}")
-    print("6. fp8 accumulation (emulated, 14-bit sum) vs one H200 (measured), relative error")
-    for kind, mode, K, e, h in res[10]:
-        print(f"  {kind:<14} {mode:<5} K={K:<5} emulated {e:.2e}  H200 {h:.2e}  ({e / h:.2f}x)")
+    print(measured_table([Measured(f"{kind}, {mode}, K={K}", h, e, "one H200 (shared/gpu)")
+                          for kind, mode, K, e, h in res[10]], indent="  ",
+                         title="6. fp8 accumulation, relative error: measured on one H200 vs "
+                               "predicted by the emulation (14-bit sum)"))
     if a.microscaling:
         print("7. MXFP8 and NVFP4, emulated (values exact, no Blackwell speed)\n")
         print(res[MICRO])

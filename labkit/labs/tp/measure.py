@@ -25,6 +25,7 @@ from labkit.launch import device, run
 from labkit.layers import MLP
 from labkit.model import GPT, Block, GPTConfig, get_batch, tiny_corpus
 from labkit.observe import commlog, netcount
+from labkit.observe.measured import Measured
 from labkit.timing import now
 from labkit.tp import (
     NaiveTensorParallelMLP,
@@ -140,7 +141,8 @@ def count_wire(tps=(2, 4), b: int = 4, n_layer: int = 2, h: int = 64, s: int = 3
         rows.append({"tp": tp, "b": b, "s": s, "h": h, "n_layer": n_layer,
                      "all_reduces": res[0]["all_reduces"], "other_calls": res[0]["other_calls"],
                      "logged_bytes": res[0]["logged_bytes"], "sent": sent, "predicted": pred,
-                     "ratio": None if sent is None else sent / pred, "reason": res[0]["reason"]})
+                     "ratio": Measured("bytes sent", sent, pred, "kernel TCP", "bytes").ratio,
+                     "reason": res[0]["reason"]})
     return rows
 
 
