@@ -70,7 +70,8 @@ def ImplicitDevice(files):
 
 RANK_SIDE = ("labkit/collectives.py", "labkit/bench/collectives.py", "labkit/tp/operators.py",
              "labkit/tp/layers.py", "labkit/tp/blocks.py", "labkit/tp/gpt.py",
-             "labkit/tp/measure.py", "labkit/pipeline/executor.py", "labkit/pipeline/measure.py",
+             "labkit/labs/tp/measure.py", "labkit/pipeline/executor.py",
+             "labkit/labs/pipeline/measure.py",
              "labkit/labs/hybrid.py", "labkit/parallel/parallelize.py",
              "labkit/labs/parallel/job.py",
              "labkit/parallel/mesh.py", "labkit/observe/commlog.py")

@@ -32,10 +32,7 @@ TOP = ("labkit.check", "labkit.labs", "labkit.widgets", "labkit.cli", "labkit.gr
        "labkit.bench", "labkit.book", "labkit.site", "labkit.__main__", "labkit.profiling.jobs")
 FORBIDDEN_FOR_CORE = ("labkit.check", "labkit.labs", "labkit.widgets")
 # (core file, labs module) imports known today, each with the owner who removes it. Keep small.
-LABS_ALLOWED: dict[tuple[str, str], str] = {
-    ("labkit/pipeline/versus_zero3.py", "labkit.labs.zero.measure"):
-        "exp-b moves pipeline/versus_zero3.py (an experiment) to labkit/labs/pipeline/",
-}
+LABS_ALLOWED: dict[tuple[str, str], str] = {}
 TOPICS = ("zero", "ddp", "tp", "pipeline", "context", "precision", "checkpoint", "parallel", "moe")
 # (importer, imported name) pairs known today, each with the owner who removes it. Keep small.
 PRIVATE_ALLOWED: dict[tuple[str, str], str] = {}

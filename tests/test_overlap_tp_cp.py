@@ -1,5 +1,5 @@
-"""The measured pieces of the TP and CP crossover labs (labkit.tp.crossover,
-labkit.context.crossover, labs overlap_tp and overlap_cp) count what they claim: FLOPs against
+"""The measured pieces of the TP and CP crossover labs (labkit.labs.tp.crossover,
+labkit.labs.context.crossover, labs overlap_tp and overlap_cp) count what they claim: FLOPs against
 torch's FlopCounterMode, bytes against commlog, and the labs' tables against their own inputs
 and costs.hiding. No timing is asserted. Three 2-rank launches at tiny sizes: about 15 s once
 the launcher is warm, 40 s cold on a loaded 2-core machine."""
@@ -8,10 +8,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from labkit import roofline
-from labkit.context import crossover as cpx
 from labkit.context.tiled import attend
 from labkit.costs import comm, hiding
-from labkit.tp import crossover as tpx
+from labkit.labs.context import crossover as cpx
+from labkit.labs.tp import crossover as tpx
 
 
 @pytest.mark.parametrize("h,tp", [(64, 2), (96, 4)])

@@ -276,7 +276,8 @@ def _pipeline_on_the_model_device(schedule_list, cfg, batch):
     import torch
     from devicecheck import RANK_SIDE, ImplicitDevice, default_device
 
-    from labkit.pipeline import executor, measure
+    from labkit.labs.pipeline import measure
+    from labkit.pipeline import executor
 
     torch.set_num_threads(1)
     model = executor.GPT(cfg, seed=0)
@@ -406,7 +407,7 @@ def _causality_specs(P):
 def test_measured_runs_are_causal_and_above_the_floor(P):
     """Real processes (Gloo): every repeat of every run is causal, its bubble is on or above the
     critical path of its own durations, and at K = 1 on or above (P-1)/P."""
-    from labkit.pipeline import measure
+    from labkit.labs.pipeline import measure
 
     specs = _causality_specs(P)
     rows = measure.measure(P, specs, pad=(0.002, 0.004), repeats=2, timeout=120)
@@ -426,7 +427,7 @@ def test_interleaving_sends_more_messages_of_the_same_size():
     """2(vP-1)K messages per step, each one micro-batch's (b, s, h): more, not smaller. Counted
     by the comm log (what the executor asked for) and by the kernel's TCP counters (a counter the
     executor does not write: Gloo's small per-message headers on top)."""
-    from labkit.pipeline import measure
+    from labkit.labs.pipeline import measure
 
     P, K = 3, 3
     cfg = GPTConfig(n_layer=6, n_embd=32, n_head=2, block_size=32)  # 8 KiB messages

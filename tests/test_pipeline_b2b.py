@@ -1,10 +1,11 @@
-"""labkit.pipeline.back_to_back: steps back to back (no flush) on real processes, and the
+"""labkit.labs.pipeline.back_to_back: steps back to back (no flush) on real processes, and the
 bookkeeping that reads a period and a bubble off a timeline. No timing is asserted."""
 import pytest
 
 from labkit import costs
+from labkit.labs.pipeline import back_to_back
 from labkit.model import GPTConfig
-from labkit.pipeline import back_to_back, schedules
+from labkit.pipeline import schedules
 from labkit.pipeline.simulate import repeat, simulate, steady_state
 
 

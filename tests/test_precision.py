@@ -8,8 +8,9 @@ import torch
 from labkit.check import ch09
 from labkit.costs import memory
 from labkit.costs import precision as cp
-from labkit.precision import formats, fp8, master
-from labkit.precision import memory as pmem
+from labkit.labs.precision import master
+from labkit.labs.precision import memory as pmem
+from labkit.precision import formats, fp8
 from labkit.precision.scaler import DynamicLossScaler
 
 

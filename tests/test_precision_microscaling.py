@@ -4,7 +4,8 @@ build casts them, stochastic rounding's bias, the Hadamard transform, saturation
 import pytest
 import torch
 
-from labkit.precision import microscaling, mx, nvfp4
+from labkit.labs.precision import microscaling
+from labkit.precision import mx, nvfp4
 from labkit.precision.formats import relative_error
 
 

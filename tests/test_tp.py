@@ -237,9 +237,9 @@ def _tp_on_the_model_device(cfg_kwargs):
     import torch.distributed as dist
     from devicecheck import RANK_SIDE, ImplicitDevice, default_device
 
+    from labkit.labs.tp.measure import comm_job, time_job, train_side_by_side
     from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
     from labkit.tp import apply_tp, gather_tp_grads, gather_tp_state
-    from labkit.tp.measure import comm_job, time_job, train_side_by_side
 
     cfg = GPTConfig(**cfg_kwargs)
     ref, tp = GPT(cfg, seed=0), apply_tp(GPT(cfg, seed=0), None)
@@ -273,7 +273,7 @@ def test_tp_bytes_counted_by_the_kernel_match_the_ring_formula():
     """One TP forward + backward at tp=2 and 4: the bytes each rank's sockets sent, counted by the
     kernel (observe.netcount), are labkit.costs' n_layer * 4 * 2(tp-1)/tp * b*s*h*4 plus Gloo's
     message headers (under 300 bytes per ring step); the comm log saw exactly the 4 per layer."""
-    from labkit.tp.measure import count_wire
+    from labkit.labs.tp.measure import count_wire
 
     for r in count_wire(tps=(2, 4), repeats=1):
         assert r["all_reduces"] == 4 * r["n_layer"] and r["other_calls"] == 0

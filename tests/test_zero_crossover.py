@@ -1,5 +1,6 @@
 """The ZeRO-3 crossover sweep's pieces (labkit.labs.zero.crossover, labs.overlap_zero3) and the
-PP vs ZeRO-3 byte count (labkit.pipeline.versus_zero3) on tiny cases: quantities, not timings."""
+PP vs ZeRO-3 byte count (labkit.labs.pipeline.versus_zero3) on tiny cases: quantities, not
+timings."""
 import pytest
 
 from labkit.costs import hiding
@@ -56,7 +57,7 @@ def test_sweep_counts_every_gather_and_its_bytes():
 
 
 def test_pp_and_zero3_bytes_match_their_formulas():
-    from labkit.pipeline.versus_zero3 import measure
+    from labkit.labs.pipeline.versus_zero3 import measure
 
     res = measure(2, rows=(8, 32), cfg=TINY)
     if not res["steps"]:

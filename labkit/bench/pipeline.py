@@ -12,14 +12,15 @@ stage 0; whether every repeat was causal and above its floor (labkit.pipeline.ca
 (the real tiny GPT only, P processes sharing the machine's cores).
 
 --back-to-back: instead, steps with a flush against steps back to back (optimizer
-post-validation; labkit.pipeline.back_to_back) for 1F1B, interleaved 1F1B, ZB-H1, ZB-H2 and
+post-validation; labkit.labs.pipeline.back_to_back) for 1F1B, interleaved 1F1B, ZB-H1, ZB-H2 and
 ZB-V, padded: the period and bubble read off the timeline both ways, beside the simulator from the
 run's own action times and the formula, and the bubble each schedule sheds without the flush.
 """
 from __future__ import annotations
 
 from labkit.cliargs import BadOption, bench_parser, count
-from labkit.pipeline import back_to_back, measure, schedules
+from labkit.labs.pipeline import back_to_back, measure
+from labkit.pipeline import schedules
 
 
 def options(argv=()):
@@ -71,7 +72,7 @@ def main(argv=()) -> dict:
                 r.pop("timelines")
                 r["mode"] = mode
                 r["ratio_to_gpipe"] = r["step_s"] / gpipe[r["K"]]
-                r["measured_over_predicted"] = r["step_s"] / r["predicted_step_s"]
+                r["measured_over_predicted"] = r["overhead"]      # Measured.ratio
             print(f"mode={mode}" + (f" (pad {args.pad_ms[0]:g}/{args.pad_ms[1]:g} ms per F/B)"
                                     if pad else " (real compute only)"), flush=True)
             print(measure.table(got), flush=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from labkit.cliargs import BadOption, bench_parser, count
 from labkit.costs import tensor_parallel as tpc
+from labkit.labs.tp.measure import count_layer_comm, time_layers
 from labkit.table import table
-from labkit.tp.measure import count_layer_comm, time_layers
 
 
 def options(argv=()):

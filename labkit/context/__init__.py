@@ -13,8 +13,9 @@ Modules, one idea each:
     ring_attention     ring attention and the all-gather-K/V version beside it
     context_parallel   apply_cp: the GPT's sequence split over a cp group (folds into DP's
                        averaging)
-    crossover          a ring hop against its block of attention, per tokens per rank: where ring
-                       attention stops hiding (labkit run overlap_cp, costs.hiding.cp)
+
+The crossover sweep (a ring hop against its block of attention, per tokens per rank) lives with
+the labs: labkit.labs.context.crossover.
 """
 from labkit.context.context_parallel import apply_cp, average_cp_grads
 from labkit.context.layout import causal_work, positions, split_sequence

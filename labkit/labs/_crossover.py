@@ -7,11 +7,14 @@ keeps it off `labkit list`.
 
     fit_link, fit_line, measured_crossover, first_crossing   the fits (pure arithmetic)
     fit_keys, slowest_medians, batch_crossovers, verdict    the sweep's numbers
-    link_text, ms_columns, found, batch_rows, group_rows,
-    crossover_table                                         the report's pieces
-    ratio_figure, rows_figure, mark_crossovers, log_frame   the figure's
-    gpt_parser, parse_gpt, group_parser, add_fit_options,
+    header, link_text, ms_columns, found, batch_rows,
+    group_rows, crossover_table                             the report's pieces
+    ratio_figure, mark_crossovers, log_frame                the figure's
+    gpt_parser, parse_gpt, add_fit_options,
     sweep_checks, gpt_checks, finish                        the command line
+
+A lab whose ranks are one group (overlap_tp, overlap_cp) describes its command line and figure
+as data: labkit.labs._group_sweep.GroupSweep.
 """
 from __future__ import annotations
 
@@ -112,6 +115,16 @@ def verdict(measured, predicted: float, xs, ran_on) -> dict:
     return {"ratio": Measured("crossover tokens", measured, predicted, counter="sweep").ratio,
             "extrapolated": measured is not None and not min(xs) <= measured <= max(xs),
             "ran_on": ran_on, "load": os.getloadavg()[0]}
+
+
+def header(res: dict, setup: str, rate_on: str, link: str, note: str | None = None,
+           digits: int = 1) -> list:
+    """A report's first two lines: "<nproc> ranks<setup>; load average .." (setup: what ran and
+    where, labkit.labs.ran_on) and "measured: .. GFLOP/s on <rate_on>, <link_text(res, link,
+    note)>"."""
+    return [f"{res['nproc']} ranks{setup}; load average {res['load']:.1f}",
+            f"measured: {res['flops_per_s'] / 1e9:.{digits}f} GFLOP/s on {rate_on}, "
+            + link_text(res, link, note)]
 
 
 def link_text(res: dict, what: str, note: str | None = None) -> str:
@@ -216,17 +229,6 @@ def mark_crossovers(fig, res: dict, keys, label: str = "{name}: {value:,.0f}",
     fig.update_xaxes(range=log_frame(lo, hi))
 
 
-def rows_figure(res: dict, x: str, label: str, xtitle: str, ytitle: str, title: str):
-    """ratio_figure for a lab whose res["rows"] hold x, "ratio" and "ratio_model", and whose
-    crossovers are "predicted_<x>" and "measured_<x>" (overlap_tp, overlap_cp)."""
-    rows = res["rows"]
-    return ratio_figure([r[x] for r in rows], [r["ratio"] for r in rows],
-                        [r["ratio_model"] for r in rows], ("measured", "alpha-beta / (FLOPs / C)"),
-                        res, ((f"predicted_{x}", "predicted", "black"),
-                              (f"measured_{x}", "measured", "firebrick")),
-                        label, xtitle, ytitle, title, dict(width=1))
-
-
 def ratio_figure(x, measured, model, names, res: dict, keys, label: str, xtitle: str,
                  ytitle: str, title: str, hline: dict, height: int = 480):
     """comm / compute against the swept size, measured and predicted (names), ratio 1 marked by
@@ -272,15 +274,6 @@ def parse_gpt(p: ArgParser, argv, op: str, sizes_kib, alone: str):
     sweep_checks(p, a, alone, "--rows", a.rows, "batches", "--rows 1 4 16")
     gpt_checks(p, a)
     return a
-
-
-def group_parser(name: str, degree: str, flag: str, sizes, sizes_help: str) -> ArgParser:
-    """lab_parser for a lab whose ranks are one parallel group (--nproc is its `degree`), with
-    the swept option `flag` (sizes: its default)."""
-    p = lab_parser(name, nproc=2, nproc_help=f"ranks, the {degree} degree (processes; under "
-                                             f"torchrun: its world size)")
-    p.add_argument(flag, type=count, nargs="+", default=list(sizes), help=sizes_help)
-    return p
 
 
 def add_fit_options(p, sizes_kib, sizes_help: str) -> None:

@@ -73,12 +73,10 @@ def measure(nproc: int = 2, rows=ROWS, cfg: dict | None = None, bucket_mb: float
 
 
 def report(res: dict) -> str:
-    head = (f"{res['nproc']} ranks, GPT {res['cfg']}, {res['params']:,} parameters, "
-            f"{res['grad_bytes'] / 2**20:.1f} MiB of fp32 gradients (all-reduced in fp32) in "
-            f"{res['buckets']} buckets; "
-            f"{ran_on(*res['ran_on'])}; load average {res['load']:.1f}")
-    fit = (f"measured: {res['flops_per_s'] / 1e9:.1f} GFLOP/s on the model's matmuls, "
-           + cx.link_text(res, "all-reduce"))
+    head, fit = cx.header(res, f", GPT {res['cfg']}, {res['params']:,} parameters, "
+                               f"{res['grad_bytes'] / 2**20:.1f} MiB of fp32 gradients "
+                               f"(all-reduced in fp32) in {res['buckets']} buckets; "
+                               f"{ran_on(*res['ran_on'])}", "the model's matmuls", "all-reduce")
     steps = table(res["steps"], [
         ("rows/rank", "rows"), ("tokens", "tokens"),
         *cx.ms_columns(("forward ms", "forward"), ("backward ms", "backward"),

@@ -7,7 +7,7 @@ left, as ring attention posts them) timed over sizes and fitted to t = alpha + b
 (costs.comm.fit_alpha_beta); (2) per tokens per rank c, the block of attention a rank computes
 while a hop is in flight (labkit.context.tiled.attend, the ring's own kernel, unmasked: 4 c^2 h
 FLOPs), the hop alone, and ring_attention's forward with its blocked wait read by commlog
-(labkit.context.crossover). From (1) and the attention FLOP/s of (2) at the middle c,
+(labkit.labs.context.crossover). From (1) and the attention FLOP/s of (2) at the middle c,
 costs.hiding.cp predicts the c at which the block takes as long as the hop; the measured
 crossover is where the measured hop / block ratio falls through 1, a power law between the two
 sizes around it (labkit.labs._crossover.first_crossing).
@@ -18,10 +18,11 @@ import math
 import statistics
 
 from labkit.cliargs import count
-from labkit.context import crossover
 from labkit.costs import comm, hiding
 from labkit.labs import _crossover as cx
 from labkit.labs import ran_on, rank_place
+from labkit.labs._group_sweep import GroupSweep
+from labkit.labs.context import crossover
 from labkit.labs.intro import medians
 from labkit.launch import run
 from labkit.table import table
@@ -31,6 +32,11 @@ CHUNKS = (16, 32, 64, 128, 256, 512)  # tokens per rank, s / cp
 SIZES_KIB = (4, 64, 256, 1024, 2048)    # more hop sizes (K + V) for the alpha-beta fit: about
 # the sweep's range (a Gloo hop of 4 MiB on loopback was 5x slower per byte here: it set the fit)
 ACT_BYTES = 4                           # float32 on this CPU
+LAB = GroupSweep("overlap_cp", "CP", "--chunks", CHUNKS,
+                 "tokens per rank (s / cp) to sweep; two or more", "chunk", "{name}: {value:,.0f}",
+                 "tokens per rank s/cp", "K/V hop / attention block",
+                 "Ring attention on {nproc} ranks: below the crossover the K/V hop outlasts the "
+                 "block")
 
 
 def _measure(chunks, heads, head_dim, kv_heads, rounds, numels):
@@ -89,14 +95,12 @@ def measure(nproc: int = 2, chunks=CHUNKS, heads: int = 4, head_dim: int = 32,
 
 
 def report(res: dict) -> str:
-    head = (f"{res['nproc']} ranks as one CP ring; attention with {res['heads']} query heads and "
-            f"{res['kv_heads']} K/V heads of {res['head_dim']} (h = {res['hidden']}, "
-            f"kv = {res['kv']}), float32; {ran_on(*res['ran_on'])}; load average "
-            f"{res['load']:.1f}")
-    fit = (f"measured: {res['flops_per_s'] / 1e9:.2f} GFLOP/s on an attention block at c = "
-           f"{res['rate_chunk']}, "
-           + cx.link_text(res, "one hop", "; hop time did not grow with size: alpha alone"
-                          if res["fit_flat"] else ""))
+    head, fit = cx.header(
+        res, f" as one CP ring; attention with {res['heads']} query heads and {res['kv_heads']} "
+             f"K/V heads of {res['head_dim']} (h = {res['hidden']}, kv = {res['kv']}), float32; "
+             f"{ran_on(*res['ran_on'])}", f"an attention block at c = {res['rate_chunk']}",
+        "one hop", "; hop time did not grow with size: alpha alone" if res["fit_flat"] else "",
+        digits=2)
     rows = table(res["rows"], [
         ("tokens/rank c", "chunk"),
         ("block ms", lambda r: 1e3 * r["block"], ".2f"),
@@ -125,15 +129,11 @@ def report(res: dict) -> str:
 
 def figure(res: dict):
     """hop / block against tokens per rank, measured and predicted, crossovers marked (plotly)."""
-    return cx.rows_figure(res, "chunk", "{name}: {value:,.0f}", "tokens per rank s/cp",
-                          "K/V hop / attention block",
-                          f"Ring attention on {res['nproc']} ranks: below the crossover the K/V "
-                          f"hop outlasts the block")
+    return LAB.figure(res)
 
 
 def main(argv=()):
-    p = cx.group_parser("overlap_cp", "CP", "--chunks", CHUNKS,
-                        "tokens per rank (s / cp) to sweep; two or more")
+    p = LAB.parser()
     p.add_argument("--heads", type=count, default=4, help="query heads")
     p.add_argument("--head-dim", type=count, default=32, help="size of one head")
     p.add_argument("--kv-heads", type=count, help="K/V heads, dividing --heads (default: "

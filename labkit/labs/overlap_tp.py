@@ -5,7 +5,7 @@
 On the same N processes (the TP group): (1) Gloo's (or NCCL's) all-reduce timed over sizes,
 among them each width's (tokens, h) activation, and fitted to the ring's alpha-beta model
 (labkit.labs._crossover.fit_link); (2) one rank's forward matmuls of a Megatron layer
-(labkit.tp.crossover) at each width, all ranks at once. From the fit and the FLOP/s of (2) at
+(labkit.labs.tp.crossover) at each width, all ranks at once. From the fit and the FLOP/s of (2) at
 the middle width, costs.hiding.tp predicts the width at which the layer's matmuls take as long
 as its two all-reduces; the measured crossover is where the measured ratio (two all-reduces of
 the activation / the matmuls) falls through 1, a power law between the two widths around it
@@ -20,16 +20,23 @@ from labkit.cliargs import count
 from labkit.costs import comm, hiding
 from labkit.labs import _crossover as cx
 from labkit.labs import ran_on, rank_place
+from labkit.labs._group_sweep import GroupSweep
 from labkit.labs.intro import all_reduce_times, medians
+from labkit.labs.tp import crossover
 from labkit.launch import run
 from labkit.table import table
-from labkit.tp import crossover
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 WIDTHS = (32, 64, 128, 256, 512)        # hidden widths h to sweep
 TOKENS = 1024                           # tokens (b * s) in the layer, fixed over the sweep
 SIZES_KIB = (64, 1024, 4096)            # more all-reduce sizes for the alpha-beta fit
 ACT_BYTES = 4                           # float32 activations on this CPU
+LAB = GroupSweep("overlap_tp", "TP", "--widths", WIDTHS,
+                 "hidden widths h to sweep, multiples of --nproc; two or more", "width",
+                 "{name}: h = {value:,.0f}", "hidden width h",
+                 "2 all-reduces / layer matmuls (forward)",
+                 "TP {nproc}, {tokens:,} tokens: below the crossover the all-reduces outlast the "
+                 "matmuls")
 
 
 def _measure(widths, tokens, rounds, numels):
@@ -76,10 +83,9 @@ def measure(nproc: int = 2, widths=WIDTHS, tokens: int = TOKENS, rounds: int = 3
 
 
 def report(res: dict) -> str:
-    head = (f"{res['nproc']} ranks as one TP group, one GPT layer (4h MLP) on {res['tokens']:,} "
-            f"tokens, float32; {ran_on(*res['ran_on'])}; load average {res['load']:.1f}")
-    fit = (f"measured: {res['flops_per_s'] / 1e9:.1f} GFLOP/s on the layer's matmuls at h = "
-           f"{res['rate_width']}, {cx.link_text(res, 'all-reduce')}")
+    head, fit = cx.header(res, f" as one TP group, one GPT layer (4h MLP) on {res['tokens']:,} "
+                               f"tokens, float32; {ran_on(*res['ran_on'])}",
+                          f"the layer's matmuls at h = {res['rate_width']}", "all-reduce")
     rows = table(res["rows"], [
         ("width h", "width"),
         ("matmuls ms", lambda r: 1e3 * r["compute"], ".2f"),
@@ -104,15 +110,11 @@ def report(res: dict) -> str:
 
 def figure(res: dict):
     """comm / compute against the width, measured and predicted, crossovers marked (plotly)."""
-    return cx.rows_figure(res, "width", "{name}: h = {value:,.0f}", "hidden width h",
-                          "2 all-reduces / layer matmuls (forward)",
-                          f"TP {res['nproc']}, {res['tokens']:,} tokens: below the crossover the "
-                          f"all-reduces outlast the matmuls")
+    return LAB.figure(res)
 
 
 def main(argv=()):
-    p = cx.group_parser("overlap_tp", "TP", "--widths", WIDTHS,
-                        "hidden widths h to sweep, multiples of --nproc; two or more")
+    p = LAB.parser()
     p.add_argument("--tokens", type=count, default=TOKENS, help="tokens in the layer (b * s)")
     p.add_argument("--rounds", type=count, default=3, help="timed passes per width (interleaved)")
     cx.add_fit_options(p, SIZES_KIB, "more all-reduce sizes for the alpha-beta fit, KiB")

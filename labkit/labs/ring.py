@@ -23,6 +23,7 @@ from labkit.costs import comm
 from labkit.labs import ran_on
 from labkit.launch import device, run
 from labkit.observe import netcount
+from labkit.observe.measured import Measured
 from labkit.progress import Progress
 from labkit.shaped import Shaper
 from labkit.timing import now
@@ -180,7 +181,8 @@ def ratio(got, want) -> str:
     rank: nothing to send, so a ratio has no meaning)."""
     if want is None or got is None:
         return "-"
-    return "n.a." if want == 0 else f"{got / want:.3f}"
+    r = Measured("max bytes received by a rank", got, want, "kernel TCP", "bytes").ratio
+    return "n.a." if r is None else f"{r:.3f}"
 
 
 def table(rows) -> str:

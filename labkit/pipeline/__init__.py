@@ -5,7 +5,6 @@
     labkit.pipeline.validate    dependencies and deadlock; the first bad action named
     labkit.pipeline.simulate    timeline, bubble fraction, peak in-flight micro-batches
     labkit.pipeline.executor    runs a schedule on real processes on labkit.model's GPT
-    labkit.pipeline.measure     times schedules on real processes: measured vs simulated vs formula
     labkit.pipeline.causality   is a measured timeline causal, is its bubble above its floor
 
 Import the submodule you need (`from labkit.pipeline import schedules`); nothing runs at import.

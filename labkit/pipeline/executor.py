@@ -315,6 +315,9 @@ def _sum_tied_embedding(s: Schedule, model: GPT, stage: int, group) -> None:
 
 
 # ----------------------------------------------------------------------------- jobs and reference
+DEFAULT_CFG = GPTConfig(n_layer=8, n_embd=32, n_head=4, block_size=32)  # the labs' pipeline model
+
+
 def make_batch(batch_size: int, cfg: GPTConfig, step: int = 0):
     return get_batch(tiny_corpus(), batch_size, cfg.block_size, step)
 

@@ -22,8 +22,7 @@ from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
 from labkit.observe import commlog
 from labkit.observe.timeline import Timeline
 from labkit.pipeline import schedules
-from labkit.pipeline.executor import make_batch, run_schedule
-from labkit.pipeline.measure import DEFAULT_CFG
+from labkit.pipeline.executor import DEFAULT_CFG, make_batch, run_schedule
 from labkit.profiling.record import label, traced
 from labkit.zero import ZeRO3
 

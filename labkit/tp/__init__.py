@@ -15,10 +15,12 @@ Modules, one idea each:
     layers      ColumnParallelLinear, RowParallelLinear
     blocks      TensorParallelMLP (column then row; NaiveTensorParallelMLP beside it),
                 TensorParallelAttention (heads split)
-    measure     rank jobs that count bytes and time layers (lab, benchmark, chapter)
     gpt         apply_tp(model, group): the one-process GPT turned into its TP version; gather back
-    crossover   one rank's layer matmuls timed per width: where TP turns communication-bound
-                (labkit run overlap_tp, costs.hiding.tp)
+    collective_matmul  the all-gather before a column-parallel matmul hidden ring step by step
+                (Wang et al. 2023; PyTorch's async TP)
+
+The experiments (rank jobs that count bytes and time layers, the crossover sweep, the collective
+matmul's timing) live with the lab: labkit.labs.tp.
 """
 from labkit.tp.blocks import NaiveTensorParallelMLP, TensorParallelAttention, TensorParallelMLP
 from labkit.tp.gpt import apply_tp, check_tp_sizes, gather_tp_grads, gather_tp_state

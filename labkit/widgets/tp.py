@@ -43,8 +43,8 @@ def split_picture(tp: int = 4):
 
 
 def bytes_figure(rows, title: str = "bytes of every TP all-reduce: logged vs formula"):
-    """rows from labkit.tp.measure.count_layer_comm (several tp): bars the comm log's payload of
-    each call (what the operator asked for), markers the formula."""
+    """rows from labkit.labs.tp.measure.count_layer_comm (several tp): bars the comm log's
+    payload of each call (what the operator asked for), markers the formula."""
     import plotly.graph_objects as go
 
     labels = [f"TP={r['tp']} {r['phase'][:3]} #{i}" for i, r in enumerate(rows)]
@@ -60,8 +60,8 @@ def bytes_figure(rows, title: str = "bytes of every TP all-reduce: logged vs for
 
 
 def wire_figure(rows, title: str = "bytes each rank sent in one TP forward + backward"):
-    """rows from labkit.tp.measure.count_wire: bars the kernel's count (observe.netcount), markers
-    labkit.costs' ring prediction n_layer * 4 * 2(tp-1)/tp * b*s*h*4."""
+    """rows from labkit.labs.tp.measure.count_wire: bars the kernel's count (observe.netcount),
+    markers labkit.costs' ring prediction n_layer * 4 * 2(tp-1)/tp * b*s*h*4."""
     import plotly.graph_objects as go
 
     rows = [r for r in rows if r["sent"] is not None]

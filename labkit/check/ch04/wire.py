@@ -11,8 +11,8 @@ from __future__ import annotations
 from labkit.check import Checker, fail, graded
 from labkit.check.mistakes import diagnose
 from labkit.costs import tensor_parallel as tpc
+from labkit.labs.tp.measure import wire_job
 from labkit.launch import run
-from labkit.tp.measure import wire_job
 
 EXERCISE, TITLE, POINTS = "4.4", "predict the bytes a TP rank sends per step, then measure them", 3
 # (tp, b, s, h, n_layer, n_head): activations large enough that Gloo's headers stay under 2%

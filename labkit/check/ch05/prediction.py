@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from labkit.check import Checker, Forbidden, fail, graded
+from labkit.labs.pipeline import measure
 from labkit.observe.saved import SavedTensors
-from labkit.pipeline import measure, schedules
-from labkit.pipeline.executor import GPT, build_chunks, make_batch
-from labkit.pipeline.measure import DEFAULT_CFG
+from labkit.pipeline import schedules
+from labkit.pipeline.executor import DEFAULT_CFG, GPT, build_chunks, make_batch
 from labkit.pipeline.simulate import simulate
 
 EXERCISE, TITLE, POINTS = "5.4", "predict the bubble and the bytes held, then measure them", 6

@@ -14,7 +14,7 @@ from labkit.check import Checker, Forbidden, fail, graded
 from labkit.check.mistakes import diagnose
 from labkit.costs import memory
 from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
-from labkit.precision.memory import storage_nbytes
+from labkit.observe.storage import storage_bytes
 
 EXERCISE, TITLE, POINTS = ("9.4", "predict the bytes a precision recipe holds per parameter, then "
                            "measure them", 3)
@@ -63,8 +63,8 @@ def measure_state(recipe: str, cfg_kwargs: dict = STATE_MODEL) -> dict:
     opt.step()
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     n = sum(p.numel() for p in params)
-    return {"n_params": n, "weights": storage_nbytes(params), "grads": storage_nbytes(grads),
-            "optimizer": storage_nbytes(kept + state)}
+    return {"n_params": n, "weights": storage_bytes(params), "grads": storage_bytes(grads),
+            "optimizer": storage_bytes(kept + state)}
 
 
 def state_mistakes(key: str, recipe: str) -> list:

@@ -1,6 +1,6 @@
 """Measure pipeline steps back to back (no flush) against steps with a flush, on real processes.
 
-    from labkit.pipeline import back_to_back
+    from labkit.labs.pipeline import back_to_back
     rows = back_to_back.measure(P=4, specs=[("zb-h2", 8, 1)], pad=(0.008, 0.016), steps=4)
     print(back_to_back.table(rows))
 
@@ -23,7 +23,7 @@ counted, it would only raise the flush's bubble.
 
 Beside the measured bubble, each row has the simulator's (`sim_*`) from a replay of each repeat
 with every action taking its OWN measured time and every message the run's measured latency
-(labkit.pipeline.measure.transfer_latency), read with the same `period`; `mean_sim_*`: the
+(labkit.labs.pipeline.measure.transfer_latency), read with the same `period`; `mean_sim_*`: the
 simulator fed one mean time per stage and kind (`simulate` with the flush,
 `simulate.steady_state` back to back); and labkit.costs' closed form at the pads' times (None
 where costs has none). Measured minus simulated is what the executor costs between actions
@@ -33,9 +33,12 @@ well above 1 when the P ranks and other work share few cores).
 """
 from __future__ import annotations
 
+import statistics
+
 import torch
 import torch.distributed as dist
 
+from labkit.labs.pipeline.measure import formula_bubble, transfer_latency
 from labkit.launch import device, run
 from labkit.model import GPTConfig
 from labkit.pipeline import causality, schedules
@@ -46,7 +49,6 @@ from labkit.pipeline.executor import (
     reference_step,
     run_schedule,
 )
-from labkit.pipeline.measure import _formula_bubble, _median, transfer_latency
 from labkit.pipeline.simulate import repeat, simulate, steady_state
 
 
@@ -178,11 +180,11 @@ def _way(s, r, timelines, K, steps, flush):
         got["sim"] = period(replay(s, t, K, steps, flush, got["t_p2p"]), K, steps, flush)
         reps.append(got)
     mid = sorted(reps, key=lambda g: g["period"])[len(reps) // 2]
-    out = {key: _median([g[key] for g in reps])
+    out = {key: statistics.median([g[key] for g in reps])
            for key in ("period", "busy", "bubble", "between", "t_p2p")}
     out.update(bubbles=[g["bubble"] for g in reps],
-               sim_period=_median([g["sim"]["period"] for g in reps]),
-               sim_bubble=_median([g["sim"]["bubble"] for g in reps]),
+               sim_period=statistics.median([g["sim"]["period"] for g in reps]),
+               sim_bubble=statistics.median([g["sim"]["bubble"] for g in reps]),
                violations=[m for g in reps for m in g["violations"]], timeline=mid["timeline"],
                busies=mid["busies"])
     return out
@@ -243,8 +245,8 @@ def measure(P: int, specs, steps: int = 4, pad=None, repeats: int = 3,
             "sim_period_flush_s": fl["sim_period"], "sim_period_b2b_s": bb["sim_period"],
             "sim_bubble_flush": fl["sim_bubble"], "sim_bubble_b2b": bb["sim_bubble"],
             "mean_sim_bubble_flush": mean_flush.bubble, "mean_sim_bubble_b2b": mean_b2b["bubble"],
-            "formula_flush": _formula_bubble(name, P, K, v, pad),
-            "formula_b2b": _formula_bubble(name, P, K, v, pad, flush=False),
+            "formula_flush": formula_bubble(name, P, K, v, pad),
+            "formula_b2b": formula_bubble(name, P, K, v, pad, flush=False),
             "t_p2p_flush_s": fl["t_p2p"], "t_p2p_b2b_s": bb["t_p2p"],
             "peak_flush": [g["peak_flush"] for g in got], "peak_b2b": [g["peak_b2b"] for g in got],
             "violations": fl["violations"] + bb["violations"],

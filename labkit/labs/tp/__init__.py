@@ -9,16 +9,23 @@ per SGD step, the loss of both models and the largest gradient difference, then 
 collective of one step as the comm log saw it (op, shape, bytes vs the formula b*s*h elements),
 and the bytes each rank's sockets sent in that step, counted by the kernel (observe.netcount),
 next to labkit.costs.tensor_parallel's n_layer * 4 * 2(N-1)/N * b*s*h*4.
+
+The experiments beside the lab (labkit.tp holds the algorithm):
+    measure            rank jobs that log every TP collective, count the bytes the kernel saw and
+                       time a layer as TP grows (this lab, `labkit bench tp`, chapter 04)
+    crossover          one rank's layer matmuls timed per width (labkit run overlap_tp)
+    collective_matmul  the collective matmul timed against gather-then-multiply (chapter 04)
 """
 
 from labkit.cliargs import add_gpt_size, count, lab_parser
 from labkit.costs import tensor_parallel as tpc
 from labkit.labs import ran_on
+from labkit.labs.tp.measure import train_side_by_side
 from labkit.launch import run
 from labkit.model import GPTConfig
+from labkit.observe.measured import Measured, measured_table
 from labkit.progress import Progress, is_rank_zero
 from labkit.tp.gpt import check_tp_sizes
-from labkit.tp.measure import train_side_by_side
 
 BACKEND = "auto"  # tensors on labkit.launch.device(): NCCL where there is a GPU per rank
 
@@ -81,15 +88,14 @@ def _report(a, per_rank) -> None:
     sent = [r["sent"] for r in per_rank]
     if None in sent:
         print(f"bytes sent: not counted ({res['wire_reason']})")
-    elif wire == 0:
-        print(f"bytes sent per rank in that step, counted by the kernel: "
-              f"{', '.join(f'{b:,}' for b in sent)}; labkit.costs (ring): 0; ratio n.a. "
-              f"(one rank sends nothing: run --nproc 2 or more to count TP's bytes)")
+        return
+    rows = [Measured(f"rank {r}", b, wire, "kernel TCP", "bytes") for r, b in enumerate(sent)]
+    print(measured_table(rows, title="bytes each rank sent in that step, counted by the kernel, "
+                                     "against labkit.costs (ring)"))
+    if wire == 0:
+        print("ratio n.a. (one rank sends nothing: run --nproc 2 or more to count TP's bytes)")
     else:
         steps = len(res["events"]) * 2 * (a.nproc - 1)        # ring steps of the all-reduces
-        print(f"bytes sent per rank in that step, counted by the kernel: "
-              f"{', '.join(f'{b:,}' for b in sent)}; labkit.costs (ring): {wire:,.0f}; "
-              f"ratio {max(sent) / wire:.3f}")
         print(f"the excess, {(max(sent) - wire) / steps:.0f} bytes per ring step, is Gloo's "
               f"message headers (a fixed cost per message: it does not grow with b*s*h)")
 

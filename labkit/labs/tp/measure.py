@@ -1,7 +1,7 @@
 """Measurements for chapter 04's lab, benchmark and notebook: log every TP collective on real
 processes, count the bytes the kernel saw, and time a layer's forward + backward as TP grows.
 
-    from labkit.tp.measure import count_layer_comm, count_wire, time_layers, train_side_by_side
+    from labkit.labs.tp.measure import count_layer_comm, count_wire, time_layers, train_side_by_side
     run(train_side_by_side, 2, args=(dict(n_layer=2), 2, 4))  # TP GPT next to the reference
     count_layer_comm(tp=2, b=4, s=16, h=32)   # rows: one per collective (the comm log's count)
     count_wire(tps=(2, 4))                    # bytes sent, counted by the kernel, vs the formula
@@ -25,6 +25,7 @@ from labkit.launch import device, run
 from labkit.layers import MLP
 from labkit.model import GPT, Block, GPTConfig, get_batch, tiny_corpus
 from labkit.observe import commlog, netcount
+from labkit.observe.measured import Measured
 from labkit.timing import now
 from labkit.tp import (
     NaiveTensorParallelMLP,
@@ -140,7 +141,8 @@ def count_wire(tps=(2, 4), b: int = 4, n_layer: int = 2, h: int = 64, s: int = 3
         rows.append({"tp": tp, "b": b, "s": s, "h": h, "n_layer": n_layer,
                      "all_reduces": res[0]["all_reduces"], "other_calls": res[0]["other_calls"],
                      "logged_bytes": res[0]["logged_bytes"], "sent": sent, "predicted": pred,
-                     "ratio": None if sent is None else sent / pred, "reason": res[0]["reason"]})
+                     "ratio": Measured("bytes sent", sent, pred, "kernel TCP", "bytes").ratio,
+                     "reason": res[0]["reason"]})
     return rows
 
 

@@ -1,7 +1,7 @@
 """PP against ZeRO-3 on the wire: bytes a real pipeline step and a real ZeRO-3 step send, counted
 by the kernel, at several tokens per micro-batch, against costs.hiding.pp_vs_zero3.
 
-    from labkit.pipeline.versus_zero3 import measure
+    from labkit.labs.pipeline.versus_zero3 import measure
     res = measure(rows=(8, 16, 32, 64, 128))      # 2 ranks, labkit.labs.zero.measure.LAB_MODEL
     res["measured_tokens"], res["predicted_tokens"]
 

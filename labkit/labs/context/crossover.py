@@ -40,10 +40,11 @@ def hop_bytes(c: int, kv_heads: int, head_dim: int, elem: int = 4) -> int:
 
 
 def _qkv(c: int, heads: int, head_dim: int, kv_heads: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, heads, c, head_dim, generator=g)                     # (1, H, c, d)
-    k, v = (torch.randn(1, kv_heads, c, head_dim, generator=g) for _ in "kv")  # (1, Hk, c, d)
-    return [t.to(device()) for t in (q, k, v)]
+    g = torch.Generator().manual_seed(seed)      # drawn on the CPU: the same on any device
+    q = torch.randn(1, heads, c, head_dim, generator=g)         # cpu: moved below; (1, H, c, d)
+    kv = [torch.randn(1, kv_heads, c, head_dim, generator=g)    # cpu: moved below; (1, Hk, c, d)
+          for _ in "kv"]
+    return [t.to(device()) for t in (q, *kv)]
 
 
 def block_seconds(q, k, v) -> float:

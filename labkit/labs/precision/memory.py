@@ -13,11 +13,6 @@ from labkit.model import GPT, GPTConfig, get_batch, tiny_corpus
 from labkit.observe.storage import storage_bytes
 
 
-def storage_nbytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (a tied weight counts once)."""
-    return storage_bytes(tensors)
-
-
 def measure_step(cfg: GPTConfig | None = None, dtype=torch.bfloat16, seed: int = 0,
                  master: bool = True) -> dict:
     """One AdamW step with (master=True) or without fp32 master weights; bytes by category and
@@ -38,10 +33,10 @@ def measure_step(cfg: GPTConfig | None = None, dtype=torch.bfloat16, seed: int =
     opt.step()
     n = sum(p.numel() for p in params)
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
-    out = {"params": n, "weights": storage_nbytes(params),
-           "grads": storage_nbytes(p.grad for p in params), "master": storage_nbytes(masters),
-           "master_grads": storage_nbytes(m.grad for m in masters),
-           "optimizer_state": storage_nbytes(state)}
+    out = {"params": n, "weights": storage_bytes(params),
+           "grads": storage_bytes(p.grad for p in params), "master": storage_bytes(masters),
+           "master_grads": storage_bytes(m.grad for m in masters),
+           "optimizer_state": storage_bytes(state)}
     out["per_param"] = {k: out[k] / n for k in ("weights", "grads", "master", "master_grads",
                                                 "optimizer_state")}
     # the fp32 gradient copy is transient (freed after the step) in a real loop: not counted

@@ -16,13 +16,20 @@ naming P, K and v and sizes that work; with the default --schedules (all) it is 
 line instead, and the others run. With --trace DIR each schedule runs one more step under
 torch.profiler (labkit.profiling.jobs.pipeline_job): DIR/<schedule>/rank<r>.pt.trace.json, and
 rank 0 prints the bubble read back from those files next to the one measured on labkit's clocks.
+
+The experiments beside the lab (labkit.pipeline holds schedules, validator, simulator, executor):
+    measure        schedules timed on real processes: measured vs simulated vs formula
+    back_to_back   steps back to back (no flush) against steps with a flush (`labkit bench
+                   pipeline --back-to-back`)
+    versus_zero3   bytes on the wire of a pipeline step and a ZeRO-3 step (chapter 05)
 """
 from __future__ import annotations
 
 from labkit.cliargs import count, lab_parser
 from labkit.labs import ran_on
+from labkit.labs.pipeline import measure
 from labkit.launch import run
-from labkit.pipeline import executor, measure, schedules
+from labkit.pipeline import executor, schedules
 from labkit.profiling import folder, jobs, read
 from labkit.profiling.folder import check_folder
 from labkit.progress import Progress, is_rank_zero
@@ -79,7 +86,7 @@ def parse(argv):
     if min(a.pad_ms) < 0:
         raise ValueError(f"--pad-ms {a.pad_ms[0]:g} {a.pad_ms[1]:g}: sleeps cannot be negative; "
                          f"use --pad-ms 0 0 (real compute only) or more")
-    n_layer = measure.DEFAULT_CFG.n_layer
+    n_layer = executor.DEFAULT_CFG.n_layer
     names = a.schedules or list(SCHEDULES)
     reasons = {n: why_not(n, P, K, v, n_layer) for n in names}
     refused = [n for n in names if reasons[n]]
@@ -95,7 +102,7 @@ def parse(argv):
 def main(argv=()) -> int:
 
     a = parse(argv)
-    P, specs, cfg = a.nproc, a.specs, measure.DEFAULT_CFG
+    P, specs, cfg = a.nproc, a.specs, executor.DEFAULT_CFG
     if is_rank_zero():
         for line in a.skipped:
             print(f"(skipped: {line})")

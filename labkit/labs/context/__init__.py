@@ -17,6 +17,10 @@ and the kernel's socket count) beside labkit.costs.parallel.
 Bad input (a --seq that 2*cp or tp does not divide, a tp that does not divide the 4 heads, a
 degree below 1) is a one-line error naming the flags and values that work, exit status 2, before
 any process starts.
+
+The experiment beside the lab (labkit.context holds the algorithms):
+    crossover   a ring hop against its block of attention, per tokens per rank: where ring
+                attention stops hiding (labkit run overlap_cp, costs.hiding.cp)
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from labkit.labs.parallel.compare import bytes_rows, differences
 from labkit.labs.parallel.job import train
 from labkit.launch import device, run
 from labkit.model import GPT, GPTConfig
+from labkit.observe.measured import Measured, measured_table
 from labkit.observe.saved import SavedTensors
 from labkit.parallel import Plan, check_plan
 from labkit.progress import Progress
@@ -136,8 +141,9 @@ def activation_rows(cfg_kwargs: dict, batch: int = 2, tp: int = 2) -> list:
     check_sequence(cfg.block_size, tp)
     got = run(activation_job, tp, args=(cfg_kwargs, batch))[0]
     want = predicted(cfg, batch, tp)
-    return [{"case": k, "measured": got[k], "predicted": want[k], "ratio": got[k] / want[k]}
-            for k in want]
+    rows = [Measured(k, got[k], want[k], "saved-tensor hooks", "bytes") for k in want]
+    return [{"case": r.what, "measured": r.measured, "predicted": r.predicted, "ratio": r.ratio}
+            for r in rows]
 
 
 def parallel_runs(plans: list, cfg_kwargs: dict, steps: int = 2, batch: int = 4) -> list:
@@ -227,11 +233,11 @@ def run_lab(argv, name: str):
     if runs:
         print(f"{name}: {ran_on(*runs[0]['ran_on'])} (rank 0)")
     if rows:
-        print(table(rows, [("case", "case"), ("measured B", "measured", ","),
-                           ("formula B", "predicted", ",.0f"), ("ratio", "ratio", ".3f")],
-                    title=f"activation bytes one block saves, rank 0, tp={a.tp}, s={a.seq}, "
-                          f"b={a.batch}, h=32, a=4, fp32 (saved-tensor hooks vs "
-                          "labkit.costs.activations)"))
+        print(measured_table([Measured(r["case"], r["measured"], r["predicted"],
+                                       "saved-tensor hooks", "bytes") for r in rows],
+                             title=f"activation bytes one block saves, rank 0, tp={a.tp}, "
+                                   f"s={a.seq}, b={a.batch}, h=32, a=4, fp32 (saved-tensor "
+                                   "hooks vs labkit.costs.activations)"))
     print()
     print(table([(_short(r["plan"]), r["worst"]["loss"],
                   r["worst"]["grads"], r["worst"]["params"], "yes" if r["ok"] else "NO")
@@ -239,18 +245,17 @@ def run_lab(argv, name: str):
                 [("plan", 0), ("max |loss diff|", 1, ".1e"), ("max |grad diff|", 2, ".1e"),
                  ("max |param diff|", 3, ".1e"), ("equal", 4)],
                 title=f"{a.steps} SGD steps vs the one-process reference"))
-    rows = [dict(b, plan=_short(r["plan"])) for r in runs for b in r["bytes"] if b["rank"] == 0]
     print()
-    print(table(rows, [("plan", "plan"), ("dim", "dim"), ("logged B", "logged", ","),
-                       ("formula B", "predicted", ",.0f")],
-                title="payload per mesh dimension, rank 0, one step (comm log vs formula)"))
+    print(measured_table([Measured(f"{_short(r['plan'])} {b['dim']}", b["logged"], b["predicted"],
+                                   "commlog", "bytes")
+                          for r in runs for b in r["bytes"] if b["rank"] == 0],
+                         title="payload per mesh dimension, rank 0, one step (comm log vs "
+                               "formula)"))
     print()
-    print(table(runs, [("plan", lambda r: _short(r["plan"])),
-                       ("kernel sent B", "kernel_sent", ","),
-                       ("ring formula B", "wire_predicted", ",.0f"),
-                       ("ratio", lambda r: r["kernel_sent"] / r["wire_predicted"]
-                        if r["kernel_sent"] else None, ".3f")],
-                title="bytes rank 0 sent in one step, counted by the kernel (observe.netcount)"))
+    print(measured_table([Measured(_short(r["plan"]), r["kernel_sent"],
+                                   r["wire_predicted"], "kernel TCP", "bytes") for r in runs],
+                         title="bytes rank 0 sent in one step, counted by the kernel "
+                               "(observe.netcount), against the ring formula"))
     if any(r["plan"].sp for r in runs):
         print("(on Gloo a reduce-scatter sends as many bytes as an all-reduce, twice the ring's: "
               "chapter 03; so a plan with SP sends more than the ring formula)")

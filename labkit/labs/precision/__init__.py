@@ -16,9 +16,16 @@ prints a line as each round finishes and a table at the end:
 6. fp8 accumulation emulated (fast, split every 128 products) against one H200's measured errors.
 7. with --microscaling: MXFP8's scale rounding (OCP floor vs round-up) and NVFP4 (per-tensor
    scale, random Hadamard transform, stochastic rounding), and one GEMM through every recipe
-   (labkit.precision.microscaling; emulated, no Blackwell speed).
+   (labkit.labs.precision.microscaling; emulated, no Blackwell speed).
 The numerics run on the CPU on purpose (casts are exact there); the fp8 part emulates the
 numerics and says nothing about speed.
+
+The experiments beside the lab (labkit.precision holds the formats, scaler and quantizers):
+    master        bf16 weights that stop learning without an fp32 master copy
+    lossscale     fp16 gradients that underflow; a run held up by the dynamic loss scaler
+    compare       fp8 against bf16: error per linear layer, loss curves
+    memory        bytes per parameter of a real optimizer step, from storage sizes
+    microscaling  the MXFP8 / NVFP4 experiments as tables (--microscaling)
 """
 from __future__ import annotations
 
@@ -28,8 +35,10 @@ import torch.distributed as dist
 
 from labkit.cliargs import count, lab_parser
 from labkit.labs import ran_on, rank_place
+from labkit.labs.precision import compare, lossscale, master, memory, microscaling
 from labkit.launch import run
-from labkit.precision import accumulate, compare, lossscale, master, memory, microscaling
+from labkit.observe.measured import Measured, measured_table
+from labkit.precision import accumulate
 from labkit.precision.scaler import DynamicLossScaler
 from labkit.progress import Progress
 
@@ -131,9 +140,10 @@ def main(argv=()) -> int:
           "of that token")
     for k in r["others"]:
         print(f"  {k:<8} {r['others'][k]:.4f} / {r['outlier'][k]:.4f}")
-    print("6. fp8 accumulation (emulated, 14-bit sum) vs one H200 (measured), relative error")
-    for kind, mode, K, e, h in res[10]:
-        print(f"  {kind:<14} {mode:<5} K={K:<5} emulated {e:.2e}  H200 {h:.2e}  ({e / h:.2f}x)")
+    print(measured_table([Measured(f"{kind}, {mode}, K={K}", h, e, "one H200 (shared/gpu)")
+                          for kind, mode, K, e, h in res[10]], indent="  ",
+                         title="6. fp8 accumulation, relative error: measured on one H200 vs "
+                               "predicted by the emulation (14-bit sum)"))
     if a.microscaling:
         print("7. MXFP8 and NVFP4, emulated (values exact, no Blackwell speed)\n")
         print(res[MICRO])

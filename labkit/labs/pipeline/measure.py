@@ -1,6 +1,6 @@
 """Measure pipeline schedules on real processes, next to the formula and the simulator.
 
-    from labkit.pipeline import measure
+    from labkit.labs.pipeline import measure
     rows = measure.measure(P=4, specs=[("1f1b", 8, 1), ("gpipe", 8, 1)], pad=(0.004, 0.008))
 
 One launch runs every spec (schedule, K, v) `repeats` times (after one warm-up run) and reports
@@ -18,6 +18,8 @@ each stage owning its own accelerator and makes the measured bubble comparable t
 """
 from __future__ import annotations
 
+import statistics
+
 import torch
 import torch.distributed as dist
 
@@ -25,13 +27,12 @@ from labkit import costs
 from labkit.launch import device, run
 from labkit.model import GPTConfig
 from labkit.observe import commlog, netcount
+from labkit.observe.measured import Measured
 from labkit.pipeline import causality, schedules
 from labkit.pipeline.base import Action
-from labkit.pipeline.executor import GPT, make_batch, run_schedule
+from labkit.pipeline.executor import DEFAULT_CFG, GPT, make_batch, run_schedule
 from labkit.pipeline.simulate import simulate
 from labkit.pipeline.validate import is_local, needs, produces
-
-DEFAULT_CFG = GPTConfig(n_layer=8, n_embd=32, n_head=4, block_size=32)
 
 
 def _job(specs, cfg, batch_size, pad, repeats):
@@ -55,7 +56,7 @@ def _job(specs, cfg, batch_size, pad, repeats):
     return out
 
 
-def _formula_bubble(name: str, P: int, K: int, v: int, pad, flush: bool = True):
+def formula_bubble(name: str, P: int, K: int, v: int, pad, flush: bool = True):
     """labkit.costs' closed form for the schedule (with the executor's flush, or back to back),
     or None where it has none (zb-h2 for K < 2P-1, zb-v for K < 2P-1 or unequal times)."""
     return costs.pipeline.schedule_bubble(
@@ -83,11 +84,6 @@ def transfer_latency(s, timeline) -> float:
                 gaps.append(e["start"] - sent[key])
     gaps.sort()
     return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
-
-
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
 def measure(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, pad=None,
@@ -121,14 +117,17 @@ def measure(P: int, specs, cfg: GPTConfig = DEFAULT_CFG, batch_size: int = 16, p
                     typical[p, kind, c] = d[len(d) // 2]
         t_p2p = transfer_latency(sched, timeline)
         sim = simulate(sched, t_p2p=t_p2p, durations=typical)
+        step = Measured("step time", statistics.median([r["step"] for r in repeats_]),
+                        sim.makespan, "the executor's clocks", "s")
         rows.append({"P": P, "schedule": name, "K": K, "v": v,
-                     "step_s": _median([r["step"] for r in repeats_]),
-                     "predicted_step_s": sim.makespan, "t_p2p_s": t_p2p,
-                     "bubble": _median([r["bubble"] for r in repeats_]),
+                     "step_s": step.measured, "predicted_step_s": step.predicted,
+                     "overhead": step.ratio, "t_p2p_s": t_p2p,
+                     "bubble": statistics.median([r["bubble"] for r in repeats_]),
                      "bubbles": [r["bubble"] for r in repeats_],
-                     "critical_path_floor": _median([r["critical_path"] for r in repeats_]),
+                     "critical_path_floor": statistics.median([r["critical_path"]
+                                                               for r in repeats_]),
                      "predicted_bubble": sim.bubble,
-                     "formula_bubble": _formula_bubble(name, P, K, v, pad),
+                     "formula_bubble": formula_bubble(name, P, K, v, pad),
                      "violations": [m for r in repeats_ for m in r["violations"]],
                      "dependencies": causality.count_dependencies(sched) * len(repeats_),
                      "peak_in_flight": [r[i]["peak_in_flight"] for r in per_rank],
@@ -192,7 +191,7 @@ def table(rows) -> str:
     for r in rows:
         lines.append(f"{r['P']:>2} {r['schedule']:>11} {r['K']:>3} {r['v']:>2} "
                      f"{r['step_s'] * 1e3:>8.1f} {r['predicted_step_s'] * 1e3:>8.1f} "
-                     f"{r['step_s'] / r['predicted_step_s']:>7.2f}x {r['t_p2p_s'] * 1e3:>6.2f} "
+                     f"{r['overhead']:>7.2f}x {r['t_p2p_s'] * 1e3:>6.2f} "
                      f"{r['bubble']:>7.1%} {r['predicted_bubble']:>6.1%} "
                      f"{r['critical_path_floor']:>6.1%} {_pct(r['formula_bubble']):>7} "
                      f"{r['peak_in_flight'][0]:>8g} {r['peak_bytes'][0] / 1024:>9.0f} "
