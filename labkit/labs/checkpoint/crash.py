@@ -17,6 +17,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import labkit
+
 _ATOMIC = textwrap.dedent("""
     import sys, time, torch
     from labkit.checkpoint import atomic
@@ -62,7 +64,7 @@ def crash_during_save(root, atomic: bool = True, timeout: float = 60.0) -> list:
     """Run the saver, SIGKILL it mid-save; return the lines it printed before dying."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(labkit.__file__).resolve().parents[1])   # the folder holding labkit/
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in [package_root, os.environ.get("PYTHONPATH")] if p))
     proc = subprocess.Popen([sys.executable, "-c", _ATOMIC if atomic else _NAIVE, str(root)],
