@@ -46,6 +46,7 @@ from labkit.context import ring_attention, split_sequence, tiled_attention
 from labkit.costs.context import cp_ring_layer_bytes
 from labkit.launch import device, run
 from labkit.observe import commlog, netcount
+from labkit.observe.measured import Measured
 from labkit.table import table
 from labkit.timing import now
 
@@ -246,7 +247,7 @@ def _rank_row(cp: int, r: dict, predicted: float) -> dict:
     row["standalone"] = row["standalone_forward"] + row["standalone_backward"]
     row["hidden"] = 1.0 - row["exposed"] / row["standalone"]
     row.update(posting=statistics.median(r["posting"]), sent=r["sent"], predicted=predicted,
-               bytes_ratio=None if r["sent"] is None else r["sent"] / predicted)
+               bytes_ratio=Measured("bytes sent", r["sent"], predicted, counter="kernel TCP").ratio)
     return row
 
 

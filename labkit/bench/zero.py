@@ -52,6 +52,7 @@ from labkit.costs import memory, models
 from labkit.labs.zero.train import make_stage
 from labkit.launch import run
 from labkit.model import GPT, GPTConfig, get_batch, shard_rows, tiny_corpus
+from labkit.observe.measured import Measured
 from labkit.observe.storage import storage_bytes
 from labkit.reference import optimizer_spec
 from labkit.table import table as format_table
@@ -182,7 +183,8 @@ def measure(nprocs, cfg, steps=6, warmup=2, batch_size=None, timeout=600,
                      "ratio_to_fsdp2": med[n] / med[peer], "fsdp2_peer": peer,
                      "bytes_per_rank": held, "bytes_predicted": ms.total,
                      "cpu_bytes_per_rank": cpu, "cpu_bytes_predicted": ms.cpu_total,
-                     "bytes_ratio": (held + cpu) / (ms.total + ms.cpu_total), "numel": numel})
+                     "bytes_ratio": Measured("bytes held", held + cpu, ms.total + ms.cpu_total,
+                                             counter="storage sizes").ratio, "numel": numel})
     base = {r["variant"]: r["step_s"] for r in rows}
     for r in rows:      # the prefetch's gain, same run
         if r["variant"] == "ZeRO-3 prefetch":
