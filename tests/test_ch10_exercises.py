@@ -227,7 +227,7 @@ def global_rows(cfg, dp, tp, zero, rows, local_params):   # every replica's rows
 @wrong(_hybrid_bytes, 0, "derive the bytes yourself")
 def with_costs_parallel(cfg, dp, tp, zero, rows, local_params):
     from labkit.costs import parallel
-    return sum(parallel.wire_bytes(cfg, dp, tp, 1, zero, rows * dp).values())
+    return sum(parallel.wire_bytes(cfg, dp=dp, tp=tp, zero=zero, batch=rows * dp).values())
 
 
 def test_hybrid_bytes_reference_full():

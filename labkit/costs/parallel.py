@@ -62,8 +62,8 @@ def padded(numel: int, dp: int) -> int:
     return math.ceil(numel / dp) * dp
 
 
-def step_payload(cfg, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, batch: int = 8,
-                 stage: int = 0, replica: int = 0, cp: int = 1, sp: bool = False,
+def step_payload(cfg, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, zero: int = 0,
+                 sp: bool = False, batch: int = 8, stage: int = 0, replica: int = 0,
                  cp_rank: int = 0, cp_sizes: list | None = None) -> dict:
     """{'tp', 'pp', 'dp', 'cp'}: payload bytes this rank hands to collectives in one step (pp,
     cp: what it sends). Under cp > 1 the gradient averaging runs over dp x cp ("dp" here, logged
@@ -110,13 +110,14 @@ def step_payload(cfg, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, batc
     return out
 
 
-def wire_bytes(cfg, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, batch: int = 8,
-               stage: int = 0, replica: int = 0, cp: int = 1, sp: bool = False,
+def wire_bytes(cfg, *, dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, zero: int = 0,
+               sp: bool = False, batch: int = 8, stage: int = 0, replica: int = 0,
                cp_rank: int = 0, cp_sizes: list | None = None) -> dict:
     """{'tp', 'pp', 'dp', 'cp'}: bytes this rank sends on the wire with ring collectives: an
     all-reduce sends 2(n-1)/n of its payload, a reduce-scatter or all-gather (n-1)/n, a send all
     of it. (Under sp the tp payload is all-gathers and reduce-scatters: (n-1)/n of it.)"""
-    pay = step_payload(cfg, dp, tp, pp, zero, batch, stage, replica, cp, sp, cp_rank, cp_sizes)
+    pay = step_payload(cfg, dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=sp, batch=batch,
+                       stage=stage, replica=replica, cp_rank=cp_rank, cp_sizes=cp_sizes)
     n = dp * cp
     gathered = cp * max(cp_sizes or [cfg.block_size // cp]) * rows_of(batch, dp, replica) \
         * cfg.n_embd * BYTES                                     # the all-gather's payload

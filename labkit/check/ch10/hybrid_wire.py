@@ -101,7 +101,7 @@ def hybrid_bytes(predict):
             for rank, r in enumerate(res):
                 replica = r["coords"]["dp"]
                 rows = pc.rows_of(batch, dp, replica)
-                wire = pc.wire_bytes(cfg, dp, tp, 1, zero, batch, 0, replica)
+                wire = pc.wire_bytes(cfg, dp=dp, tp=tp, zero=zero, batch=batch, replica=replica)
                 measured = r["kernel_sent"]
                 if abs(sum(wire.values()) / measured - 1) > BYTES_TOLERANCE:
                     fail(f"labkit.costs.parallel says {sum(wire.values()):,.0f} B, the kernel "

@@ -59,9 +59,10 @@ def bytes_rows(results: list, plan, cfg, batch: int) -> list:
         cp_sizes = sizes(cfg.block_size, plan.cp, plan.cp_layout)
     for rank, r in enumerate(results):
         c = r["coords"]
-        args = (cfg, plan.dp, plan.tp, plan.pp, plan.zero, batch, c["pp"], c["dp"], plan.cp,
-                plan.sp, c.get("cp", 0), cp_sizes)
-        pay, wire = pc.step_payload(*args), pc.wire_bytes(*args)
+        kw = dict(dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp, zero=plan.zero, sp=plan.sp,
+                  batch=batch, stage=c["pp"], replica=c["dp"], cp_rank=c.get("cp", 0),
+                  cp_sizes=cp_sizes)
+        pay, wire = pc.step_payload(cfg, **kw), pc.wire_bytes(cfg, **kw)
         for dim in ("tp", "pp", "dp", "cp"):
             size = plan.dp * plan.cp if dim == "dp" else getattr(plan, dim)
             if size == 1:
