@@ -157,8 +157,11 @@ class ZeRO3:
         self._holds, self._calls = {}, []    # id(p) -> units holding it whole; calls in flight
         # makes the views handed to a unit require grad, so labkit.zero.unit.PostBackward runs
         self.anchor = torch.empty(0, device=self.device, requires_grad=True)
+        # a function of the model (fsdp2_units) or the modules themselves; a ModuleList is
+        # callable too (nn.Module), so it is told apart by its type
+        wrapping = callable(units) and not isinstance(units, nn.Module)
         self.units = default_units(model) if units is None else \
-            list(units(model) if callable(units) else units)
+            list(units(model) if wrapping else units)
         self.unit_params, self.orig_forward = {}, {}
         covered = set()
         for unit in self.units:
